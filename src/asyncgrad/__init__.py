@@ -1,0 +1,42 @@
+"""asyncgrad: a reverse-mode autograd engine over numpy whose backward is a coroutine.
+
+    import asyncgrad as ag
+    x = ag.randn(3, requires_grad=True)
+    loss = (x * x).sum()
+    await ag.backward(loss)      # the event loop keeps serving meanwhile
+"""
+
+from ._dtype import bool_, float16, float32, float64, get_default_dtype, int32, int64, set_default_dtype
+from .tensor import Tensor
+from .creation import (
+    arange, empty, eye, from_numpy, full, full_like, linspace, ones, ones_like, rand, randint,
+    randn, randperm, tensor, zeros, zeros_like,
+)
+from .functional import (
+    abs, add, broadcast_to, cat, clamp, clip, clone, concat, cos, div, erf, exp, flatten,
+    log, log_softmax, matmul, max, maximum, mean, min, minimum, mm, mul, neg, permute, pow,
+    relu, reshape, sigmoid, sin, softmax, sqrt, squeeze, stack, sub, sum, swapaxes, tanh,
+    transpose, unsqueeze, var, where,
+)
+from .grad_mode import (
+    enable_grad, inference_mode, is_grad_enabled, is_inference_mode_enabled, no_grad, set_grad_enabled,
+)
+from .random import Generator, get_rng_state, manual_seed, set_rng_state
+from . import autograd
+from .autograd import backward, backward_sync, grad, grad_sync
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Generator", "Tensor", "abs", "add", "arange", "autograd", "backward", "backward_sync",
+    "bool_", "broadcast_to", "cat", "clamp", "clip", "clone", "concat", "cos", "div", "empty",
+    "enable_grad", "erf", "exp", "eye", "flatten", "float16", "float32", "float64",
+    "from_numpy", "full", "full_like", "get_default_dtype", "get_rng_state", "grad",
+    "grad_sync", "inference_mode", "int32", "int64", "is_grad_enabled",
+    "is_inference_mode_enabled", "linspace", "log", "log_softmax", "manual_seed", "matmul",
+    "max", "maximum", "mean", "min", "minimum", "mm", "mul", "neg", "no_grad", "ones",
+    "ones_like", "permute", "pow", "rand", "randint", "randn", "randperm", "relu", "reshape",
+    "set_default_dtype", "set_grad_enabled", "set_rng_state", "sigmoid", "sin", "softmax",
+    "sqrt", "squeeze", "stack", "sub", "sum", "swapaxes", "tanh", "tensor", "transpose",
+    "unsqueeze", "var", "where", "zeros", "zeros_like",
+]

@@ -1,0 +1,36 @@
+"""All ambient (context-local) state of asyncgrad, in one place.
+
+Every piece of "current" state lives in a :class:`contextvars.ContextVar`, never in a
+module global or a thread-local: two asyncio tasks interleaving on one loop each see
+their own values, and work offloaded with ``anyio.to_thread.run_sync`` runs in a copy of
+the offloading task's context, so it sees the same grad mode, graph task and hooks.
+"""
+
+from __future__ import annotations
+
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+
+if TYPE_CHECKING:
+    from .autograd.anomaly_mode import AnomalyMode
+    from .autograd.graph_task import GraphTask
+
+#: Whether operations are recorded into the autograd graph.
+grad_enabled: ContextVar[bool] = ContextVar("asyncgrad_grad_enabled", default=True)
+
+#: Whether tensors created now are inference tensors (``inference_mode``).
+inference_enabled: ContextVar[bool] = ContextVar("asyncgrad_inference", default=False)
+
+#: The GraphTask whose node (or hook, or callback) is running in this context, if any.
+current_graph_task: ContextVar[GraphTask | None] = ContextVar(
+    "asyncgrad_current_graph_task", default=None
+)
+
+#: The stack of ``saved_tensors_hooks(pack, unpack)`` pairs active in this context.
+saved_tensors_hooks: ContextVar[tuple[tuple[Callable[[Any], Any], Callable[[Any], Any]], ...]] = (
+    ContextVar("asyncgrad_saved_tensors_hooks", default=())
+)
+
+#: Anomaly mode settings, or None when anomaly mode is off (the common, free case).
+anomaly_mode: ContextVar[AnomalyMode | None] = ContextVar("asyncgrad_anomaly", default=None)

@@ -1,0 +1,55 @@
+"""Dtypes and the process-wide default floating dtype (float32, as in PyTorch)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+float32 = np.dtype(np.float32)
+float64 = np.dtype(np.float64)
+float16 = np.dtype(np.float16)
+int64 = np.dtype(np.int64)
+int32 = np.dtype(np.int32)
+bool_ = np.dtype(np.bool_)
+
+_default_dtype = float32
+
+
+def set_default_dtype(dtype: Any) -> None:
+    """Set the dtype that Python floats and factory functions produce (float32 or float64)."""
+    global _default_dtype
+    d = np.dtype(dtype)
+    if d.kind != "f":
+        raise TypeError(f"only floating-point types are supported as the default type, got {d}")
+    _default_dtype = d
+
+
+def get_default_dtype() -> np.dtype:
+    """The current default floating dtype."""
+    return _default_dtype
+
+
+def is_floating(dtype: np.dtype) -> bool:
+    return dtype.kind == "f"
+
+
+def as_array(value: Any, dtype: Any = None) -> np.ndarray:
+    """Turn Python data into an ndarray following PyTorch's dtype rules.
+
+    Python floats (and nested lists of them) become the default dtype, ints int64 and
+    bools bool; numpy arrays keep their dtype unless ``dtype`` is given.
+    """
+    if isinstance(value, np.ndarray):
+        return value if dtype is None else value.astype(dtype, copy=False)
+    if isinstance(value, np.generic):
+        arr = np.asarray(value)
+        return arr if dtype is None else arr.astype(dtype)
+    arr = np.asarray(value)
+    if dtype is not None:
+        return arr.astype(dtype, copy=False)
+    if arr.dtype.kind == "f":
+        return arr.astype(_default_dtype, copy=False)
+    if arr.dtype.kind in "iu":
+        return arr.astype(int64, copy=False)
+    return arr

@@ -1,0 +1,221 @@
+"""``backward`` and ``grad``: argument checking, root gradients, and handing a GraphTask
+to the engine. The async forms are the main API; the ``*_sync`` forms block.
+
+Errors: bad arguments raise before anything runs (PyTorch's messages). An exception
+raised by a node propagates from the ``await`` with its own type and traceback, plus a
+note naming the node; every ``.grad`` is then as it was before the call.
+
+Cancellation: cancelling the awaiting task stops the backward promptly; the ``await``
+ends after every kernel it started has finished; nothing is committed or freed.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+from collections.abc import Sequence
+
+import numpy as np
+
+from .. import _context
+from ..tensor import Tensor
+from .engine import get_engine, in_event_loop_thread
+from .graph import Edge
+from .graph_task import GraphTask
+
+_CREATE_GRAPH_WARNING = (
+    "Using backward() with create_graph=True will create a reference cycle between the "
+    "parameter and its gradient which can cause a memory leak. We recommend using "
+    "autograd.grad when creating the graph to avoid this. If you have to use this function, "
+    "make sure to reset the .grad fields of your parameters to None after use to break the "
+    "cycle and avoid the leak."
+)
+
+
+def _as_tuple(x: Any) -> tuple[Any, ...]:
+    if isinstance(x, Tensor):
+        return (x,)
+    if x is None:
+        return ()
+    return tuple(x)
+
+
+def _make_grads(outputs: tuple[Tensor, ...], grads: tuple[Any, ...], create_graph: bool) -> list[Any]:
+    """PyTorch's ``_make_grads``: check or create the gradient of each root."""
+    out: list[Any] = []
+    for i, (o, g) in enumerate(zip(outputs, grads)):
+        if isinstance(g, Tensor):
+            if g.shape != o.shape:
+                raise RuntimeError(
+                    f"Mismatch in shape: grad_output[{i}] has a shape of {list(g.shape)} and "
+                    f"output[{i}] has a shape of {list(o.shape)}."
+                )
+            arr = g.data if g.dtype == o.dtype else g.data.astype(o.dtype)
+            if create_graph:
+                out.append(g if g.dtype == o.dtype else g.to(o.dtype))
+            else:
+                out.append(arr)
+        elif g is None:
+            if o._requires_grad:
+                if o.data.size != 1:
+                    raise RuntimeError("grad can be implicitly created only for scalar outputs")
+                if o.dtype.kind != "f":
+                    raise RuntimeError(
+                        f"grad can be implicitly created only for real scalar outputs but got {o.dtype}"
+                    )
+                ones = np.ones_like(o.data)
+                out.append(Tensor._wrap(ones) if create_graph else ones)
+            else:
+                out.append(None)
+        else:
+            raise TypeError(f"gradients can be either Tensors or None, but got {type(g).__name__}")
+    return out
+
+
+def _root_edges(outputs: tuple[Tensor, ...]) -> list[Edge]:
+    edges = []
+    for i, o in enumerate(outputs):
+        if not isinstance(o, Tensor):
+            raise TypeError(f"element {i} of tensors is not a Tensor but {type(o).__name__}")
+        if not o._requires_grad:
+            raise RuntimeError(f"element {i} of tensors does not require grad and does not have a grad_fn")
+        edges.append(o._gradient_edge())
+    return edges
+
+
+def _input_edges(inputs: tuple[Tensor, ...]) -> list[Edge]:
+    edges = []
+    for t in inputs:
+        if not isinstance(t, Tensor):
+            raise TypeError(f"inputs must be Tensors, got {type(t).__name__}")
+        edges.append(t._gradient_edge() if t._requires_grad else (None, 0))
+    return edges
+
+
+def _prepare_backward(tensors: Any, grad_tensors: Any, retain_graph: bool | None,
+                      create_graph: bool, inputs: Any) -> GraphTask:
+    outputs = _as_tuple(tensors)
+    grads = _as_tuple(grad_tensors) if grad_tensors is not None else (None,) * len(outputs)
+    if len(grads) != len(outputs):
+        raise RuntimeError(f"grad_tensors has {len(grads)} elements but tensors has {len(outputs)}")
+    if create_graph:
+        warnings.warn(_CREATE_GRAPH_WARNING, UserWarning, stacklevel=3)
+    input_list = None
+    if inputs is not None:
+        input_list = _as_tuple(inputs)
+        if not input_list:
+            raise RuntimeError("`inputs` argument to `backward()` cannot be empty.")
+        for t in input_list:
+            t.retain_grad()  # PyTorch: non-leaf inputs get .grad filled in
+    roots = _root_edges(outputs)
+    root_grads = _make_grads(outputs, grads, create_graph)
+    keep = create_graph if retain_graph is None else retain_graph
+    task = GraphTask(get_engine(), keep_graph=keep, create_graph=create_graph, accumulate=True)
+    task.set_roots(roots, root_grads, _input_edges(input_list) if input_list is not None else None)
+    return task
+
+
+def _prepare_grad(outputs: Any, inputs: Any, grad_outputs: Any, retain_graph: bool | None,
+                  create_graph: bool, allow_unused: bool | None, materialize_grads: bool
+                  ) -> tuple[GraphTask, tuple[Tensor, ...], bool]:
+    if materialize_grads and allow_unused is False:
+        raise ValueError(
+            "Expected allow_unused to be True or not passed when materialize_grads=True, "
+            "but got: allow_unused=False."
+        )
+    if allow_unused is None:
+        allow_unused = materialize_grads
+    outs = _as_tuple(outputs)
+    ins = _as_tuple(inputs)
+    if not ins:
+        raise RuntimeError("`inputs` argument to `grad()` cannot be empty.")
+    for t in ins:
+        if not isinstance(t, Tensor):
+            raise TypeError(f"inputs must be Tensors, got {type(t).__name__}")
+        if not t._requires_grad:
+            raise RuntimeError("One of the differentiated Tensors does not require grad")
+    grads = _as_tuple(grad_outputs) if grad_outputs is not None else (None,) * len(outs)
+    if len(grads) != len(outs):
+        raise RuntimeError(f"grad_outputs has {len(grads)} elements but outputs has {len(outs)}")
+    roots = _root_edges(outs)
+    root_grads = _make_grads(outs, grads, create_graph)
+    keep = create_graph if retain_graph is None else retain_graph
+    task = GraphTask(get_engine(), keep_graph=keep, create_graph=create_graph, accumulate=False)
+    task.set_roots(roots, root_grads, _input_edges(ins))
+    return task, ins, allow_unused
+
+
+def _grad_results(task: GraphTask, inputs: tuple[Tensor, ...], allow_unused: bool,
+                  materialize_grads: bool, create_graph: bool) -> tuple[Tensor | None, ...]:
+    results: list[Tensor | None] = []
+    for i, (t, g) in enumerate(zip(inputs, task.captured)):
+        if g is None:
+            if not allow_unused:
+                raise RuntimeError(
+                    f"The differentiated Tensor at index {i} appears to not have been used in the "
+                    "graph. Set allow_unused=True if this is the desired behavior."
+                )
+            if materialize_grads:
+                z = Tensor._wrap(np.zeros_like(t.data))
+                if create_graph:
+                    z.requires_grad_(True)
+                results.append(z)
+            else:
+                results.append(None)
+        elif isinstance(g, Tensor):
+            results.append(g)
+        else:
+            results.append(Tensor._wrap(np.array(g, dtype=t.dtype, copy=True)))
+    return tuple(results)
+
+
+async def backward(tensors: Any, grad_tensors: Any = None, *, retain_graph: bool | None = None,
+                   create_graph: bool = False, inputs: Any = None) -> None:
+    """Accumulate the gradients of ``tensors`` into ``.grad`` of the leaves (and of
+    tensors that ``retain_grad()``), committing only if the whole backward succeeds."""
+    task = _prepare_backward(tensors, grad_tensors, retain_graph, create_graph, inputs)
+    await task.engine.execute(task)
+
+
+async def grad(outputs: Any, inputs: Any, grad_outputs: Any = None, *,
+               retain_graph: bool | None = None, create_graph: bool = False,
+               allow_unused: bool | None = None, materialize_grads: bool = False
+               ) -> tuple[Tensor | None, ...]:
+    """The gradients of ``outputs`` with respect to ``inputs``; no ``.grad`` is touched."""
+    task, ins, allow = _prepare_grad(outputs, inputs, grad_outputs, retain_graph, create_graph,
+                                     allow_unused, materialize_grads)
+    await task.engine.execute(task)
+    return _grad_results(task, ins, allow, materialize_grads, create_graph)
+
+
+def _check_sync_allowed(name: str) -> None:
+    if _context.current_graph_task.get() is None and in_event_loop_thread():
+        raise RuntimeError(
+            f"{name}() was called from a thread that is running an event loop; it would "
+            f"block the loop. Use `await asyncgrad.{name.replace('_sync', '')}(...)` instead "
+            "(or Tensor.backward() from a thread without a running loop)."
+        )
+
+
+def backward_sync(tensors: Any, grad_tensors: Any = None, *, retain_graph: bool | None = None,
+                  create_graph: bool = False, inputs: Any = None) -> None:
+    """Blocking ``backward``. Inside a running backward (a hook, a Function's backward,
+    a callback) it runs a nested (reentrant) backward on this thread."""
+    _check_sync_allowed("backward_sync")
+    task = _prepare_backward(tensors, grad_tensors, retain_graph, create_graph, inputs)
+    task.engine.execute_sync(task)
+
+
+def grad_sync(outputs: Any, inputs: Any, grad_outputs: Any = None, *,
+              retain_graph: bool | None = None, create_graph: bool = False,
+              allow_unused: bool | None = None, materialize_grads: bool = False
+              ) -> tuple[Tensor | None, ...]:
+    """Blocking ``grad`` (reentrant inside a running backward)."""
+    _check_sync_allowed("grad_sync")
+    task, ins, allow = _prepare_grad(outputs, inputs, grad_outputs, retain_graph, create_graph,
+                                     allow_unused, materialize_grads)
+    task.engine.execute_sync(task)
+    return _grad_results(task, ins, allow, materialize_grads, create_graph)
+
+
+__all__ = ["backward", "grad", "backward_sync", "grad_sync", "Sequence"]

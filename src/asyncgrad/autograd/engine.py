@@ -1,0 +1,457 @@
+"""The engine: drives GraphTasks on the event loop and offloads large kernels.
+
+Note [Inline or offload]: a node whose ``work`` (elements its kernel touches) is below
+``inline_threshold`` runs inline on the event loop: a thread hop costs ~100 us, a tiny
+node ~1 us. Larger kernels run on worker threads (numpy releases the GIL), bounded by a
+``CapacityLimiter(max_workers)`` per event loop, so independent branches overlap. Inline
+work yields to the loop at least every ``yield_interval`` seconds, so the loop stays
+responsive whatever the graph.
+
+Note [Reentrant backwards]: a backward started while a node of another backward runs
+(a hook, a custom Function's backward, a callback) is *nested*: depth + 1, and its
+parent starts no new node until it finished. ``await ag.backward`` from an
+``async def backward`` runs the nested GraphTask on the loop like any other. A
+synchronous ``backward_sync`` cannot await, so it drains the nested GraphTask on the
+calling thread, every node inline; it never waits for a worker slot, so an exhausted
+pool cannot deadlock it. Every ``REENTRANT_HANDOFF_DEPTH`` levels the nested drain moves
+to a fresh thread so deep nesting never hits Python's recursion limit (PyTorch does the
+same every 60 levels).
+
+Cancellation: cancelling the awaiting task stops starting nodes at once; kernels already
+on worker threads run to their end (a thread cannot be interrupted) and the ``await``
+returns only after they have, with their results dropped. Nothing is committed and no
+saved tensor is freed, so the same backward can be run again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import os
+import threading
+import time
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Any
+from collections.abc import Callable, Coroutine
+
+import anyio
+import anyio.lowlevel
+import anyio.to_thread
+
+from .. import _context
+from .graph import Node
+from .graph_task import GraphTask, validate_outputs
+
+REENTRANT_HANDOFF_DEPTH = 40
+DEFAULT_INLINE_THRESHOLD = 65_536
+YIELD_INTERVAL = 0.002
+
+
+@dataclass(frozen=True)
+class EngineStatistics:
+    """A snapshot of an engine's counters (for debugging, tests and the profiler)."""
+
+    graph_tasks_started: int
+    graph_tasks_succeeded: int
+    graph_tasks_failed: int
+    graph_tasks_cancelled: int
+    graph_tasks_running: int
+    nodes_inline: int
+    nodes_offloaded: int
+    kernels_in_flight: int
+    max_workers: int
+    inline_threshold: int
+
+
+@dataclass(frozen=True)
+class GraphTaskStatistics:
+    """A snapshot of one running GraphTask."""
+
+    id: int
+    depth: int
+    nodes_inline: int
+    nodes_offloaded: int
+    in_flight: int
+    ready: int
+    pending: int
+
+
+def run_kernel(node: Node, inputs: list[Any], math: Any) -> list[Any]:
+    """A node's numeric work: apply, then validate. Thread-safe; touches no GraphTask."""
+    outputs = node.apply(inputs, math)
+    outputs = validate_outputs(node, outputs)
+    anomaly = _context.anomaly_mode.get()
+    if anomaly is not None:
+        anomaly.check_outputs(node, outputs)
+    return outputs
+
+
+class Engine:
+    """Runs backward passes. ``max_workers`` bounds kernel threads (per event loop),
+    ``inline_threshold`` (elements) decides which nodes run inline, ``executor``
+    replaces anyio's worker threads with any ``concurrent.futures.Executor``."""
+
+    def __init__(self, *, max_workers: int | None = None, inline_threshold: int | None = None,
+                 executor: Executor | None = None, yield_interval: float = YIELD_INTERVAL) -> None:
+        if max_workers is not None and max_workers < 1:
+            raise ValueError(f"max_workers must be at least 1, got {max_workers}")
+        self.max_workers = max_workers or os.cpu_count() or 1
+        self.inline_threshold = DEFAULT_INLINE_THRESHOLD if inline_threshold is None else inline_threshold
+        self.executor = executor
+        self.yield_interval = yield_interval
+        self._limiters: dict[Any, anyio.CapacityLimiter] = {}
+        self._lock = threading.Lock()
+        self._started = self._succeeded = self._failed = self._cancelled = 0
+        self._nodes_inline = self._nodes_offloaded = 0
+        self._in_flight = 0
+
+    # --- public ---------------------------------------------------------------------------
+    def statistics(self) -> EngineStatistics:
+        with self._lock:
+            return EngineStatistics(
+                self._started, self._succeeded, self._failed, self._cancelled,
+                self._started - self._succeeded - self._failed - self._cancelled,
+                self._nodes_inline, self._nodes_offloaded, self._in_flight,
+                self.max_workers, self.inline_threshold,
+            )
+
+    async def execute(self, task: GraphTask) -> None:
+        """Run ``task`` to completion on the current event loop (see module notes)."""
+        parent = _context.current_graph_task.get()
+        self._begin(task, parent)
+        outcome = "cancelled"
+        tokens = _enter(task)
+        try:
+            await self._drain(task)
+            if task.error is not None:
+                raise task.error
+            task.commit()
+            await self._run_callbacks(task)
+            outcome = "succeeded"
+        except anyio.get_cancelled_exc_class():
+            raise
+        except BaseException:
+            outcome = "failed"
+            raise
+        finally:
+            _exit(tokens)
+            self._end(task, parent, outcome)
+
+    def execute_sync(self, task: GraphTask) -> None:
+        """Drain ``task`` on this thread, every node inline (sync forms, reentrancy)."""
+        parent = _context.current_graph_task.get()
+        if parent is not None and (parent.depth + 1) % REENTRANT_HANDOFF_DEPTH == 0:
+            _run_on_fresh_thread(self._execute_sync_here, task)
+        else:
+            self._execute_sync_here(task)
+
+    # --- drivers --------------------------------------------------------------------------
+    def _execute_sync_here(self, task: GraphTask) -> None:
+        parent = _context.current_graph_task.get()
+        self._begin(task, parent)
+        outcome = "failed"
+        tokens = _enter(task)
+        try:
+            math = task.math
+            while True:
+                node = task.pop_ready()
+                if node is None:
+                    break
+                inputs = task.prepare(node)
+                if inputs is None:
+                    continue
+                try:
+                    if node.is_async():
+                        outputs = validate_outputs(node, block_on(node.apply_async, inputs, math))  # type: ignore[attr-defined]
+                    else:
+                        outputs = run_kernel(node, inputs, math)
+                    task.nodes_inline += 1
+                    task.finish(node, inputs, outputs)
+                except BaseException as e:
+                    task.fail(e, node)
+                    raise
+            task.commit()
+            i = 0
+            while i < len(task.callbacks):
+                result = task.callbacks[i]()
+                if asyncio.iscoroutine(result):
+                    block_on(lambda r=result: r)
+                i += 1
+            outcome = "succeeded"
+        finally:
+            _exit(tokens)
+            self._end(task, parent, outcome)
+
+    async def _drain(self, task: GraphTask) -> None:
+        """Run inline until a node must go elsewhere; only then open a task group."""
+        first = await self._drain_inline(task)
+        if first is None:
+            return
+        async with anyio.create_task_group() as tg:
+            self._start(task, tg, *first)
+            await self._drain_concurrent(task, tg)
+
+    async def _drain_inline(self, task: GraphTask) -> tuple[Node, list[Any]] | None:
+        math = task.math
+        threshold = self.inline_threshold
+        interval = self.yield_interval
+        deadline = time.perf_counter() + interval
+        while True:
+            node = task.pop_ready()
+            if node is None:
+                return None
+            inputs = task.prepare(node)
+            if inputs is None:
+                continue
+            if node.work >= threshold or node.is_async():
+                return node, inputs
+            try:
+                outputs = run_kernel(node, inputs, math)
+                task.nodes_inline += 1
+                task.finish(node, inputs, outputs)
+            except Exception as e:
+                task.fail(e, node)
+                raise
+            if time.perf_counter() >= deadline:
+                await anyio.lowlevel.checkpoint()
+                deadline = time.perf_counter() + interval
+
+    async def _drain_concurrent(self, task: GraphTask, tg: anyio.abc.TaskGroup) -> None:
+        math = task.math
+        threshold = self.inline_threshold
+        interval = self.yield_interval
+        deadline = time.perf_counter() + interval
+        while task.error is None:
+            node = task.pop_ready() if not task.active_children else None
+            if node is None:
+                if task.in_flight == 0:
+                    return
+                task.wakeup = anyio.Event()
+                await task.wakeup.wait()
+                deadline = time.perf_counter() + interval
+                continue
+            try:
+                inputs = task.prepare(node)
+                if inputs is None:
+                    continue
+                if node.work >= threshold or node.is_async():
+                    self._start(task, tg, node, inputs)
+                    continue
+                outputs = run_kernel(node, inputs, math)
+                task.nodes_inline += 1
+                task.finish(node, inputs, outputs)
+            except Exception as e:
+                task.fail(e, node)
+                tg.cancel_scope.cancel()
+                return
+            if time.perf_counter() >= deadline:
+                await anyio.lowlevel.checkpoint()
+                deadline = time.perf_counter() + interval
+
+    def _start(self, task: GraphTask, tg: anyio.abc.TaskGroup, node: Node, inputs: list[Any]) -> None:
+        task.in_flight += 1
+        tg.start_soon(self._run_elsewhere, task, tg, node, inputs)
+
+    async def _run_elsewhere(self, task: GraphTask, tg: anyio.abc.TaskGroup, node: Node,
+                             inputs: list[Any]) -> None:
+        try:
+            if node.is_async():
+                outputs = validate_outputs(node, await node.apply_async(inputs, task.math))  # type: ignore[attr-defined]
+            else:
+                with self._lock:
+                    self._in_flight += 1
+                try:
+                    outputs = await self._offload(run_kernel, node, inputs, task.math)
+                finally:
+                    with self._lock:
+                        self._in_flight -= 1
+            task.nodes_offloaded += 1
+            if task.error is None:
+                task.finish(node, inputs, outputs)
+        except Exception as e:
+            task.fail(e, node)
+            tg.cancel_scope.cancel()
+        finally:
+            task.in_flight -= 1
+            wakeup = getattr(task, "wakeup", None)
+            if wakeup is not None:
+                wakeup.set()
+
+    async def _offload(self, fn: Callable[..., Any], *args: Any) -> Any:
+        if self.executor is not None:
+            return await _run_in_executor(self.executor, fn, args)
+        return await anyio.to_thread.run_sync(fn, *args, limiter=self._limiter())
+
+    def _limiter(self) -> anyio.CapacityLimiter:
+        key = _loop_key()
+        limiter = self._limiters.get(key)
+        if limiter is None:
+            limiter = self._limiters[key] = anyio.CapacityLimiter(self.max_workers)
+        return limiter
+
+    async def _run_callbacks(self, task: GraphTask) -> None:
+        i = 0
+        while i < len(task.callbacks):  # a callback may queue more
+            result = task.callbacks[i]()
+            if asyncio.iscoroutine(result) or hasattr(result, "__await__"):
+                await result
+            i += 1
+
+    # --- bookkeeping ----------------------------------------------------------------------
+    def _begin(self, task: GraphTask, parent: GraphTask | None) -> None:
+        if parent is not None:
+            task.parent = parent
+            task.depth = parent.depth + 1
+            parent.active_children += 1
+        with self._lock:
+            self._started += 1
+
+    def _end(self, task: GraphTask, parent: GraphTask | None, outcome: str) -> None:
+        if parent is not None:
+            parent.active_children -= 1
+        with self._lock:
+            self._nodes_inline += task.nodes_inline
+            self._nodes_offloaded += task.nodes_offloaded
+            if outcome == "succeeded":
+                self._succeeded += 1
+            elif outcome == "failed":
+                self._failed += 1
+            else:
+                self._cancelled += 1
+
+
+def graph_task_statistics(task: GraphTask) -> GraphTaskStatistics:
+    return GraphTaskStatistics(task.id, task.depth, task.nodes_inline, task.nodes_offloaded,
+                               task.in_flight, len(task.heap) + len(task.ready_leaves),
+                               len(task.dependencies))
+
+
+def _enter(task: GraphTask) -> tuple[Any, Any]:
+    return (_context.current_graph_task.set(task), _context.grad_enabled.set(task.create_graph))
+
+
+def _exit(tokens: tuple[Any, Any]) -> None:
+    _context.grad_enabled.reset(tokens[1])
+    _context.current_graph_task.reset(tokens[0])
+
+
+def _loop_key() -> Any:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        import trio
+
+        return trio.lowlevel.current_trio_token()
+
+
+def _threadsafe_caller() -> Callable[[Callable[[], Any]], None]:
+    try:
+        loop = asyncio.get_running_loop()
+
+        def call_soon(fn: Callable[[], Any]) -> None:
+            loop.call_soon_threadsafe(fn)
+
+        return call_soon
+    except RuntimeError:
+        import trio
+
+        return trio.lowlevel.current_trio_token().run_sync_soon
+
+
+async def _run_in_executor(executor: Executor, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    """Run ``fn`` on ``executor`` and wait for it even if cancelled meanwhile."""
+    ctx = contextvars.copy_context()
+    done = anyio.Event()
+    call_soon = _threadsafe_caller()
+    future = executor.submit(ctx.run, fn, *args)
+    future.add_done_callback(lambda _: call_soon(done.set))
+    with anyio.CancelScope(shield=True):
+        await done.wait()
+    await anyio.lowlevel.checkpoint_if_cancelled()
+    return future.result()
+
+
+def _in_event_loop_thread() -> bool:
+    try:
+        asyncio.get_running_loop()
+        return True
+    except RuntimeError:
+        pass
+    try:
+        import sniffio
+
+        sniffio.current_async_library()
+        return True
+    except Exception:
+        return False
+
+
+def block_on(fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> Any:
+    """Run the coroutine ``fn(*args)`` to completion from synchronous code, with this
+    context's variables. On a thread that runs an event loop (which we must not block
+    re-entrantly) it runs on a fresh thread with its own loop."""
+    ctx = contextvars.copy_context()
+    if not _in_event_loop_thread():
+        return ctx.run(asyncio.run, fn(*args))
+    return _run_on_fresh_thread(lambda: asyncio.run(fn(*args)), ctx=ctx)
+
+
+def _run_on_fresh_thread(fn: Callable[..., Any], *args: Any, ctx: contextvars.Context | None = None) -> Any:
+    ctx = ctx or contextvars.copy_context()
+    result: list[Any] = []
+    error: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            result.append(ctx.run(fn, *args))
+        except BaseException as e:  # re-raised on the calling thread
+            error.append(e)
+
+    thread = threading.Thread(target=target, name="asyncgrad-reentrant")
+    thread.start()
+    thread.join()
+    if error:
+        raise error[0]
+    return result[0] if result else None
+
+
+_default_engine: Engine | None = None
+_default_lock = threading.Lock()
+
+
+def get_engine() -> Engine:
+    """The process-wide default engine."""
+    global _default_engine
+    if _default_engine is None:
+        with _default_lock:
+            if _default_engine is None:
+                _default_engine = Engine()
+    return _default_engine
+
+
+def set_engine(engine: Engine) -> None:
+    """Replace the process-wide default engine."""
+    global _default_engine
+    if not isinstance(engine, Engine):
+        raise TypeError(f"set_engine expects an Engine, got {type(engine).__name__}")
+    _default_engine = engine
+
+
+def queue_callback(fn: Callable[[], Any]) -> None:
+    """Run ``fn`` (sync or async) when the current GraphTask's nodes have all finished,
+    before its ``await`` returns. Only valid while a backward is running."""
+    task = _context.current_graph_task.get()
+    if task is None:
+        raise RuntimeError("Final callbacks can only be installed during backward pass.")
+    task.queue_callback(fn)
+
+
+def current_graph_task_id() -> int | None:
+    """The id of the GraphTask running in this context, or None outside backward."""
+    task = _context.current_graph_task.get()
+    return None if task is None else task.id
+
+
+def in_event_loop_thread() -> bool:
+    return _in_event_loop_thread()

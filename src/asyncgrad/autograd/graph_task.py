@@ -1,0 +1,377 @@
+"""One backward call: its dependencies, input buffers, ready queue, staged gradients.
+
+Note [GraphTask bookkeeping lives on one thread]: every field here is read and written
+by the thread that drives the GraphTask (the event loop's thread, or the caller's thread
+for a synchronous drain). Kernels that run on worker threads get their inputs and
+return their outputs; they never touch these dicts. That is what lets the per-node path
+run without locks.
+
+Note [Ready-queue order]: ready nodes run in order of ``sequence_nr``, highest first (the
+node created last in forward), as in PyTorch. AccumulateGrad nodes are kept in their own
+FIFO and always run before any other ready node, which is what PyTorch's
+``sequence_nr == UINT64_MAX`` achieves. Reentrant depth is handled one level up: a
+GraphTask starts no new node while one of its nested (reentrant) GraphTasks is running,
+so the deeper task's work always goes first (PyTorch's depth-then-sequence order).
+
+Note [Commit on success]: leaf gradients (and retain_grad gradients) are *staged* here
+and written into ``.grad`` only after every node finished without error, under one
+process-wide lock, so a backward that fails or is cancelled leaves every ``.grad``
+exactly as it was, and concurrent backward calls each commit atomically. Saved tensors
+are released at the same point, so a failed or cancelled backward can be retried.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import threading
+from collections import deque
+from heapq import heappop, heappush
+from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+
+import numpy as np
+
+from .._tensor_math import TENSOR_MATH
+from ..ops._array_math import ARRAY_MATH
+from ..ops._broadcast import is_expandable_to, sum_to
+from .graph import ACCUMULATE_GRAD_SEQUENCE_NR, AccumulateGrad, Edge, GraphRoot, Node
+
+from ..tensor import Tensor
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+_graph_task_ids = itertools.count(1)
+_COMMIT_LOCK = threading.Lock()
+
+
+class GraphTask:
+    """The state of one ``backward``/``grad`` call (see the notes above)."""
+
+    def __init__(self, engine: Engine, *, keep_graph: bool, create_graph: bool,
+                 accumulate: bool) -> None:
+        self.id = next(_graph_task_ids)
+        self.engine = engine
+        self.keep_graph = keep_graph
+        self.create_graph = create_graph
+        self.accumulate = accumulate  # backward() writes .grad; grad() only captures
+        self.math: Any = TENSOR_MATH if create_graph else ARRAY_MATH
+        self.depth = 0
+        self.parent: GraphTask | None = None
+        self.active_children = 0
+        self.dependencies: dict[Node, int] = {}
+        self.buffers: dict[Node, list[Any]] = {}
+        self.heap: list[tuple[int, Node]] = []
+        self.ready_leaves: deque[Node] = deque()
+        self.needed: set[Node] | None = None  # None: every reachable node runs
+        self.targets: set[Node] = set()
+        self.captures: dict[Node, list[tuple[int, int]]] | None = None
+        self.captured: list[Any] = []
+        self.staged: dict[Tensor, Any] = {}
+        self.retained: dict[Tensor, Any] = {}
+        self.executed: list[Node] = []
+        self.callbacks: list[Callable[[], Any]] = []
+        self.error: BaseException | None = None
+        self.in_flight = 0
+        self.nodes_inline = 0
+        self.nodes_offloaded = 0
+        self.wakeup: Any = None  # an anyio.Event while the driver waits for kernels
+
+    # ------------------------------------------------------------------------------------
+    # Setup: roots, pruning, dependencies. Iterative walks only (no recursion anywhere).
+    # ------------------------------------------------------------------------------------
+    def set_roots(self, roots: list[Edge], grads: list[Any],
+                  targets: list[Edge] | None = None) -> None:
+        if len(roots) == 1:
+            root, nr = roots[0]
+            assert root is not None
+            buf: list[Any] = [None] * max(root.num_outputs, nr + 1)
+            buf[nr] = grads[0]
+            self.buffers[root] = buf
+        else:
+            root = GraphRoot(tuple(roots), grads)
+        if targets is not None:
+            self._plan_pruning(root, targets)
+        self._count_dependencies(root)
+        self._push_ready(root)
+
+    def _plan_pruning(self, root: Node, targets: list[Edge]) -> None:
+        """Mark the nodes that lead to a target (``inputs=`` / ``grad()``); only they run.
+
+        ``backward(inputs=)`` runs the target nodes themselves (AccumulateGrad, or the
+        grad_fn of a non-leaf input); ``grad()`` captures their input instead and runs
+        a target only when it leads to another target (PyTorch's exec_info).
+        """
+        self.captures = {}
+        for i, (node, nr) in enumerate(targets):
+            if node is not None:
+                self.targets.add(node)
+                if not self.accumulate:
+                    self.captures.setdefault(node, []).append((nr, i))
+        self.captured = [None] * len(targets)
+        run_targets = self.accumulate
+        post_order: list[Node] = []
+        visited: set[Node] = set()
+        stack: list[tuple[Node, bool]] = [(root, False)]
+        while stack:
+            node, expanded = stack.pop()
+            if expanded:
+                post_order.append(node)
+                continue
+            if node in visited:
+                continue
+            visited.add(node)
+            stack.append((node, True))
+            for child, _ in node.next_edges:
+                if child is not None and child not in visited:
+                    stack.append((child, False))
+        targets_set = self.targets
+        needed: set[Node] = set()
+        for node in post_order:  # children come before their parents
+            if run_targets and node in targets_set:
+                needed.add(node)
+                continue
+            for child, _ in node.next_edges:
+                if child is not None and (child in needed or child in targets_set):
+                    needed.add(node)
+                    break
+        self.needed = needed
+
+    def _count_dependencies(self, root: Node) -> None:
+        deps = self.dependencies
+        needed = self.needed
+        stack = [root]
+        if needed is None:
+            while stack:
+                for child, _ in stack.pop().next_edges:
+                    if child is None:
+                        continue
+                    if child in deps:
+                        deps[child] += 1
+                    else:
+                        deps[child] = 1
+                        stack.append(child)
+            return
+        targets = self.targets
+        while stack:
+            node = stack.pop()
+            if node is not root and node not in needed:
+                continue  # a target reached only to capture its gradient
+            for child, _ in node.next_edges:
+                if child is None or (child not in needed and child not in targets):
+                    continue
+                if child in deps:
+                    deps[child] += 1
+                else:
+                    deps[child] = 1
+                    stack.append(child)
+
+    def _push_ready(self, node: Node) -> None:
+        if node.sequence_nr == ACCUMULATE_GRAD_SEQUENCE_NR:
+            self.ready_leaves.append(node)
+        else:
+            heappush(self.heap, (-node.sequence_nr, node))
+
+    # ------------------------------------------------------------------------------------
+    # The per-node steps, shared by the async and the synchronous drivers.
+    # ------------------------------------------------------------------------------------
+    def pop_ready(self) -> Node | None:
+        if self.ready_leaves:
+            return self.ready_leaves.popleft()
+        if self.heap:
+            return heappop(self.heap)[1]
+        return None
+
+    def prepare(self, node: Node) -> list[Any] | None:
+        """Take the node's summed input buffer and run what comes before its kernel:
+        tensor pre-hooks, retain_grad, captures, node pre-hooks. Returns the kernel's
+        inputs, or None when the node does not run (pruned, or an AccumulateGrad,
+        which is staged right here)."""
+        buf = self.buffers.pop(node, None)
+        if buf is None:
+            buf = [None] * node.num_outputs
+        if type(node) is AccumulateGrad:
+            self._stage_leaf(node, buf)
+            return None
+        hooks = node._hooks
+        if hooks is not None and (hooks.tensor_pre or hooks.retains_grad):
+            from .hooks import run_tensor_pre_hooks
+
+            buf = run_tensor_pre_hooks(self, node, hooks, buf)
+        if self.captures is not None:
+            caps = self.captures.get(node)
+            if caps is not None:
+                for nr, i in caps:
+                    self.captured[i] = buf[nr]
+            if node not in self.needed:  # type: ignore[operator]
+                return None
+        if hooks is not None and hooks.pre:
+            from .hooks import run_pre_hooks
+
+            buf = run_pre_hooks(self, node, hooks.pre, buf)
+        return buf
+
+    def _stage_leaf(self, node: AccumulateGrad, buf: list[Any]) -> None:
+        var = node.variable
+        g = buf[0]
+        if var._hooks:
+            from .hooks import run_leaf_tensor_hooks
+
+            g = run_leaf_tensor_hooks(self, node, var._hooks, g)
+        if self.captures is not None:
+            for _nr, i in self.captures.get(node, ()):
+                self.captured[i] = g
+            if not self.accumulate or node not in self.needed:  # type: ignore[operator]
+                return
+        hooks = node._hooks
+        if hooks is not None and hooks.pre:
+            from .hooks import run_pre_hooks
+
+            g = run_pre_hooks(self, node, hooks.pre, [g])[0]
+        staged = self.staged
+        prev = staged.get(var)
+        staged[var] = g if prev is None else (prev if g is None else prev + g)
+        if hooks is not None and hooks.post:
+            from .hooks import run_post_hooks
+
+            run_post_hooks(self, node, hooks.post, [], [g])
+
+    def finish(self, node: Node, inputs: list[Any], outputs: list[Any]) -> None:
+        """After the kernel: post-hooks, then route each gradient to its next node."""
+        hooks = node._hooks
+        if hooks is not None and hooks.post:
+            from .hooks import run_post_hooks
+
+            outputs = run_post_hooks(self, node, hooks.post, outputs, inputs)
+        if not self.keep_graph:
+            self.executed.append(node)
+        deps = self.dependencies
+        buffers = self.buffers
+        for (child, nr), g in zip(node.next_edges, outputs):
+            if child is None:
+                continue
+            d = deps.get(child)
+            if d is None:  # pruned: nothing needed lies behind this edge
+                continue
+            if g is not None:
+                buf = buffers.get(child)
+                if buf is None:
+                    if child.num_outputs == 1:
+                        buffers[child] = [g]
+                    else:
+                        buf = buffers[child] = [None] * child.num_outputs
+                        buf[nr] = g
+                else:
+                    old = buf[nr]
+                    buf[nr] = g if old is None else old + g
+            if d == 1:
+                del deps[child]
+                if child.sequence_nr == ACCUMULATE_GRAD_SEQUENCE_NR:
+                    self.ready_leaves.append(child)
+                else:
+                    heappush(self.heap, (-child.sequence_nr, child))
+            else:
+                deps[child] = d - 1
+
+    def fail(self, error: BaseException, node: Node | None) -> None:
+        """Record the first error (first error wins) with a note naming the node."""
+        if node is not None and hasattr(error, "add_note"):
+            error.add_note(f"asyncgrad: raised while running {node.name()} "
+                           f"(sequence_nr={node.sequence_nr}) in graph task {self.id}")
+        if self.error is None:
+            self.error = error
+
+    # ------------------------------------------------------------------------------------
+    # Commit (see Note [Commit on success]).
+    # ------------------------------------------------------------------------------------
+    def commit(self) -> None:
+        if self.staged or self.retained:
+            with _COMMIT_LOCK:
+                for var, g in self.staged.items():
+                    if g is not None:
+                        _accumulate(var, g, self.create_graph)
+                for t, g in self.retained.items():
+                    if g is not None:
+                        _accumulate(t, g, self.create_graph)
+        for var in self.staged:
+            hooks = var._post_acc_hooks
+            if hooks:
+                for hook in tuple(hooks.values()):
+                    if hook(var) is not None:
+                        raise RuntimeError("Tensor post accumulate grad hooks should return None.")
+        if not self.keep_graph:
+            for node in self.executed:
+                node.release_variables()
+
+    def queue_callback(self, fn: Callable[[], Any]) -> None:
+        self.callbacks.append(fn)
+
+
+def _owned(arr: Any, refs: int) -> bool:
+    """True when nobody but the engine holds ``arr`` (PyTorch steals such gradients)."""
+    return (type(arr) is np.ndarray and arr.base is None and arr.flags.writeable
+            and sys.getrefcount(arr) <= refs)
+
+
+def _accumulate(var: Tensor, g: Any, create_graph: bool) -> None:
+    if create_graph:
+        gt = g if isinstance(g, Tensor) else Tensor._wrap(np.asarray(g))
+        var._grad = gt if var._grad is None else var._grad + gt
+        return
+    if isinstance(g, Tensor):
+        g = g.data
+    current = var._grad
+    if current is None:
+        # refs: the staged dict, the caller's loop variable, our parameter, getrefcount's
+        arr = g if _owned(g, 4) else np.array(g, dtype=var.data.dtype)
+        var._grad = Tensor._wrap(arr)
+    elif current.grad_fn is None and current.data.flags.writeable:
+        np.add(current.data, g, out=current.data, casting="unsafe")
+    else:
+        var._grad = Tensor._wrap(current.data + g)
+
+
+def validate_outputs(node: Node, outputs: list[Any]) -> list[Any]:
+    """PyTorch's validate_outputs: count, then shape (summing a broadcast-larger gradient
+    down) and dtype (cast) of every gradient against the input it is for."""
+    edges = node.next_edges
+    if len(outputs) != len(edges):
+        raise RuntimeError(
+            f"Function {node.name()} returned an invalid number of gradients - expected "
+            f"{len(edges)}, but got {len(outputs)}"
+        )
+    shapes = node.input_shapes
+    dtypes = node.input_dtypes
+    for i, g in enumerate(outputs):
+        if g is None or edges[i][0] is None:
+            continue
+        shape = shapes[i]
+        if shape is None:
+            continue
+        gshape = g.shape
+        if gshape != shape:
+            if not is_expandable_to(shape, gshape):
+                raise RuntimeError(
+                    f"Function {node.name()} returned an invalid gradient at index {i} - got "
+                    f"{list(gshape)} but expected shape compatible with {list(shape)}"
+                )
+            g = outputs[i] = _sum_to(g, shape)
+        dt = dtypes[i]
+        if type(g) is np.ndarray:
+            if g.dtype != dt:
+                outputs[i] = g.astype(dt)
+        elif isinstance(g, Tensor):
+            if g.dtype != dt:
+                outputs[i] = g.to(dt)
+        else:  # a numpy scalar from a 0-d computation
+            outputs[i] = np.asarray(g, dtype=dt)
+    return outputs
+
+
+def _sum_to(g: Any, shape: tuple[int, ...]) -> Any:
+    if isinstance(g, Tensor):
+        from ..functional import sum_to as tensor_sum_to
+
+        return tensor_sum_to(g, shape)
+    return sum_to(np.asarray(g), shape)

@@ -1,0 +1,582 @@
+"""The differentiable operations, as ``ag.*`` functions (Tensor methods delegate here).
+
+Each function normalises its arguments, runs the primitive's numpy kernel and hands the
+result to :func:`asyncgrad.autograd.recording.record`. Derivative rules live in
+``asyncgrad.ops``; nothing here knows about the engine.
+"""
+
+from __future__ import annotations
+
+import builtins
+from typing import Any
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from ._dtype import as_array, get_default_dtype
+from .autograd.recording import record
+from .ops import elementwise as E
+from .ops import linalg as L
+from .ops import nn as N
+from .ops import reductions as R
+from .ops import shape as S
+from .ops._spec import OpSpec
+from .tensor import MinMax, Tensor
+
+_py_max = builtins.max
+
+
+# --- operands ------------------------------------------------------------------------------
+def _const(value: Any, other: Any) -> np.ndarray:
+    """A non-Tensor operand as an array. Python scalars take the other operand's dtype
+    when it is floating (PyTorch's wrapped-number rule)."""
+    if isinstance(value, np.ndarray):
+        return value
+    od = other.data.dtype if type(other) is Tensor else None
+    if isinstance(value, bool):
+        return np.asarray(value)
+    if isinstance(value, (int, float)) and od is not None:
+        if od.kind == "f" or (isinstance(value, int) and od.kind in "iu"):
+            return np.asarray(value, dtype=od)
+    return as_array(value)
+
+
+def _promote(a: np.ndarray, b: np.ndarray) -> np.dtype | None:
+    """PyTorch's promotion where it differs from numpy's: int op float keeps the float."""
+    da, db = a.dtype, b.dtype
+    if da == db:
+        return None
+    if da.kind == "f" and db.kind != "f":
+        return da if a.ndim or b.ndim == 0 else da
+    if db.kind == "f" and da.kind != "f":
+        return db
+    return None
+
+
+def _binary(spec: OpSpec, x: Any, y: Any) -> Tensor:
+    tx = type(x) is Tensor
+    ty = type(y) is Tensor
+    a = x.data if tx else _const(x, y)
+    b = y.data if ty else _const(y, x)
+    if a.dtype != b.dtype:
+        want = _promote(a, b)
+        if want is not None:
+            a = a.astype(want, copy=False)
+            b = b.astype(want, copy=False)
+    out = spec.forward(a, b)
+    return record(spec, (x if tx else a, y if ty else b), out)
+
+
+def _unary(spec: OpSpec, x: Tensor, **params: Any) -> Tensor:
+    x = _tensor(x)
+    if params:
+        return record(spec, (x,), spec.forward(x.data, **params), params=params)
+    return record(spec, (x,), spec.forward(x.data))
+
+
+def _tensor(x: Any) -> Tensor:
+    return x if type(x) is Tensor else Tensor(x)
+
+
+def _dims(dim: Any, ndim: int) -> tuple[int, ...] | None:
+    if dim is None:
+        return None
+    dims = (dim,) if isinstance(dim, (int, np.integer)) else tuple(dim)
+    out = []
+    for d in dims:
+        d = int(d)
+        if not -ndim <= d < _py_max(ndim, 1):
+            raise IndexError(
+                f"Dimension out of range (expected to be in range of [{-_py_max(ndim, 1)}, "
+                f"{_py_max(ndim, 1) - 1}], but got {d})"
+            )
+        out.append(d % ndim if ndim else 0)
+    return tuple(out)
+
+
+def _dim(dim: int, ndim: int) -> int:
+    r = _dims(dim, ndim)
+    assert r is not None
+    return r[0]
+
+
+# --- arithmetic ---------------------------------------------------------------------------
+def add(x: Any, y: Any, *, alpha: float = 1) -> Tensor:
+    """``x + alpha * y`` with broadcasting."""
+    return _binary(E.add, x, y if alpha == 1 else mul(y, alpha))
+
+
+def sub(x: Any, y: Any, *, alpha: float = 1) -> Tensor:
+    """``x - alpha * y`` with broadcasting."""
+    return _binary(E.sub, x, y if alpha == 1 else mul(y, alpha))
+
+
+def mul(x: Any, y: Any) -> Tensor:
+    """Elementwise product with broadcasting."""
+    return _binary(E.mul, x, y)
+
+
+def div(x: Any, y: Any) -> Tensor:
+    """True division with broadcasting (integer inputs give the default float dtype)."""
+    if type(x) is Tensor and type(y) is Tensor and x.data.dtype.kind in "iub" and y.data.dtype.kind in "iub":
+        x = to_dtype(x, get_default_dtype())
+    elif type(x) is Tensor and x.data.dtype.kind in "iub" and not isinstance(y, Tensor):
+        x = to_dtype(x, get_default_dtype())
+    return _binary(E.div, x, y)
+
+
+def pow(x: Any, exponent: Any) -> Tensor:
+    """``x ** exponent``; node PowBackward0 (scalar exponent), 1 (tensors), 2 (scalar base)."""
+    if type(x) is Tensor and type(exponent) is Tensor:
+        return _binary(E.pow_tensor, x, exponent)
+    if type(x) is Tensor:
+        return _binary(E.pow_scalar, x, exponent)
+    return _binary(E.rpow, x, exponent)
+
+
+def neg(x: Tensor) -> Tensor:
+    return _unary(E.neg, x)
+
+
+def abs(x: Tensor) -> Tensor:
+    return _unary(E.abs_, x)
+
+
+def exp(x: Tensor) -> Tensor:
+    return _unary(E.exp, x)
+
+
+def log(x: Tensor) -> Tensor:
+    return _unary(E.log, x)
+
+
+def sqrt(x: Tensor) -> Tensor:
+    return _unary(E.sqrt, x)
+
+
+def sin(x: Tensor) -> Tensor:
+    return _unary(E.sin, x)
+
+
+def cos(x: Tensor) -> Tensor:
+    return _unary(E.cos, x)
+
+
+def tanh(x: Tensor) -> Tensor:
+    return _unary(E.tanh, x)
+
+
+def sigmoid(x: Tensor) -> Tensor:
+    return _unary(E.sigmoid, x)
+
+
+def relu(x: Tensor) -> Tensor:
+    return _unary(E.relu, x)
+
+
+def erf(x: Tensor) -> Tensor:
+    return _unary(E.erf, x)
+
+
+def clone(x: Tensor) -> Tensor:
+    """A copy with its own memory that stays in the graph (CloneBackward0)."""
+    return _unary(E.clone, x)
+
+
+def clamp(x: Tensor, min: Any = None, max: Any = None) -> Tensor:
+    """Limit ``x`` to ``[min, max]``; the gradient passes where ``min <= x <= max``."""
+    if min is None and max is None:
+        raise RuntimeError("torch.clamp: At least one of 'min' or 'max' must not be None")
+    x = _tensor(x)
+    lo = None if min is None else _const(min, x)
+    hi = None if max is None else _const(max, x)
+    return record(E.clamp, (x,), E.clamp.forward(x.data, lo=lo, hi=hi), params={"lo": lo, "hi": hi})
+
+
+clip = clamp
+
+
+def maximum(x: Any, y: Any) -> Tensor:
+    return _binary(E.maximum, x, y)
+
+
+def minimum(x: Any, y: Any) -> Tensor:
+    return _binary(E.minimum, x, y)
+
+
+def where(condition: Any, x: Any, y: Any) -> Tensor:
+    """Elements of ``x`` where ``condition`` holds, else of ``y`` (cond is not differentiated)."""
+    cond = condition.data if isinstance(condition, Tensor) else np.asarray(condition)
+    cond = cond.astype(bool, copy=False)
+    tx, ty = type(x) is Tensor, type(y) is Tensor
+    a = x.data if tx else _const(x, y)
+    b = y.data if ty else _const(y, x)
+    if a.dtype != b.dtype:
+        want = _promote(a, b) or np.result_type(a, b)
+        a, b = a.astype(want, copy=False), b.astype(want, copy=False)
+    out = np.where(cond, a, b)
+    return record(E.where, (cond, x if tx else a, y if ty else b), out)
+
+
+def compare(op: Callable[..., np.ndarray], x: Any, y: Any) -> Tensor:
+    """A comparison: a bool tensor outside the graph."""
+    a = x.data if isinstance(x, Tensor) else x
+    b = y.data if isinstance(y, Tensor) else y
+    return Tensor._wrap(np.asarray(op(a, b)))
+
+
+def to_dtype(x: Tensor, dtype: Any) -> Tensor:
+    """Cast; differentiable between floating dtypes (ToCopyBackward0)."""
+    d = np.dtype(dtype)
+    if x.data.dtype == d:
+        return x
+    return record(_to_copy, (x,), x.data.astype(d)) if d.kind == "f" else Tensor._wrap(x.data.astype(d))
+
+
+_to_copy = OpSpec("ToCopyBackward0", lambda x: x, (lambda m, g, ans, x: g,))
+
+
+def fill(x: Tensor, value: Any) -> Tensor:
+    """A tensor like ``x`` filled with ``value`` (used by ``fill_``/``zero_``)."""
+    if isinstance(value, Tensor):
+        return add(mul(x, 0.0), value) if value._requires_grad else fill(x, value.data)
+    return record(_fill, (x,), np.full_like(x.data, value))
+
+
+_fill = OpSpec("FillBackward0", np.full_like, (lambda m, g, ans, x: g * 0.0,))
+
+
+def copy_from(x: Tensor, src: Any) -> Tensor:
+    """``src`` broadcast to ``x``'s shape and dtype (used by ``copy_``)."""
+    s = _tensor(src)
+    out = np.broadcast_to(s.data, x.data.shape).astype(x.data.dtype)
+    return record(_copy, (x, s), out)
+
+
+_copy = OpSpec("CopyBackwards", None, (lambda m, g, ans, x, s: g * 0.0, lambda m, g, ans, x, s: g))  # type: ignore[arg-type]
+
+
+# --- reductions -----------------------------------------------------------------------------
+def sum(x: Tensor, dim: Any = None, keepdim: bool = False) -> Tensor:
+    """Sum over ``dim`` (all dims when None)."""
+    x = _tensor(x)
+    dims = _dims(dim, x.ndim)
+    spec = R.sum_all if dims is None else R.sum
+    out = R._sum(x.data, dim=dims, keepdim=keepdim)
+    if x.data.dtype.kind in "bi" and dims is None:
+        out = out.astype(np.int64)
+    return record(spec, (x,), out, params={"dim": dims, "keepdim": keepdim, "shape": x.shape})
+
+
+def mean(x: Tensor, dim: Any = None, keepdim: bool = False) -> Tensor:
+    """Mean over ``dim`` (all dims when None)."""
+    x = _tensor(x)
+    if x.data.dtype.kind not in "fc":
+        raise RuntimeError(
+            f"mean(): could not infer output dtype. Input dtype must be either a floating "
+            f"point or complex dtype. Got: {x.data.dtype}"
+        )
+    dims = _dims(dim, x.ndim)
+    spec = R.mean_all if dims is None else R.mean
+    out = R._mean(x.data, dim=dims, keepdim=keepdim)
+    return record(spec, (x,), out, params={"dim": dims, "keepdim": keepdim, "shape": x.shape})
+
+
+def var(x: Tensor, dim: Any = None, *, correction: int = 1, keepdim: bool = False,
+        unbiased: bool | None = None) -> Tensor:
+    """Variance with Bessel's correction by default (``correction=1``)."""
+    x = _tensor(x)
+    if unbiased is not None:
+        correction = 1 if unbiased else 0
+    dims = _dims(dim, x.ndim)
+    params = {"dim": dims, "keepdim": keepdim, "correction": correction}
+    out = R._var(x.data, **params)
+    return record(R.var, (x,), out, params={**params, "shape": x.shape})
+
+
+def _extreme(x: Tensor, dim: Any, keepdim: bool, all_spec: OpSpec, dim_spec: OpSpec) -> Any:
+    x = _tensor(x)
+    if dim is None:
+        if x.data.size == 0:
+            raise RuntimeError("max(): Expected reduction dim to be specified for input.numel() == 0.")
+        values, weights = all_spec.forward(x.data)
+        return record(all_spec, (x,), values, aux=weights)
+    d = _dim(dim, x.ndim)
+    values, (onehot, idx) = dim_spec.forward(x.data, dim=d, keepdim=keepdim)
+    out = record(dim_spec, (x,), values, aux=onehot, params={"dim": d, "keepdim": keepdim})
+    return MinMax(out, Tensor._wrap(np.asarray(idx, dtype=np.int64)))
+
+
+def max(x: Tensor, dim: Any = None, keepdim: bool = False) -> Any:
+    """The maximum; with ``dim``, a ``(values, indices)`` named tuple."""
+    if isinstance(dim, Tensor):  # torch.max(a, b) is maximum
+        return maximum(x, dim)
+    return _extreme(x, dim, keepdim, R.max_all, R.max_dim)
+
+
+def min(x: Tensor, dim: Any = None, keepdim: bool = False) -> Any:
+    """The minimum; with ``dim``, a ``(values, indices)`` named tuple."""
+    if isinstance(dim, Tensor):
+        return minimum(x, dim)
+    return _extreme(x, dim, keepdim, R.min_all, R.min_dim)
+
+
+def sum_to(x: Tensor, shape: tuple[int, ...]) -> Tensor:
+    """Sum a broadcast tensor down to ``shape`` (the engine's shape reduction)."""
+    shape = tuple(shape)
+    if x.shape == shape:
+        return x
+    return record(S.sum_to, (x,), S.sum_to.forward(x.data, shape=shape), params={"shape": x.shape})
+
+
+# --- shapes ----------------------------------------------------------------------------------
+def _view(x: Tensor, spec: OpSpec, out: np.ndarray, params: dict[str, Any]) -> Tensor:
+    t = record(spec, (x,), out, params=params)
+    if out.base is not None or out is x.data:  # a numpy view: share the version counter
+        t._version_counter = x._version_counter
+        t._base = x if x._base is None else x._base
+    return t
+
+
+def reshape(x: Tensor, shape: Sequence[int]) -> Tensor:
+    """The same data with a new shape (one dim may be -1)."""
+    x = _tensor(x)
+    shape = tuple(int(s) for s in shape)
+    try:
+        out = x.data.reshape(shape)
+    except ValueError:
+        raise RuntimeError(f"shape '{list(shape)}' is invalid for input of size {x.data.size}") from None
+    return _view(x, S.view, out, {"shape": x.shape})
+
+
+view = reshape
+
+
+def flatten(x: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+    x = _tensor(x)
+    if x.ndim == 0:
+        return reshape(x, (1,))
+    s, e = _dim(start_dim, x.ndim), _dim(end_dim, x.ndim)
+    shape = x.shape[:s] + (-1,) + x.shape[e + 1:]
+    return reshape(x, shape)
+
+
+def transpose(x: Tensor, dim0: int, dim1: int) -> Tensor:
+    x = _tensor(x)
+    d0, d1 = _dim(dim0, x.ndim), _dim(dim1, x.ndim)
+    return _view(x, S.transpose, np.swapaxes(x.data, d0, d1), {"d0": d0, "d1": d1})
+
+
+swapaxes = transpose
+
+
+def permute(x: Tensor, dims: Sequence[int]) -> Tensor:
+    x = _tensor(x)
+    d = _dims(tuple(dims), x.ndim)
+    assert d is not None
+    if sorted(d) != list(range(x.ndim)):
+        raise RuntimeError(f"permute(): dims {list(dims)} is not a permutation of {x.ndim} dims")
+    return _view(x, S.permute, np.transpose(x.data, d), {"dims": d})
+
+
+def squeeze(x: Tensor, dim: Any = None) -> Tensor:
+    x = _tensor(x)
+    dims = _dims(dim, x.ndim)
+    if dims is None:
+        out_shape = tuple(n for n in x.shape if n != 1)
+    else:
+        out_shape = tuple(n for i, n in enumerate(x.shape) if not (i in dims and n == 1))
+    return _view(x, S.squeeze, x.data.reshape(out_shape), {"shape": x.shape})
+
+
+def unsqueeze(x: Tensor, dim: int) -> Tensor:
+    x = _tensor(x)
+    d = _dim(dim, x.ndim + 1)
+    return _view(x, S.unsqueeze, np.expand_dims(x.data, d), {"shape": x.shape})
+
+
+def expand(x: Tensor, shape: Sequence[int]) -> Tensor:
+    """Broadcast to ``shape`` (-1 keeps a dim) without copying."""
+    x = _tensor(x)
+    shape = tuple(int(s) for s in shape)
+    lead = len(shape) - x.ndim
+    if lead < 0:
+        raise RuntimeError(
+            f"expand: the number of sizes provided ({len(shape)}) must be greater or equal to "
+            f"the number of dimensions in the tensor ({x.ndim})"
+        )
+    full = tuple(x.shape[i - lead] if s == -1 else s for i, s in enumerate(shape))
+    try:
+        out = np.broadcast_to(x.data, full)
+    except ValueError:
+        raise RuntimeError(
+            f"The expanded size of the tensor must match the existing size at non-singleton "
+            f"dimension: cannot expand {list(x.shape)} to {list(full)}"
+        ) from None
+    return _view(x, S.expand, out, {})
+
+
+def broadcast_to(x: Tensor, shape: Sequence[int]) -> Tensor:
+    return expand(x, shape)
+
+
+def _normalise_index(index: Any) -> tuple[Any, bool]:
+    """Tensors in an index become arrays; returns (index, is_basic)."""
+    items = index if isinstance(index, tuple) else (index,)
+    out = []
+    basic = True
+    for it in items:
+        if isinstance(it, Tensor):
+            it = it.data
+        if isinstance(it, (list, np.ndarray)):
+            it = np.asarray(it)
+            basic = False
+        elif isinstance(it, bool):
+            basic = False
+        out.append(it)
+    return (tuple(out) if isinstance(index, tuple) else out[0]), basic
+
+
+def getitem(x: Tensor, index: Any) -> Tensor:
+    """numpy indexing: basic (views, incl. negative steps) and advanced (copies)."""
+    idx, basic = _normalise_index(index)
+    try:
+        out = x.data[idx]
+    except IndexError as e:
+        raise IndexError(f"{e} (indexing a tensor of shape {list(x.shape)})") from None
+    out = np.asarray(out) if not isinstance(out, np.ndarray) else out
+    if basic:
+        return _view(x, S.getitem_basic, out, {"index": idx, "shape": x.shape})
+    return record(S.getitem_advanced, (x,), out, params={"index": idx, "shape": x.shape})
+
+
+def index_add(g: Tensor, index: Any, shape: tuple[int, ...], basic: bool) -> Tensor:
+    """Zeros of ``shape`` with ``g`` added at ``index`` (the adjoint of indexing)."""
+    out = S.index_add.forward(g.data, index=index, shape=shape, basic=basic)
+    return record(S.index_add, (g,), out, params={"index": index})
+
+
+def index_put(x: Tensor, index: Any, value: Any) -> Tensor:
+    """A copy of ``x`` with ``value`` written at ``index`` (used by ``x[index] = value``)."""
+    idx, _ = _normalise_index(index)
+    v = value if isinstance(value, Tensor) else _const(value, x)
+    vd = v.data if isinstance(v, Tensor) else v
+    mask = np.zeros(x.shape, dtype=bool)
+    mask[idx] = True
+    out = S.index_put.forward(x.data, vd.astype(x.data.dtype, copy=False), index=idx)
+    return record(S.index_put, (x, v), out, params={"index": idx, "mask": mask})
+
+
+def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
+    """Concatenate along an existing dim."""
+    ts = [_tensor(t) for t in tensors]
+    if not ts:
+        raise RuntimeError("torch.cat(): expected a non-empty list of Tensors")
+    d = _dim(dim, ts[0].ndim)
+    bounds = [0]
+    for t in ts:
+        bounds.append(bounds[-1] + t.shape[d])
+    out = np.concatenate([t.data for t in ts], axis=d)
+    return record(S.cat, tuple(ts), out, params={"dim": d, "bounds": tuple(bounds)})
+
+
+concat = cat
+
+
+def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
+    """Stack along a new dim."""
+    ts = [_tensor(t) for t in tensors]
+    if not ts:
+        raise RuntimeError("stack expects a non-empty TensorList")
+    d = _dim(dim, ts[0].ndim + 1)
+    out = np.stack([t.data for t in ts], axis=d)
+    return record(S.stack, tuple(ts), out, params={"dim": d})
+
+
+# --- linear algebra ------------------------------------------------------------------------
+def matmul(x: Any, y: Any) -> Tensor:
+    """numpy's matmul in all rank cases (node named as PyTorch's mm/dot/mv/bmm)."""
+    x, y = _tensor(x), _tensor(y)
+    if x.ndim == 0 or y.ndim == 0:
+        raise RuntimeError("both arguments to matmul need to be at least 1D")
+    try:
+        out = np.matmul(x.data, y.data)
+    except ValueError:
+        raise RuntimeError(
+            f"mat1 and mat2 shapes cannot be multiplied ({'x'.join(map(str, x.shape))} and "
+            f"{'x'.join(map(str, y.shape))})"
+        ) from None
+    spec = (L.dot if x.ndim == 1 and y.ndim == 1 else L.mv if y.ndim == 1 and x.ndim == 2
+            else L.matmul if x.ndim <= 2 and y.ndim <= 2 else L.bmm)
+    return record(spec, (x, y), np.asarray(out))
+
+
+mm = matmul
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``x @ weight.T + bias`` as one node."""
+    x = _tensor(x)
+    if x.shape[-1] != weight.shape[-1]:
+        raise RuntimeError(
+            f"mat1 and mat2 shapes cannot be multiplied ({'x'.join(map(str, x.shape))} and "
+            f"{'x'.join(map(str, weight.shape[::-1]))})"
+        )
+    if bias is None:
+        return record(L.linear_nobias, (x, weight), L._linear(x.data, weight.data))
+    return record(L.linear, (x, weight, bias), L._linear(x.data, weight.data, bias.data))
+
+
+# --- nn ------------------------------------------------------------------------------------
+def softmax(x: Tensor, dim: int) -> Tensor:
+    x = _tensor(x)
+    d = _dim(dim, x.ndim)
+    return record(N.softmax, (x,), N._softmax(x.data, dim=d), params={"dim": d})
+
+
+def log_softmax(x: Tensor, dim: int) -> Tensor:
+    x = _tensor(x)
+    d = _dim(dim, x.ndim)
+    return record(N.log_softmax, (x,), N._log_softmax(x.data, dim=d), params={"dim": d})
+
+
+def gelu(x: Tensor, approximate: str = "none") -> Tensor:
+    """GELU, exact (erf) unless ``approximate="tanh"``."""
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"approximate argument must be either none or tanh, got {approximate!r}")
+    return _unary(N.gelu, x, approximate=approximate)
+
+
+def nll_loss(logp: Tensor, target: Any, reduction: str = "mean", ignore_index: int = -100) -> Tensor:
+    tgt = np.asarray(target.data if isinstance(target, Tensor) else target)
+    if logp.ndim != 2 or tgt.shape != logp.shape[:1]:
+        raise ValueError(
+            f"Expected input of shape (N, C) and target of shape (N,), got {list(logp.shape)} "
+            f"and {list(tgt.shape)}"
+        )
+    if tgt.dtype.kind not in "iu":
+        raise RuntimeError(f"expected scalar type Long but found {tgt.dtype}")
+    c = logp.shape[1]
+    bad = (tgt != ignore_index) & ((tgt < 0) | (tgt >= c))
+    if bad.any():
+        raise IndexError(f"Target {int(tgt[bad][0])} is out of bounds.")
+    out, weights = N._nll_loss(logp.data, target=tgt, reduction=reduction, ignore_index=ignore_index)
+    return record(N.nll_loss, (logp,), out, aux=weights, params={"reduction": reduction})
+
+
+def cross_entropy(logits: Tensor, targets: Any, reduction: str = "mean", ignore_index: int = -100) -> Tensor:
+    """``nll_loss(log_softmax(logits, 1), targets)`` for class-index targets."""
+    return nll_loss(log_softmax(logits, 1), targets, reduction, ignore_index)
+
+
+def mse_loss(input: Tensor, target: Any, reduction: str = "mean") -> Tensor:
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"{reduction} is not a valid value for reduction")
+    input = _tensor(input)
+    t = target if isinstance(target, Tensor) else _const(target, input)
+    td = t.data if isinstance(t, Tensor) else t
+    return record(N.mse_loss, (input, t), N._mse(input.data, td, reduction=reduction),
+                  params={"reduction": reduction})
+
+
+__all__ = [n for n in dir() if not n.startswith("_") and n not in ("annotations", "builtins")]

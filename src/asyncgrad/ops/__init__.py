@@ -1,0 +1,1 @@
+"""Differentiable primitives as data: forward kernels and derivative rules by family."""

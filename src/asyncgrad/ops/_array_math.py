@@ -1,0 +1,75 @@
+"""The math namespace ``m`` that derivative rules use in a plain (non-create_graph)
+backward: numpy functions on ndarrays. ``asyncgrad._tensor_math`` offers the same names as
+differentiable asyncgrad functions on Tensors for ``create_graph=True``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ._broadcast import sum_to
+from ._special import erf
+
+
+def _index_add(g: np.ndarray, index: Any, shape: tuple[int, ...], basic: bool) -> np.ndarray:
+    out = np.zeros(shape, dtype=g.dtype)
+    if basic:
+        out[index] = g
+    else:
+        np.add.at(out, index, g)
+    return out
+
+
+class ArrayMath:
+    tensor_mode = False
+    exp = staticmethod(np.exp)
+    log = staticmethod(np.log)
+    sqrt = staticmethod(np.sqrt)
+    sin = staticmethod(np.sin)
+    cos = staticmethod(np.cos)
+    tanh = staticmethod(np.tanh)
+    sign = staticmethod(np.sign)
+    erf = staticmethod(erf)
+    where = staticmethod(np.where)
+    matmul = staticmethod(np.matmul)
+    reshape = staticmethod(np.reshape)
+    broadcast_to = staticmethod(np.broadcast_to)
+    sum_to = staticmethod(sum_to)
+    index_add = staticmethod(_index_add)
+    zeros_like = staticmethod(np.zeros_like)
+
+    @staticmethod
+    def constant(value: Any) -> Any:
+        return value
+
+    @staticmethod
+    def sum(x: np.ndarray, dim: Any = None, keepdim: bool = False) -> np.ndarray:
+        return np.sum(x, axis=dim, keepdims=keepdim)
+
+    @staticmethod
+    def mean(x: np.ndarray, dim: Any = None, keepdim: bool = False) -> np.ndarray:
+        return np.mean(x, axis=dim, keepdims=keepdim)
+
+    @staticmethod
+    def permute(x: np.ndarray, dims: tuple[int, ...]) -> np.ndarray:
+        return np.transpose(x, dims)
+
+    @staticmethod
+    def transpose(x: np.ndarray, d0: int, d1: int) -> np.ndarray:
+        return np.swapaxes(x, d0, d1)
+
+    @staticmethod
+    def unsqueeze(x: np.ndarray, dim: int) -> np.ndarray:
+        return np.expand_dims(x, dim)
+
+    @staticmethod
+    def getitem(x: np.ndarray, index: Any) -> np.ndarray:
+        return x[index]
+
+    @staticmethod
+    def take_along(x: np.ndarray, index: np.ndarray, dim: int) -> np.ndarray:
+        return np.take_along_axis(x, index, dim)
+
+
+ARRAY_MATH = ArrayMath()

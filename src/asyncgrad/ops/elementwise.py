@@ -1,0 +1,92 @@
+"""Elementwise primitives: forward kernel and derivative rules, one row each.
+
+Rules read ``rule(m, g, ans, x, y, ...)``: ``g`` is the output's gradient, ``ans`` the
+output (when saved), ``x``/``y``/``z`` the saved inputs. A rule may return the broadcast
+shape; the engine sums it down to the input's shape (``_broadcast.sum_to``).
+Ties and kinks follow PyTorch: relu'(0) = 0, |x|'(0) = 0, clamp passes the gradient
+where ``min <= x <= max``, maximum/minimum split it in half at ties.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ._spec import defop
+from ._special import erf as _erf
+
+_2_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
+
+
+def _pow_base_rule(m, g, ans, x, y):  # type: ignore[no-untyped-def]
+    # d/dx x**y = y * x**(y-1); zero when y == 0 (PyTorch's pow_backward)
+    return m.where(y == 0, 0.0, g * y * x ** (y - 1))
+
+
+def _pow_exponent_rule(m, g, ans, x, y):  # type: ignore[no-untyped-def]
+    # d/dy x**y = x**y * log(x); zero where x == 0 and y >= 0 (PyTorch's pow_backward_exponent)
+    return m.where((x == 0) & (y >= 0), 0.0, g * ans * m.log(x))
+
+
+def _clamp(x, *, lo, hi):  # type: ignore[no-untyped-def]
+    return np.clip(x, lo, hi)
+
+
+def _clamp_rule(m, g, ans, x, *, lo, hi):  # type: ignore[no-untyped-def]
+    inside = True
+    if lo is not None:
+        inside = x >= lo
+    if hi is not None:
+        inside = (x <= hi) if inside is True else (inside & (x <= hi))
+    return m.where(inside, g, 0.0)
+
+
+# name --------------- node name -------- forward ---------- saves -- derivative per input
+add = defop("AddBackward0", np.add,
+            lambda m, g, ans, x, y: g,
+            lambda m, g, ans, x, y: g)
+sub = defop("SubBackward0", np.subtract,
+            lambda m, g, ans, x, y: g,
+            lambda m, g, ans, x, y: -g)
+mul = defop("MulBackward0", np.multiply,
+            lambda m, g, ans, x, y: g * y,
+            lambda m, g, ans, x, y: g * x, save="x y")
+div = defop("DivBackward0", np.true_divide,
+            lambda m, g, ans, x, y: g / y,
+            lambda m, g, ans, x, y: -g * x / (y * y), save="x y")
+pow_scalar = defop("PowBackward0", np.power,
+                   _pow_base_rule, None, save="x y")
+pow_tensor = defop("PowBackward1", np.power,
+                   _pow_base_rule, _pow_exponent_rule, save="x y ans")
+rpow = defop("PowBackward2", np.power,
+             None, _pow_exponent_rule, save="x y ans")
+maximum = defop("MaximumBackward0", np.maximum,
+                lambda m, g, ans, x, y: m.where(x > y, g, m.where(x == y, g * 0.5, 0.0)),
+                lambda m, g, ans, x, y: m.where(y > x, g, m.where(x == y, g * 0.5, 0.0)),
+                save="x y")
+minimum = defop("MinimumBackward0", np.minimum,
+                lambda m, g, ans, x, y: m.where(x < y, g, m.where(x == y, g * 0.5, 0.0)),
+                lambda m, g, ans, x, y: m.where(y < x, g, m.where(x == y, g * 0.5, 0.0)),
+                save="x y")
+where = defop("WhereBackward0", np.where,
+              None,
+              lambda m, g, ans, c, a, b: m.where(c, g, 0.0),
+              lambda m, g, ans, c, a, b: m.where(c, 0.0, g), save="x")
+
+neg = defop("NegBackward0", np.negative, lambda m, g, ans, x: -g)
+abs_ = defop("AbsBackward0", np.abs, lambda m, g, ans, x: g * m.sign(x), save="x")
+exp = defop("ExpBackward0", np.exp, lambda m, g, ans, x: g * ans, save="ans")
+log = defop("LogBackward0", np.log, lambda m, g, ans, x: g / x, save="x")
+sqrt = defop("SqrtBackward0", np.sqrt, lambda m, g, ans, x: g / (2.0 * ans), save="ans")
+sin = defop("SinBackward0", np.sin, lambda m, g, ans, x: g * m.cos(x), save="x")
+cos = defop("CosBackward0", np.cos, lambda m, g, ans, x: -g * m.sin(x), save="x")
+tanh = defop("TanhBackward0", np.tanh, lambda m, g, ans, x: g * (1.0 - ans * ans), save="ans")
+sigmoid = defop("SigmoidBackward0", lambda x: 1.0 / (1.0 + np.exp(-x)),
+                lambda m, g, ans, x: g * ans * (1.0 - ans), save="ans")
+relu = defop("ReluBackward0", lambda x: np.maximum(x, 0),
+             lambda m, g, ans, x: m.where(ans > 0, g, 0.0), save="ans")
+erf = defop("ErfBackward0", _erf,
+            lambda m, g, ans, x: g * _2_OVER_SQRT_PI * m.exp(-(x * x)), save="x")
+clamp = defop("ClampBackward1", _clamp, _clamp_rule, save="x")
+clone = defop("CloneBackward0", np.copy, lambda m, g, ans, x: g)

@@ -1,0 +1,94 @@
+"""Neural-network primitives: softmax, log_softmax, gelu, nll_loss, mse_loss."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ._spec import defop
+from ._special import erf
+
+_SQRT_2 = math.sqrt(2.0)
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+
+
+def _softmax(x, *, dim):  # type: ignore[no-untyped-def]
+    e = np.exp(x - np.max(x, axis=dim, keepdims=True))
+    return e / np.sum(e, axis=dim, keepdims=True)
+
+
+def _log_softmax(x, *, dim):  # type: ignore[no-untyped-def]
+    shifted = x - np.max(x, axis=dim, keepdims=True)
+    return shifted - np.log(np.sum(np.exp(shifted), axis=dim, keepdims=True))
+
+
+def _gelu(x, *, approximate):  # type: ignore[no-untyped-def]
+    if approximate == "tanh":
+        return 0.5 * x * (1.0 + np.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x**3)))
+    return 0.5 * x * (1.0 + erf(x / _SQRT_2))
+
+
+def _gelu_rule(m, g, ans, x, *, approximate):  # type: ignore[no-untyped-def]
+    if approximate == "tanh":
+        inner = _SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)
+        t = m.tanh(inner)
+        d_inner = _SQRT_2_OVER_PI * (1.0 + 3 * 0.044715 * x * x)
+        return g * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * d_inner)
+    cdf = 0.5 * (1.0 + m.erf(x / _SQRT_2))
+    pdf = m.exp(-0.5 * x * x) * _INV_SQRT_2PI
+    return g * (cdf + x * pdf)
+
+
+def _nll_loss(logp, *, target, reduction, ignore_index):  # type: ignore[no-untyped-def]
+    n = logp.shape[0]
+    valid = target != ignore_index
+    safe = np.where(valid, target, 0)
+    picked = -logp[np.arange(n), safe] * valid
+    weights = np.zeros_like(logp)
+    weights[np.arange(n), safe] = -valid.astype(logp.dtype)
+    if reduction == "mean":
+        count = max(int(valid.sum()), 0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out = np.asarray(picked.sum() / count, dtype=logp.dtype)
+        weights /= count if count else 1
+    elif reduction == "sum":
+        out = np.asarray(picked.sum(), dtype=logp.dtype)
+    else:
+        out = picked.astype(logp.dtype, copy=False)
+    return out, weights
+
+
+def _nll_rule(m, g, ans, x, *, reduction, aux):  # type: ignore[no-untyped-def]
+    if reduction == "none":
+        return m.unsqueeze(g, -1) * aux
+    return g * aux
+
+
+def _mse(x, y, *, reduction):  # type: ignore[no-untyped-def]
+    d = (x - y) ** 2
+    if reduction == "mean":
+        return np.asarray(d.mean(), dtype=d.dtype)
+    if reduction == "sum":
+        return np.asarray(d.sum(), dtype=d.dtype)
+    return d
+
+
+def _mse_rule_x(m, g, ans, x, y, *, reduction):  # type: ignore[no-untyped-def]
+    scale = 2.0 / int(np.prod(np.broadcast_shapes(x.shape, y.shape))) if reduction == "mean" else 2.0
+    return g * scale * (x - y)
+
+
+# name ---------- node name ------------- forward ------- derivative ---------------------
+softmax = defop("SoftmaxBackward0", _softmax,
+                lambda m, g, ans, x, *, dim: ans * (g - m.sum(g * ans, (dim,), True)), save="ans")
+log_softmax = defop("LogSoftmaxBackward0", _log_softmax,
+                    lambda m, g, ans, x, *, dim: g - m.exp(ans) * m.sum(g, (dim,), True),
+                    save="ans")
+gelu = defop("GeluBackward0", _gelu, _gelu_rule, save="x")
+nll_loss = defop("NllLossBackward0", _nll_loss, _nll_rule, has_aux=True)
+mse_loss = defop("MseLossBackward0", _mse,
+                 _mse_rule_x,
+                 lambda m, g, ans, x, y, *, reduction: -_mse_rule_x(m, g, ans, x, y, reduction=reduction),
+                 save="x y")
