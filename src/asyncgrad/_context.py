@@ -34,3 +34,7 @@ saved_tensors_hooks: ContextVar[tuple[tuple[Callable[[Any], Any], Callable[[Any]
 
 #: Anomaly mode settings, or None when anomaly mode is off (the common, free case).
 anomaly_mode: ContextVar[AnomalyMode | None] = ContextVar("asyncgrad_anomaly", default=None)
+
+#: The active ``autograd.profiler.profile`` recorder, or None (the common, free case).
+#: A GraphTask reads it once when it starts; kernels are wrapped only when it is set.
+profiler: ContextVar[Any | None] = ContextVar("asyncgrad_profiler", default=None)

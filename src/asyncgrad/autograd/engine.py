@@ -77,14 +77,26 @@ class GraphTaskStatistics:
     pending: int
 
 
+_anomaly_mode = _context.anomaly_mode
+
+
 def run_kernel(node: Node, inputs: list[Any], math: Any) -> list[Any]:
-    """A node's numeric work: apply, then validate. Thread-safe; touches no GraphTask."""
-    outputs = node.apply(inputs, math)
-    outputs = validate_outputs(node, outputs)
-    anomaly = _context.anomaly_mode.get()
+    """A node's numeric work: apply, then validate. Thread-safe; touches no GraphTask.
+
+    Anomaly mode (``autograd.anomaly_mode``) takes over the whole step when it is on:
+    it tracks the running node as the parent of nodes built meanwhile and checks for NaN.
+    """
+    anomaly = _anomaly_mode.get()
     if anomaly is not None:
-        anomaly.check_outputs(node, outputs)
-    return outputs
+        return anomaly.run_node(node, inputs, math)  # type: ignore[no-any-return]
+    return validate_outputs(node, node.apply(inputs, math))
+
+
+def kernel_for(task: GraphTask, offloaded: bool) -> Callable[[Node, list[Any], Any], list[Any]]:
+    """``run_kernel``, or the profiler's timed wrapper of it while a profile is recording."""
+    if task.profiler is None:
+        return run_kernel
+    return task.profiler.wrap_kernel(run_kernel, task, offloaded)  # type: ignore[no-any-return]
 
 
 class Engine:
@@ -154,6 +166,7 @@ class Engine:
         tokens = _enter(task)
         try:
             math = task.math
+            kernel = kernel_for(task, False)
             while True:
                 node = task.pop_ready()
                 if node is None:
@@ -165,7 +178,7 @@ class Engine:
                     if node.is_async():
                         outputs = validate_outputs(node, block_on(node.apply_async, inputs, math))  # type: ignore[attr-defined]
                     else:
-                        outputs = run_kernel(node, inputs, math)
+                        outputs = kernel(node, inputs, math)
                     task.nodes_inline += 1
                     task.finish(node, inputs, outputs)
                 except BaseException as e:
@@ -194,6 +207,7 @@ class Engine:
 
     async def _drain_inline(self, task: GraphTask) -> tuple[Node, list[Any]] | None:
         math = task.math
+        kernel = kernel_for(task, False)
         threshold = self.inline_threshold
         interval = self.yield_interval
         deadline = time.perf_counter() + interval
@@ -207,7 +221,7 @@ class Engine:
             if node.work >= threshold or node.is_async():
                 return node, inputs
             try:
-                outputs = run_kernel(node, inputs, math)
+                outputs = kernel(node, inputs, math)
                 task.nodes_inline += 1
                 task.finish(node, inputs, outputs)
             except Exception as e:
@@ -219,6 +233,7 @@ class Engine:
 
     async def _drain_concurrent(self, task: GraphTask, tg: anyio.abc.TaskGroup) -> None:
         math = task.math
+        kernel = kernel_for(task, False)
         threshold = self.inline_threshold
         interval = self.yield_interval
         deadline = time.perf_counter() + interval
@@ -238,7 +253,7 @@ class Engine:
                 if node.work >= threshold or node.is_async():
                     self._start(task, tg, node, inputs)
                     continue
-                outputs = run_kernel(node, inputs, math)
+                outputs = kernel(node, inputs, math)
                 task.nodes_inline += 1
                 task.finish(node, inputs, outputs)
             except Exception as e:
@@ -262,7 +277,7 @@ class Engine:
                 with self._lock:
                     self._in_flight += 1
                 try:
-                    outputs = await self._offload(run_kernel, node, inputs, task.math)
+                    outputs = await self._offload(kernel_for(task, True), node, inputs, task.math)
                 finally:
                     with self._lock:
                         self._in_flight -= 1

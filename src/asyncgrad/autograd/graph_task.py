@@ -32,6 +32,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from .. import _context
 from .._tensor_math import TENSOR_MATH
 from ..ops._array_math import ARRAY_MATH
 from ..ops._broadcast import is_expandable_to, sum_to
@@ -77,6 +78,7 @@ class GraphTask:
         self.nodes_inline = 0
         self.nodes_offloaded = 0
         self.wakeup: Any = None  # an anyio.Event while the driver waits for kernels
+        self.profiler: Any = _context.profiler.get()
 
     # ------------------------------------------------------------------------------------
     # Setup: roots, pruning, dependencies. Iterative walks only (no recursion anywhere).
@@ -279,6 +281,9 @@ class GraphTask:
         if node is not None and hasattr(error, "add_note"):
             error.add_note(f"asyncgrad: raised while running {node.name()} "
                            f"(sequence_nr={node.sequence_nr}) in graph task {self.id}")
+            anomaly = _context.anomaly_mode.get()
+            if anomaly is not None:
+                anomaly.annotate_error(error, node)
         if self.error is None:
             self.error = error
 
