@@ -130,6 +130,7 @@ class Engine:
 
     async def execute(self, task: GraphTask) -> None:
         """Run ``task`` to completion on the current event loop (see module notes)."""
+        await anyio.lowlevel.checkpoint_if_cancelled()  # an already-cancelled caller starts nothing
         parent = _context.current_graph_task.get()
         self._begin(task, parent)
         outcome = "cancelled"
@@ -171,10 +172,10 @@ class Engine:
                 node = task.pop_ready()
                 if node is None:
                     break
-                inputs = task.prepare(node)
-                if inputs is None:
-                    continue
                 try:
+                    inputs = task.prepare(node)
+                    if inputs is None:
+                        continue
                     if node.is_async():
                         outputs = validate_outputs(node, block_on(node.apply_async, inputs, math))  # type: ignore[attr-defined]
                     else:
@@ -215,12 +216,12 @@ class Engine:
             node = task.pop_ready()
             if node is None:
                 return None
-            inputs = task.prepare(node)
-            if inputs is None:
-                continue
-            if node.work >= threshold or node.is_async():
-                return node, inputs
             try:
+                inputs = task.prepare(node)
+                if inputs is None:
+                    continue
+                if node.work >= threshold or node.is_async():
+                    return node, inputs
                 outputs = kernel(node, inputs, math)
                 task.nodes_inline += 1
                 task.finish(node, inputs, outputs)

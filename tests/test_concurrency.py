@@ -1,0 +1,431 @@
+"""Issue 3: many backward calls at once, offload, commit-on-success, cancellation,
+exit-on-error, reentrancy, final callbacks, and both anyio backends."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+
+import anyio
+import numpy as np
+import pytest
+
+import asyncgrad as ag
+from asyncgrad.autograd import Engine, get_engine, set_engine
+
+
+@pytest.fixture
+def engine():
+    """A fresh default engine for the test (restored afterwards)."""
+    prev = get_engine()
+    eng = Engine()
+    set_engine(eng)
+    yield eng
+    set_engine(prev)
+
+
+@pytest.fixture
+def offload_all(engine):
+    """Every node's kernel goes to a worker thread."""
+    engine.inline_threshold = 0
+    return engine
+
+
+def _model(seed: int = 0):
+    rng = np.random.default_rng(seed)
+    w1 = ag.tensor(rng.integers(-3, 4, (8, 6)).astype(np.float64), requires_grad=True)
+    w2 = ag.tensor(rng.integers(-3, 4, (1, 8)).astype(np.float64), requires_grad=True)
+    return w1, w2
+
+
+def _loss(w1, w2, k: int):
+    x = ag.tensor(np.arange(6 * 4, dtype=np.float64).reshape(4, 6) % (k + 2) - 1)
+    h = (x @ w1.T) * 2 - 1
+    return (h @ w2.T).sum() * (k % 5 + 1)
+
+
+async def _sequential_grads(n: int):
+    w1, w2 = _model()
+    for k in range(n):
+        await ag.backward(_loss(w1, w2, k))
+    return w1.grad.numpy().copy(), w2.grad.numpy().copy()
+
+
+@pytest.mark.parametrize("mode", ["inline", "offload"])
+async def test_64_concurrent_tasks_sum_exactly(engine, mode):
+    if mode == "offload":
+        engine.inline_threshold = 0
+    expected = await _sequential_grads(64)
+    w1, w2 = _model()
+    await asyncio.gather(*(ag.backward(_loss(w1, w2, k)) for k in range(64)))
+    np.testing.assert_array_equal(w1.grad.numpy(), expected[0])
+    np.testing.assert_array_equal(w2.grad.numpy(), expected[1])
+    stats = engine.statistics()
+    assert stats.graph_tasks_succeeded >= 64 and stats.graph_tasks_running == 0
+    if mode == "offload":
+        assert stats.nodes_offloaded > 0
+
+
+def test_4_threads_x_16_tasks_each_with_own_loop(engine):
+    expected = asyncio.run(_sequential_grads(64))
+    w1, w2 = _model()
+    errors: list[BaseException] = []
+
+    def thread_main(t: int) -> None:
+        async def run() -> None:
+            await asyncio.gather(*(ag.backward(_loss(w1, w2, t * 16 + j)) for j in range(16)))
+        try:
+            asyncio.run(run())
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=thread_main, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors
+    np.testing.assert_array_equal(w1.grad.numpy(), expected[0])
+    np.testing.assert_array_equal(w2.grad.numpy(), expected[1])
+
+
+async def test_concurrent_backward_through_one_shared_graph_with_retain_graph(offload_all):
+    x = ag.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    y = (x * x).sin().sum()
+    await asyncio.gather(*(ag.backward(y, retain_graph=True) for _ in range(10)))
+    np.testing.assert_allclose(x.grad.numpy(), 10 * np.cos(x.data**2) * 2 * x.data)
+
+
+async def test_grad_calls_in_parallel_do_not_touch_grad(offload_all):
+    x = ag.tensor([1.0, -2.0], requires_grad=True)
+    outs = await asyncio.gather(*(ag.grad((x * k).exp().sum(), x) for k in range(1, 9)))
+    for k, (g,) in enumerate(outs, start=1):
+        np.testing.assert_allclose(g.numpy(), k * np.exp(k * x.data))
+    assert x.grad is None
+
+
+async def test_offloaded_and_inline_give_identical_gradients(engine):
+    x = ag.randn(50, 40, requires_grad=True)
+    w = ag.randn(40, 30, requires_grad=True)
+    y = ((x @ w).tanh() * (x @ w).sigmoid()).mean()
+    (inline,) = [g.numpy() for g in await ag.grad(y, [x], retain_graph=True)]
+    engine.inline_threshold = 0
+    (offloaded,) = [g.numpy() for g in await ag.grad(y, [x])]
+    np.testing.assert_array_equal(inline, offloaded)
+    assert engine.statistics().nodes_offloaded > 0
+
+
+# --- commit on success, cancellation ----------------------------------------------------------
+
+
+def _graph_with_many_steps():
+    x = ag.tensor(np.linspace(-1, 1, 64), requires_grad=True)
+    w = ag.tensor(np.linspace(0.5, 1.5, 64), requires_grad=True)
+    h = x
+    for i in range(30):
+        h = (h * w).sin() + x * (0.01 * i)
+    return x, w, h.sum()
+
+
+@pytest.mark.parametrize("mode", ["inline", "offload"])
+async def test_cancellation_at_random_points_changes_nothing(engine, mode):
+    if mode == "offload":
+        engine.inline_threshold = 0
+    else:
+        engine.yield_interval = 0.0  # yield after every node, so there are many cancel points
+    rng = random.Random(1234)
+    x, w, y = _graph_with_many_steps()
+    (gx_ref, gw_ref) = [g.numpy().copy() for g in await ag.grad(y, [x, w], retain_graph=True)]
+    x.grad = ag.tensor(np.full(64, 7.0))
+    w.grad = None
+    before = x.grad.numpy().copy()
+    completed = cancelled = 0
+    for _ in range(150):
+        with anyio.CancelScope() as scope:
+            async def canceller(n: int = rng.randint(0, 60)) -> None:
+                for _ in range(n):
+                    await anyio.lowlevel.checkpoint()
+                scope.cancel()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(canceller)
+                await ag.backward(y, retain_graph=False)
+                tg.cancel_scope.cancel()
+        stats = engine.statistics()
+        assert stats.kernels_in_flight == 0 and stats.graph_tasks_running == 0
+        if scope.cancelled_caught:
+            cancelled += 1
+            np.testing.assert_array_equal(x.grad.numpy(), before)  # nothing committed
+            assert w.grad is None
+        else:
+            completed += 1
+            break
+    assert cancelled > 0
+    if not completed:  # saved tensors were never freed: the same backward can be retried
+        await ag.backward(y)
+    np.testing.assert_allclose(x.grad.numpy(), before + gx_ref)
+    np.testing.assert_allclose(w.grad.numpy(), gw_ref)
+
+
+async def test_wait_for_timeout_leaves_grads_and_allows_retry(offload_all):
+    x, w, y = _graph_with_many_steps()
+    with pytest.raises((asyncio.TimeoutError, TimeoutError)):
+        await asyncio.wait_for(ag.backward(y), timeout=1e-6)
+    assert x.grad is None and w.grad is None
+    await ag.backward(y)
+    assert x.grad is not None
+
+
+async def test_cancel_waits_for_running_kernels(offload_all, monkeypatch):
+    """The await ends only after every kernel it started has finished."""
+    from asyncgrad.autograd import recording
+
+    finished: list[float] = []
+    original = recording.OpNode.apply
+
+    def slow_apply(self, grads, m):
+        import time
+
+        time.sleep(0.05)
+        out = original(self, grads, m)
+        finished.append(time.perf_counter())
+        return out
+
+    monkeypatch.setattr(recording.OpNode, "apply", slow_apply)
+    x = ag.tensor([1.0, 2.0], requires_grad=True)
+    y = (x.exp() + x.sin()).sum()
+    with anyio.move_on_after(0.01):
+        await ag.backward(y)
+    import time
+
+    returned = time.perf_counter()
+    assert finished and max(finished) <= returned
+    assert x.grad is None
+
+
+async def test_task_cancelled_from_outside(offload_all):
+    x, w, y = _graph_with_many_steps()
+    task = asyncio.create_task(ag.backward(y))
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert x.grad is None and w.grad is None
+    assert offload_all.statistics().graph_tasks_running == 0
+
+
+# --- exit on error ----------------------------------------------------------------------------
+
+
+class Boom(ValueError):
+    pass
+
+
+@pytest.mark.parametrize("mode", ["inline", "offload"])
+async def test_failing_node_at_random_position_changes_nothing(engine, mode):
+    if mode == "offload":
+        engine.inline_threshold = 0
+    rng = random.Random(7)
+    for trial in range(20):
+        x = ag.tensor([0.5, 1.5], requires_grad=True)
+        w = ag.tensor([2.0, -1.0], requires_grad=True)
+        hs = []
+        h = x
+        for i in range(12):
+            h = h * w + i
+            hs.append(h)
+        bad = hs[rng.randrange(len(hs))]
+
+        def explode(g, trial=trial):
+            raise Boom(f"boom {trial}")
+
+        bad.register_hook(explode)
+        called = []
+        w.register_hook(lambda g: ag.autograd.queue_callback(lambda: called.append(1)))
+        x.grad = ag.tensor([1.0, 1.0])
+        with pytest.raises(Boom, match=f"boom {trial}") as info:
+            await ag.backward(h.sum())
+        assert any("asyncgrad: raised while running" in n for n in getattr(info.value, "__notes__", []))
+        np.testing.assert_array_equal(x.grad.numpy(), [1.0, 1.0])
+        assert w.grad is None
+        assert called == []  # final callbacks do not run after an error
+
+
+async def test_error_in_one_backward_does_not_affect_others(offload_all):
+    w1, w2 = _model()
+    expected = await _sequential_grads(8)
+    w1, w2 = _model()
+    bad_x = ag.tensor([1.0], requires_grad=True)
+    bad = (bad_x * 2).sum()
+    bad_x.register_hook(lambda g: 1 / 0)
+    results = await asyncio.gather(*(ag.backward(_loss(w1, w2, k)) for k in range(8)),
+                                   ag.backward(bad), return_exceptions=True)
+    assert isinstance(results[-1], ZeroDivisionError)
+    assert all(r is None for r in results[:-1])
+    np.testing.assert_array_equal(w1.grad.numpy(), expected[0])
+
+
+async def test_traceback_keeps_the_raising_line(engine):
+    x = ag.tensor([1.0], requires_grad=True)
+
+    def hook(g):
+        raise KeyError("from the hook")  # the line we look for
+
+    x.register_hook(hook)
+    with pytest.raises(KeyError) as info:
+        await ag.backward((x * 3).sum())
+    assert any("from the hook\")  # the line we look for" in str(entry.statement)
+               or entry.name == "hook" for entry in info.traceback)
+
+
+# --- final callbacks --------------------------------------------------------------------------
+
+
+async def test_callbacks_sync_async_and_chained(engine):
+    x = ag.tensor([1.0, 2.0], requires_grad=True)
+    log: list[str] = []
+
+    async def async_cb():
+        await anyio.sleep(0)
+        log.append(f"async sees grad {x.grad.numpy().tolist()}")
+
+    def queue(g):
+        ag.autograd.queue_callback(lambda: (log.append("sync"), ag.autograd.queue_callback(async_cb)))
+
+    x.register_hook(queue)
+    await ag.backward((x * 3).sum())
+    assert log == ["sync", "async sees grad [3.0, 3.0]"]
+
+
+async def test_callback_exception_propagates_after_commit(engine):
+    x = ag.tensor([1.0], requires_grad=True)
+
+    def bad():
+        raise KeyError("cb")
+
+    x.register_hook(lambda g: ag.autograd.queue_callback(bad))
+    with pytest.raises(KeyError):
+        await ag.backward((x * 2).sum())
+    np.testing.assert_array_equal(x.grad.numpy(), [2.0])
+
+
+def test_queue_callback_outside_backward():
+    with pytest.raises(RuntimeError, match="Final callbacks can only be installed during backward pass."):
+        ag.autograd.queue_callback(lambda: None)
+
+
+# --- reentrancy -------------------------------------------------------------------------------
+
+
+async def test_reentrant_backward_from_a_hook_runs_nested_with_its_own_callbacks(engine):
+    param = ag.tensor([1.0, 2.0], requires_grad=True)
+    log: list[str] = []
+    depth: list[int | None] = []
+    outer_id = []
+
+    def hook(g):
+        outer_id.append(ag.autograd.current_graph_task_id())
+        ag.autograd.queue_callback(lambda: log.append("outer-cb"))
+        with ag.enable_grad():  # hooks run with grad mode == create_graph (False here)
+            inner = (param * param).sum()
+
+        def inner_hook(gi):
+            depth.append(ag.autograd.current_graph_task_id())
+            ag.autograd.queue_callback(lambda: log.append("inner-cb"))
+
+        inner.register_hook(inner_hook)
+        ag.backward_sync(inner)  # reentrant: nested GraphTask on this thread
+        log.append("after-inner")
+
+    y = param * 3
+    y.register_hook(hook)
+    await ag.backward(y.sum())
+    assert log == ["inner-cb", "after-inner", "outer-cb"]
+    assert depth[0] != outer_id[0]
+    np.testing.assert_allclose(param.grad.numpy(), 2 * param.data + 3)
+
+
+async def test_reentrant_chain_1000_deep_does_not_hit_recursion_limit(engine):
+    n = 1000
+    leaves = [ag.tensor([1.0], requires_grad=True) for _ in range(n)]
+    roots = [(leaf * 2).sum() for leaf in leaves]
+    for k in range(n - 1):
+        leaves[k].register_hook(lambda g, k=k: ag.backward_sync(roots[k + 1]) or None)
+    await ag.backward(roots[0])
+    assert all(leaf.grad.item() == 2.0 for leaf in leaves)
+
+
+async def test_nested_async_backward_from_a_callback(engine):
+    x = ag.tensor([3.0], requires_grad=True)
+    z = ag.tensor([5.0], requires_grad=True)
+    seen = []
+
+    async def cb():
+        seen.append(ag.autograd.current_graph_task_id())
+        with ag.enable_grad():
+            loss = (z * z).sum()
+        await ag.backward(loss)
+
+    x.register_hook(lambda g: ag.autograd.queue_callback(cb))
+    await ag.backward((x * 2).sum())
+    assert z.grad.item() == 10.0 and x.grad.item() == 2.0
+
+
+# --- both backends ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+@pytest.mark.parametrize("threshold", [None, 0])
+def test_backends(backend, threshold):
+    pytest.importorskip(backend)
+    prev = get_engine()
+    set_engine(Engine(inline_threshold=threshold))
+    try:
+        async def main():
+            w1, w2 = _model()
+            async with anyio.create_task_group() as tg:
+                for k in range(16):
+                    tg.start_soon(ag.backward, _loss(w1, w2, k))
+            seq1, seq2 = _model()
+            for k in range(16):
+                await ag.backward(_loss(seq1, seq2, k))
+            np.testing.assert_array_equal(w1.grad.numpy(), seq1.grad.numpy())
+            x, w, y = _graph_with_many_steps()
+            with anyio.move_on_after(0):
+                await ag.backward(y)
+            assert x.grad is None
+            (g,) = await ag.grad(y, [x])
+            assert g is not None
+            return True
+
+        assert anyio.run(main, backend=backend)
+    finally:
+        set_engine(prev)
+
+
+def test_executor_engine():
+    from concurrent.futures import ThreadPoolExecutor
+
+    prev = get_engine()
+    with ThreadPoolExecutor(2) as pool:
+        set_engine(Engine(executor=pool, inline_threshold=0))
+        try:
+            for backend in ("asyncio", "trio"):
+                async def main():
+                    x = ag.tensor([1.0, 2.0], requires_grad=True)
+                    await ag.backward((x * x).sum())
+                    return x.grad.numpy().tolist()
+
+                assert anyio.run(main, backend=backend) == [2.0, 4.0]
+        finally:
+            set_engine(prev)
+
+
+def test_sync_forms_refuse_to_block_a_running_loop():
+    async def main():
+        x = ag.tensor([1.0], requires_grad=True)
+        with pytest.raises(RuntimeError, match="await asyncgrad.backward"):
+            (x * 2).sum().backward()
+
+    asyncio.run(main())
