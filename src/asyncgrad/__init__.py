@@ -23,7 +23,10 @@ from .grad_mode import (
 )
 from .random import Generator, get_rng_state, manual_seed, set_rng_state
 from . import autograd
+from . import utils
 from .autograd import backward, backward_sync, grad, grad_sync
+from . import nn, optim
+from . import viz
 
 __version__ = "0.1.0"
 
@@ -34,9 +37,9 @@ __all__ = [
     "from_numpy", "full", "full_like", "get_default_dtype", "get_rng_state", "grad",
     "grad_sync", "inference_mode", "int32", "int64", "is_grad_enabled",
     "is_inference_mode_enabled", "linspace", "log", "log_softmax", "manual_seed", "matmul",
-    "max", "maximum", "mean", "min", "minimum", "mm", "mul", "neg", "no_grad", "ones",
-    "ones_like", "permute", "pow", "rand", "randint", "randn", "randperm", "relu", "reshape",
+    "max", "maximum", "mean", "min", "minimum", "mm", "mul", "neg", "nn", "no_grad", "ones",
+    "ones_like", "optim", "permute", "pow", "rand", "randint", "randn", "randperm", "relu", "reshape",
     "set_default_dtype", "set_grad_enabled", "set_rng_state", "sigmoid", "sin", "softmax",
     "sqrt", "squeeze", "stack", "sub", "sum", "swapaxes", "tanh", "tensor", "transpose",
-    "unsqueeze", "var", "where", "zeros", "zeros_like",
+    "unsqueeze", "utils", "var", "viz", "where", "zeros", "zeros_like",
 ]

@@ -328,20 +328,25 @@ class Tensor:
                 out = out_of_place(self, *args, **kwargs)
             _write_into(self, out.data)
             return self
-        base = self._base
-        if base is not None and base._requires_grad:
-            raise RuntimeError(
-                "asyncgrad does not support in-place operations on a view of a tensor that "
-                "requires grad (the base's gradient would not see the change); use an "
-                "out-of-place operation or clone() the view first."
-            )
+        if self._base is not None:
+            return self._apply_inplace_to_view(out_of_place, args, kwargs)
+        old = self._snapshot()
+        out = out_of_place(old, *args, **kwargs)
+        _write_into(self, out.data)
+        self._rebase(out.grad_fn)
+        return self
+
+    def _snapshot(self) -> Tensor:
+        """A copy of the current value that keeps this tensor's place in the graph."""
         old = Tensor._nonleaf(self.data.copy(), self.grad_fn, self.output_nr, None)
         old._requires_grad = self._requires_grad
         old._acc_ref = self._acc_ref
-        out = out_of_place(old, *args, **kwargs)
-        _write_into(self, out.data)
+        return old
+
+    def _rebase(self, node: Node | None) -> None:
+        """Make ``node`` (output 0) this tensor's grad_fn after an in-place change."""
         old_node, old_nr = self.grad_fn, self.output_nr
-        self.grad_fn = out.grad_fn
+        self.grad_fn = node
         self.output_nr = 0
         self._requires_grad = True
         if self._retains_grad and old_node is not None and old_node._hooks is not None:
@@ -349,6 +354,26 @@ class Tensor:
             old_node._hooks.retains_grad.pop(old_nr, None)
             self._retains_grad = False
             self.retain_grad()
+
+    def _apply_inplace_to_view(self, out_of_place: Callable[..., Tensor], args: tuple[Any, ...],
+                               kwargs: dict[str, Any]) -> Tensor:
+        """An in-place op on a view, recorded on its base (PyTorch's CopySlices): the base
+        becomes ``index_put(old_base, where, op(old_base[where]))`` and the view a fresh
+        view of the new base. ``where`` is found from the two arrays' memory layout."""
+        base = self._base
+        assert base is not None
+        where = _view_index(self.data, base.data)
+        if where is None:
+            raise RuntimeError(
+                "asyncgrad cannot record an in-place operation on this view (its layout in the "
+                "base's memory is not supported); use an out-of-place operation or clone() it first."
+            )
+        old_base = base._snapshot()
+        out = out_of_place(F.getitem(old_base, where), *args, **kwargs)
+        new_base = F.index_put(old_base, where, out)
+        _write_into(self, out.data)
+        base._rebase(new_base.grad_fn)
+        self._rebase(F.getitem(base, where).grad_fn)
         return self
 
     # --- operators -------------------------------------------------------------------------
@@ -495,6 +520,43 @@ def _write_into(t: Tensor, value: np.ndarray) -> None:
             f"{list(np.broadcast_shapes(t.data.shape, value.shape))}"
         ) from e
     t._version_counter.value += 1
+
+
+def _view_index(view: np.ndarray, base: np.ndarray) -> tuple[np.ndarray, ...] | None:
+    """Integer index arrays ``where`` with ``base[where]`` aliasing ``view`` element for
+    element (from byte offsets), or None when the layout cannot be inverted.
+
+    Raises when several elements of ``view`` share one memory location (expanded views).
+    """
+    if base.ndim == 0 or view.size == 0:
+        return None
+    offset = np.full(view.shape, view.__array_interface__["data"][0] - base.__array_interface__["data"][0],
+                     dtype=np.int64)
+    for k, (n, stride) in enumerate(zip(view.shape, view.strides)):
+        axis = [1] * view.ndim
+        axis[k] = n
+        offset = offset + np.arange(n, dtype=np.int64).reshape(axis) * stride
+    flat = offset.reshape(-1)
+    if np.unique(flat).size != flat.size:
+        raise RuntimeError(
+            "unsupported operation: more than one element of the written-to tensor refers to a single "
+            "memory location. Please clone() the tensor before performing the operation."
+        )
+    # decode byte offsets into base indices, largest stride first
+    dims = sorted((k for k in range(base.ndim) if base.shape[k] > 1), key=lambda k: -base.strides[k])
+    rest = offset
+    where = [np.zeros(view.shape, dtype=np.int64) for _ in range(base.ndim)]
+    for k in dims:
+        stride = base.strides[k]
+        if stride <= 0:
+            return None
+        where[k], rest = np.divmod(rest, stride)
+    if rest.any() or any(((w < 0) | (w >= n)).any() for w, n in zip(where, base.shape)):
+        return None
+    back = sum((w * st for w, st in zip(where, base.strides)), np.zeros(view.shape, dtype=np.int64))
+    if not np.array_equal(back, offset):
+        return None
+    return tuple(where)
 
 
 def _shape_args(args: tuple[Any, ...]) -> tuple[int, ...]:

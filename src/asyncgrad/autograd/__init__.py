@@ -12,9 +12,15 @@ from .engine import (
 )
 from . import graph
 from .gradcheck import GradcheckError, gradcheck, gradgradcheck
+from .anomaly_mode import detect_anomaly, is_anomaly_check_nan_enabled, is_anomaly_enabled, set_detect_anomaly
+from . import profiler
+from . import function
+from .function import Function, FunctionCtx, once_differentiable
 
 __all__ = [
     "Engine", "EngineStatistics", "GraphTaskStatistics", "backward", "backward_sync",
     "current_graph_task_id", "get_engine", "grad", "grad_sync", "graph", "queue_callback",
     "set_engine", "GradcheckError", "gradcheck", "gradgradcheck",
+    "Function", "FunctionCtx", "function", "once_differentiable",
+    "detect_anomaly", "is_anomaly_check_nan_enabled", "is_anomaly_enabled", "profiler", "set_detect_anomaly",
 ]

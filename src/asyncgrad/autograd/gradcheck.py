@@ -86,11 +86,26 @@ def _check(fn: Callable[..., Any], inputs: tuple[Any, ...], eps: float, atol: fl
             if not np.allclose(ana, num, rtol=rtol, atol=atol):
                 if not raise_exception:
                     return False
-                raise GradcheckError(
-                    f"Jacobian mismatch for output {k} with respect to input {i},\n"
-                    f"numerical:{num}\nanalytical:{ana}\n"
-                )
+                raise GradcheckError(_mismatch_message(k, i, num, ana, atol, rtol))
     return True
+
+
+def _mismatch_message(k: int, i: int, num: np.ndarray, ana: np.ndarray, atol: float, rtol: float,
+                      max_entries: int = 10) -> str:
+    """PyTorch's "Jacobian mismatch" text, then the entries where the two differ."""
+    bad = np.argwhere(~np.isclose(ana, num, rtol=rtol, atol=atol))
+    lines = [
+        f"Jacobian mismatch for output {k} with respect to input {i},",
+        f"numerical:{num}",
+        f"analytical:{ana}",
+        f"They differ at {len(bad)} of {num.size} entries (atol={atol}, rtol={rtol}); "
+        "[output element, input element]: numerical vs analytical:",
+    ]
+    for r, c in bad[:max_entries]:
+        lines.append(f"  [{r}, {c}]: {num[r, c]:.6g} vs {ana[r, c]:.6g}")
+    if len(bad) > max_entries:
+        lines.append(f"  ... and {len(bad) - max_entries} more")
+    return "\n".join(lines) + "\n"
 
 
 def gradcheck(fn: Callable[..., Any], inputs: Any, *, eps: float = 1e-6, atol: float = 1e-5,

@@ -144,7 +144,16 @@ class Node:
         raise NotImplementedError
 
     def is_async(self) -> bool:
+        """True when the engine must await ``apply_async`` instead of calling ``apply``."""
         return False
+
+    #: False for node classes that never override ``is_async`` (set per class), so the
+    #: engine's hot loop can skip the call
+    maybe_async = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.maybe_async = cls.is_async is not Node.is_async
 
     def release_variables(self) -> None:
         """Free saved tensors once a backward without ``retain_graph`` succeeded."""
@@ -216,94 +225,125 @@ def _describe(data: np.ndarray) -> str:
     return f"[{data.dtype.name} tensor {list(data.shape)}]"
 
 
+# What a SavedTensor refers to besides the data (``SavedTensor.kind``).
+_PLAIN, _LEAF, _NONLEAF, _OUTPUT = 0, 1, 2, 3
+
+
 class SavedTensor:
     """A tensor saved for backward, with the version it had when saved.
 
     Unpacking checks that the tensor was not modified in place since (PyTorch's
-    version-counter check). An output saved by its own node keeps only its array and
-    version counter, not the Tensor, so that output -> node -> saved -> output is no cycle.
+    version-counter check). Like PyTorch's SavedVariable it keeps the array, the version
+    counter and the tensor's place in the graph (its grad_fn and output_nr, or the leaf
+    itself), not the Tensor object, so a saved output is no reference cycle and a chain
+    of saved intermediates costs little memory.
     """
 
-    __slots__ = ("tensor", "data", "version", "saved_version", "output_of", "packed", "unpack_hook")
+    __slots__ = ("data", "version", "saved_version", "ref", "kind", "output_nr")
 
-    def __init__(self, value: Any, is_output_of: Node | None = None) -> None:
-        from ..tensor import Tensor
+    def __init__(self, value: Tensor, is_output: bool = False) -> None:
+        self.data = value.data
+        self.version = value._version_counter
+        self.saved_version = self.version.value
+        self.output_nr = value.output_nr
+        if is_output:
+            self.ref: Any = None
+            self.kind = _OUTPUT
+        elif value.grad_fn is not None:
+            self.ref = value.grad_fn
+            self.kind = _NONLEAF
+        elif value._requires_grad:
+            self.ref = value
+            self.kind = _LEAF
+        else:
+            self.ref = None
+            self.kind = _PLAIN
 
-        self.unpack_hook: Callable[[Any], Any] | None = None
-        self.packed: Any = None
-        self.output_of: str | None = None
-        self.data: Any
-        self.version: Any
-        if isinstance(value, Tensor):
-            self.version = value._version_counter
-            self.saved_version = self.version.value
-            if is_output_of is not None:
-                self.tensor = None
-                self.data = value.data
-                self.output_of = is_output_of.name()
-            else:
-                self.tensor = value
-                self.data = value.data
-                if value.grad_fn is not None:
-                    self.output_of = value.grad_fn.name()
-            hooks = _context.saved_tensors_hooks.get()
-            if hooks:
-                pack, unpack = hooks[-1]
-                self.packed = pack(value)
-                self.unpack_hook = unpack
-                self.data = None
-                self.tensor = None
-        else:  # a constant (non-tensor operand): nothing to check
-            self.tensor = None
-            self.data = value
-            self.version = None
-            self.saved_version = 0
-
-    def unpack_array(self) -> Any:
-        if self.unpack_hook is not None:
-            return _as_array(self.unpack_hook(self.packed))
-        v = self.version
-        if v is not None and v.value != self.saved_version:
-            self._raise_modified()
+    def unpack_array(self, node: Node | None = None) -> Any:
+        if self.version.value != self.saved_version:
+            self._raise_modified(node)
         return self.data
 
-    def unpack_tensor(self, node: Node | None = None, output_nr: int = 0) -> Any:
+    def unpack_tensor(self, node: Node | None = None) -> Any:
         """The saved value as a Tensor that keeps its place in the graph (create_graph)."""
-        from ..tensor import Tensor
+        if self.version.value != self.saved_version:
+            self._raise_modified(node)
+        kind = self.kind
+        if kind == _LEAF:
+            return self.ref
+        if kind == _NONLEAF:
+            return _tensor_cls._nonleaf(self.data, self.ref, self.output_nr, self.version)
+        if kind == _OUTPUT:
+            return _tensor_cls._nonleaf(self.data, node, self.output_nr, self.version)
+        t = _tensor_cls._wrap(self.data)
+        t._version_counter = self.version
+        return t
 
-        if self.unpack_hook is not None:
-            out = self.unpack_hook(self.packed)
-            return out if isinstance(out, Tensor) else Tensor._wrap(np.asarray(out))
-        v = self.version
-        if v is not None and v.value != self.saved_version:
-            self._raise_modified()
-        if self.tensor is not None:
-            return self.tensor
-        if self.version is None:  # constant
-            return Tensor._wrap(np.asarray(self.data))
-        return Tensor._nonleaf(self.data, node, output_nr, self.version)
-
-    def _raise_modified(self) -> None:
-        data = self.data if self.data is not None else np.empty(0)
-        which = f", which is output 0 of {self.output_of}," if self.output_of else ""
+    def _raise_modified(self, node: Node | None) -> None:
+        if self.kind == _NONLEAF:
+            which = f", which is output {self.output_nr} of {self.ref.name()},"
+        elif self.kind == _OUTPUT and node is not None:
+            which = f", which is output {self.output_nr} of {node.name()},"
+        else:
+            which = ""
         raise RuntimeError(
             "one of the variables needed for gradient computation has been modified by an "
-            f"inplace operation: {_describe(data)}{which} is at version "
-            f"{self.version.value}; expected version {self.saved_version} instead. Hint: "  # type: ignore[union-attr]
+            f"inplace operation: {_describe(self.data)}{which} is at version "
+            f"{self.version.value}; expected version {self.saved_version} instead. Hint: "
             "enable anomaly detection to find the operation that failed to compute its "
             "gradient, with asyncgrad.autograd.set_detect_anomaly(True, check_nan=False)."
         )
 
     @property
     def numel(self) -> int:
-        d = self.data
-        return int(d.size) if isinstance(d, np.ndarray) else 1
+        return int(self.data.size)
 
 
-def _as_array(value: Any) -> Any:
-    from ..tensor import Tensor
+class HookedSavedTensor:
+    """A saved tensor that went through ``saved_tensors_hooks``: ``pack`` ran at save
+    time and ``unpack`` runs each time backward needs the value."""
 
-    return value.data if isinstance(value, Tensor) else np.asarray(value)
+    __slots__ = ("packed", "unpack")
+
+    def __init__(self, value: Tensor, pack: Callable[[Any], Any], unpack: Callable[[Any], Any]) -> None:
+        self.packed = pack(value)
+        self.unpack = unpack
+
+    def unpack_array(self, node: Node | None = None) -> Any:
+        out = self.unpack(self.packed)
+        return out.data if isinstance(out, _tensor_cls) else np.asarray(out)
+
+    def unpack_tensor(self, node: Node | None = None) -> Any:
+        out = self.unpack(self.packed)
+        return out if isinstance(out, _tensor_cls) else _tensor_cls._wrap(np.asarray(out))
+
+    @property
+    def numel(self) -> int:
+        return 0
+
+
+_saved_hooks = _context.saved_tensors_hooks
+
+
+def save_for_backward(value: Tensor, is_output: bool = False) -> SavedTensor | HookedSavedTensor:
+    """Save ``value`` for backward, through the innermost ``saved_tensors_hooks`` if any."""
+    hooks = _saved_hooks.get()
+    if hooks:
+        pack, unpack = hooks[-1]
+        return HookedSavedTensor(value, pack, unpack)
+    return SavedTensor(value, is_output)
+
+
+def unpack_saved(saved: Any, tensor_mode: bool, node: Node | None = None) -> Any:
+    """The value of one saved entry: a SavedTensor, a hooked one, a constant or None."""
+    if saved is None:
+        return None
+    t = type(saved)
+    if t is SavedTensor or t is HookedSavedTensor:
+        return saved.unpack_tensor(node) if tensor_mode else saved.unpack_array(node)
+    if tensor_mode and isinstance(saved, np.ndarray):
+        return _tensor_cls._wrap(saved)
+    return saved  # a constant operand
 
 
 class saved_tensors_hooks:
@@ -342,3 +382,6 @@ def iter_graph(root: Node | None) -> Iterator[Node]:
             if child is not None and child not in seen:
                 seen.add(child)
                 stack.append(child)
+
+
+from ..tensor import Tensor as _tensor_cls  # noqa: E402  (tensor.py imports this module first)

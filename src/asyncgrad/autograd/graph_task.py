@@ -35,8 +35,8 @@ import numpy as np
 from .. import _context
 from .._tensor_math import TENSOR_MATH
 from ..ops._array_math import ARRAY_MATH
-from ..ops._broadcast import is_expandable_to, sum_to
 from .graph import ACCUMULATE_GRAD_SEQUENCE_NR, AccumulateGrad, Edge, GraphRoot, Node
+from .validation import validate_one, validate_outputs  # noqa: F401  (re-exported)
 
 from ..tensor import Tensor
 
@@ -242,13 +242,18 @@ class GraphTask:
     def finish(self, node: Node, inputs: list[Any], outputs: list[Any]) -> None:
         """After the kernel: post-hooks, then route each gradient to its next node."""
         hooks = node._hooks
+        deps = self.dependencies
         if hooks is not None and hooks.post:
             from .hooks import run_post_hooks
 
+            if self.needed is not None:
+                # PyTorch computes no gradient for an edge pruned by inputs=/grad(), so
+                # post-hooks see None there (the value would be dropped anyway).
+                outputs = [g if child is not None and child in deps else None
+                           for (child, _), g in zip(node.next_edges, outputs)]
             outputs = run_post_hooks(self, node, hooks.post, outputs, inputs)
         if not self.keep_graph:
             self.executed.append(node)
-        deps = self.dependencies
         buffers = self.buffers
         for (child, nr), g in zip(node.next_edges, outputs):
             if child is None:
@@ -291,6 +296,17 @@ class GraphTask:
     # Commit (see Note [Commit on success]).
     # ------------------------------------------------------------------------------------
     def commit(self) -> None:
+        """Write the staged gradients, then run post-accumulate-grad hooks and release."""
+        self.write_grads()
+        self.after_commit()
+
+    def staged_size(self) -> int:
+        """Elements the commit will add (to decide whether it runs on a worker thread)."""
+        return sum(getattr(g, "size", 0) for g in self.staged.values() if g is not None)
+
+    def write_grads(self) -> None:
+        """Accumulate every staged gradient into ``.grad``, all under the one commit lock
+        (thread-safe: may run on a worker thread)."""
         if self.staged or self.retained:
             with _COMMIT_LOCK:
                 for var, g in self.staged.items():
@@ -299,6 +315,10 @@ class GraphTask:
                 for t, g in self.retained.items():
                     if g is not None:
                         _accumulate(t, g, self.create_graph)
+
+    def after_commit(self) -> None:
+        """Post-accumulate-grad hooks, in the order the leaves' gradients became ready,
+        then the release of saved tensors (without retain_graph)."""
         for var in self.staged:
             hooks = var._post_acc_hooks
             if hooks:
@@ -322,61 +342,19 @@ def _owned(arr: Any, refs: int) -> bool:
 def _accumulate(var: Tensor, g: Any, create_graph: bool) -> None:
     if create_graph:
         gt = g if isinstance(g, Tensor) else Tensor._wrap(np.asarray(g))
-        var._grad = gt if var._grad is None else var._grad + gt
+        # A (differentiable) clone, as PyTorch's AccumulateGrad does under grad mode: the
+        # incoming grad may be a user's tensor or be routed to several leaves, and .grad
+        # must alias neither (a later in-place accumulation would write through it).
+        var._grad = gt.clone() if var._grad is None else var._grad + gt
         return
     if isinstance(g, Tensor):
         g = g.data
     current = var._grad
     if current is None:
         # refs: the staged dict, the caller's loop variable, our parameter, getrefcount's
-        arr = g if _owned(g, 4) else np.array(g, dtype=var.data.dtype)
+        arr = g if _owned(g, 4) and g.dtype == var.data.dtype else np.array(g, dtype=var.data.dtype)
         var._grad = Tensor._wrap(arr)
     elif current.grad_fn is None and current.data.flags.writeable:
         np.add(current.data, g, out=current.data, casting="unsafe")
     else:
         var._grad = Tensor._wrap(current.data + g)
-
-
-def validate_outputs(node: Node, outputs: list[Any]) -> list[Any]:
-    """PyTorch's validate_outputs: count, then shape (summing a broadcast-larger gradient
-    down) and dtype (cast) of every gradient against the input it is for."""
-    edges = node.next_edges
-    if len(outputs) != len(edges):
-        raise RuntimeError(
-            f"Function {node.name()} returned an invalid number of gradients - expected "
-            f"{len(edges)}, but got {len(outputs)}"
-        )
-    shapes = node.input_shapes
-    dtypes = node.input_dtypes
-    for i, g in enumerate(outputs):
-        if g is None or edges[i][0] is None:
-            continue
-        shape = shapes[i]
-        if shape is None:
-            continue
-        gshape = g.shape
-        if gshape != shape:
-            if not is_expandable_to(shape, gshape):
-                raise RuntimeError(
-                    f"Function {node.name()} returned an invalid gradient at index {i} - got "
-                    f"{list(gshape)} but expected shape compatible with {list(shape)}"
-                )
-            g = outputs[i] = _sum_to(g, shape)
-        dt = dtypes[i]
-        if type(g) is np.ndarray:
-            if g.dtype != dt:
-                outputs[i] = g.astype(dt)
-        elif isinstance(g, Tensor):
-            if g.dtype != dt:
-                outputs[i] = g.to(dt)
-        else:  # a numpy scalar from a 0-d computation
-            outputs[i] = np.asarray(g, dtype=dt)
-    return outputs
-
-
-def _sum_to(g: Any, shape: tuple[int, ...]) -> Any:
-    if isinstance(g, Tensor):
-        from ..functional import sum_to as tensor_sum_to
-
-        return tensor_sum_to(g, shape)
-    return sum_to(np.asarray(g), shape)

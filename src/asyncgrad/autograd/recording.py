@@ -12,75 +12,95 @@ import numpy as np
 
 from .. import _context
 from ..ops._spec import OpSpec
-from .graph import NO_EDGE, FREED_MESSAGE, Node, SavedTensor
+from .validation import validate_one
+from .graph import (
+    FREED_MESSAGE, NO_EDGE, HookedSavedTensor, Node, SavedTensor, save_for_backward, unpack_saved,
+)
 
 _grad_enabled = _context.grad_enabled
 _anomaly = _context.anomaly_mode
 
 
 class OpNode(Node):
-    """The node of a built-in primitive: its spec, saved values and backward params."""
+    """The node of a built-in primitive: its spec, saved values and backward params.
+
+    ``saved`` is laid out as the rules' arguments ``(ans, x, y, ...)``: an entry is a
+    SavedTensor, a constant operand, or None when nothing saved it (no needed rule reads
+    it). ``()`` means nothing was saved; ``None`` that the saved values were released.
+    """
 
     __slots__ = ("spec", "saved", "params", "aux", "input_shapes", "input_dtypes", "work")
 
-    def __init__(self, spec: OpSpec, edges: tuple[Any, ...], saved: tuple[Any, ...] | None,
-                 params: dict[str, Any] | None, aux: Any, shapes: tuple[Any, ...],
-                 dtypes: tuple[Any, ...], work: int) -> None:
+    def __init__(self, spec: OpSpec, edges: tuple[Any, ...], params: dict[str, Any] | None,
+                 aux: Any, meta: tuple[tuple[Any, ...], tuple[Any, ...]], work: int) -> None:
         Node.__init__(self, edges)
         self.spec = spec
-        self.saved = saved
+        self.saved: tuple[Any, ...] | None = ()
         self.params = params
         self.aux = aux
-        self.input_shapes = shapes
-        self.input_dtypes = dtypes
+        self.input_shapes, self.input_dtypes = meta
         self.work = work
 
     def name(self) -> str:
         return self.spec.node_name
 
-    def _unpack(self, tensor_mode: bool) -> list[Any]:
-        saved = self.saved
-        assert saved is not None
-        spec = self.spec
-        values: list[Any] = [None] * spec.arity
-        if tensor_mode:
-            for pos, s in zip(spec.save_inputs, saved):
-                values[pos] = s.unpack_tensor()
-            ans = saved[-1].unpack_tensor(self, 0) if spec.save_ans else None
-        else:
-            for pos, s in zip(spec.save_inputs, saved):
-                values[pos] = s.unpack_array()
-            ans = saved[-1].unpack_array() if spec.save_ans else None
-        return [ans, *values]
-
-    def apply(self, grads: list[Any], m: Any) -> list[Any]:
-        g = grads[0]
-        if g is None:  # a built-in node passes None on (PyTorch: undefined grads)
-            return [None] * len(self.next_edges)
+    def _rule_args(self, m: Any) -> tuple[Any, dict[str, Any] | None]:
+        """The rules' arguments ``(ans, x, y, ...)`` and keyword params, unpacked."""
         saved = self.saved
         if saved is None:
             raise RuntimeError(FREED_MESSAGE)
-        args = self._unpack(m.tensor_mode) if saved else [None] * (self.spec.arity + 1)
+        if not saved:
+            args: Any = self.spec.no_args
+        elif m.tensor_mode:
+            args = [unpack_saved(e, True, self) for e in saved]
+        else:
+            args = []
+            for e in saved:  # unpack_saved, inlined for the common array case
+                if type(e) is SavedTensor:
+                    if e.version.value != e.saved_version:
+                        e.unpack_array(self)  # raises the in-place modification error
+                    e = e.data
+                elif type(e) is HookedSavedTensor:
+                    e = e.unpack_array(self)
+                args.append(e)
         params = self.params
-        if params is not None and self.aux is not None:
-            params = {**params, "aux": m.constant(self.aux)}
-        elif self.aux is not None:
-            params = {"aux": m.constant(self.aux)}
-        out: list[Any] = []
-        variadic = self.spec.variadic
-        for i, (edge_node, _) in enumerate(self.next_edges):
-            if edge_node is None:
-                out.append(None)
-                continue
-            if variadic:
-                rule = self.spec.vjps[0]
-                assert rule is not None
-                out.append(rule(m, g, *args, index=i, **(params or {})))
-            else:
-                rule = self.spec.vjps[i]
-                assert rule is not None, f"{self.spec.node_name} has no rule for input {i}"
-                out.append(rule(m, g, *args, **params) if params else rule(m, g, *args))
-        return out
+        if self.aux is not None:
+            params = {**(params or {}), "aux": m.constant(self.aux)}
+        return args, params
+
+    def apply(self, grads: list[Any], m: Any) -> list[Any]:
+        g = grads[0]
+        edges = self.next_edges
+        if g is None:  # a built-in node passes None on (PyTorch: undefined grads)
+            return [None] * len(edges)
+        args, params = self._rule_args(m)
+        spec = self.spec
+        vjps = spec.vjps
+        if spec.variadic:
+            rule = vjps[0]
+            return [None if node is None else rule(m, g, *args, index=i, **(params or {}))  # type: ignore[misc]
+                    for i, (node, _) in enumerate(edges)]
+        if len(edges) == 1:  # unary: most nodes
+            return [vjps[0](m, g, *args, **params) if params else vjps[0](m, g, *args)]  # type: ignore[misc]
+        if params:
+            return [None if node is None else vjps[i](m, g, *args, **params)  # type: ignore[misc]
+                    for i, (node, _) in enumerate(edges)]
+        return [None if node is None else vjps[i](m, g, *args)  # type: ignore[misc]
+                for i, (node, _) in enumerate(edges)]
+
+    def apply_edge(self, i: int, grads: list[Any], m: Any) -> Any:
+        """The gradient for input ``i`` alone, validated: lets the engine compute the
+        gradients of a large multi-input node (a linear layer's dx and dW) in parallel."""
+        g = grads[0]
+        if g is None:
+            return None
+        args, params = self._rule_args(m)
+        spec = self.spec
+        if spec.variadic:
+            out = spec.vjps[0](m, g, *args, index=i, **(params or {}))  # type: ignore[misc]
+        else:
+            out = spec.vjps[i](m, g, *args, **(params or {}))  # type: ignore[misc]
+        return validate_one(self, i, out)
 
     def release_variables(self) -> None:
         # Nodes that saved nothing stay usable: the "second time" error is lazy (PyTorch 5.3).
@@ -89,43 +109,69 @@ class OpNode(Node):
             self.aux = None
 
 
+# Input shapes/dtypes tuples are interned: nodes with the same input signature share one
+# pair of tuples instead of allocating their own (graph memory per node matters for deep
+# graphs). The cache is bounded so that ever-changing shapes cannot grow it without limit.
+_META_CACHE: dict[tuple[Any, ...], tuple[tuple[Any, ...], tuple[Any, ...]]] = {}
+_META_CACHE_MAX = 4096
+
+
+def _meta(key: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    meta = _META_CACHE.get(key)
+    if meta is None:
+        meta = (key[0::2], key[1::2])
+        if len(_META_CACHE) < _META_CACHE_MAX:
+            _META_CACHE[key] = meta
+    return meta
+
+
 def record(spec: OpSpec, inputs: tuple[Any, ...], out: np.ndarray, aux: Any = None,
            params: dict[str, Any] | None = None) -> Any:
     """Wrap ``out`` (already computed from ``inputs``) as a Tensor, recording a node when
     grad mode is on and some input requires grad. Non-Tensor inputs are constants."""
-    from ..tensor import Tensor
-
-    requires = False
-    if _grad_enabled.get():
-        for t in inputs:
-            if type(t) is Tensor and t._requires_grad:
-                requires = True
-                break
-    if not requires:
-        return Tensor._wrap(out)
+    if type(out) is not np.ndarray:
+        out = np.asarray(out)
+    if not _grad_enabled.get():
+        return _wrap(out)
     edges: list[Any] = []
-    shapes: list[Any] = []
-    dtypes: list[Any] = []
+    key: list[Any] = []
+    requires = False
     for t in inputs:
         if type(t) is Tensor and t._requires_grad:
-            edges.append(t._gradient_edge())
+            requires = True
+            edges.append((t.grad_fn, t.output_nr) if t.grad_fn is not None else t._gradient_edge())
             d = t.data
-            shapes.append(d.shape)
-            dtypes.append(d.dtype)
+            key.append(d.shape)
+            key.append(d.dtype)
         else:
             edges.append(NO_EDGE)
-            shapes.append(None)
-            dtypes.append(None)
-    node = OpNode(spec, tuple(edges), (), params, aux, tuple(shapes), tuple(dtypes), out.size)
-    result = Tensor._nonleaf(out, node, 0, None)
+            key.append(None)
+            key.append(None)
+    if not requires:
+        return _wrap(out)
+    node = OpNode(spec, tuple(edges), params, aux, _meta(tuple(key)), out.size)
+    result = _nonleaf(out, node, 0, None)
     if spec.save_inputs or spec.save_ans:
-        saved = [SavedTensor(inputs[i]) for i in spec.save_inputs]
+        # laid out as the rules' arguments: (ans, input 0, input 1, ...)
+        saved: list[Any] = [None] * (spec.arity + 1)
+        for pos, users in zip(spec.save_inputs, spec.save_when):
+            if users is not None and all(edges[u] is NO_EDGE for u in users):
+                continue  # no rule that would read it will run
+            v = inputs[pos]
+            saved[pos + 1] = save_for_backward(v) if type(v) is Tensor else v
         if spec.save_ans:
-            saved.append(SavedTensor(result, is_output_of=node))
+            saved[0] = save_for_backward(result, is_output=True)
         node.saved = tuple(saved)
-        node.work = out.size * (len(saved) + 1)
+        # elements the kernel reads: the incoming gradient and every saved array
+        node.work = out.size + sum(e.data.size for e in saved if type(e) is SavedTensor)
     if _anomaly.get() is not None:
         from .anomaly_mode import record_forward_trace
 
         record_forward_trace(node)
     return result
+
+
+from ..tensor import Tensor  # noqa: E402  (tensor.py imports this package first)
+
+_wrap = Tensor._wrap
+_nonleaf = Tensor._nonleaf

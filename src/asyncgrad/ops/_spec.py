@@ -24,6 +24,7 @@ from typing import Any
 from collections.abc import Callable
 
 Rule = Callable[..., Any]
+_NONES = (None,) * 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,12 +34,25 @@ class OpSpec:
     vjps: tuple[Rule | None, ...]
     save_inputs: tuple[int, ...] = ()
     save_ans: bool = False
+    # for each saved input: the inputs whose rules read it (None: always saved); an input
+    # is saved only when one of those inputs needs a gradient (PyTorch saves ``self`` for
+    # ``mul`` only if ``other`` requires grad), which keeps graphs small
+    save_when: tuple[tuple[int, ...] | None, ...] = ()
     has_aux: bool = False
     variadic: bool = False  # one rule for any number of inputs, called with index=i
+
+    def __post_init__(self) -> None:
+        if len(self.save_when) != len(self.save_inputs):  # built directly: always save
+            object.__setattr__(self, "save_when", (None,) * len(self.save_inputs))
 
     @property
     def arity(self) -> int:
         return len(self.vjps)
+
+    @property
+    def no_args(self) -> tuple[None, ...]:
+        """The rule arguments ``(ans, x, ...)`` of a node that saved nothing."""
+        return _NONES[: len(self.vjps) + 1]
 
 
 def defop(
@@ -50,7 +64,16 @@ def defop(
     variadic: bool = False,
 ) -> OpSpec:
     """Declare a primitive. ``save`` lists what backward needs: ``x``, ``y``, ``z`` name
-    inputs 0, 1, 2 and ``ans`` names the output, e.g. ``save="x ans"``."""
-    words = save.split()
-    positions = tuple("xyz".index(w) for w in words if w != "ans")
-    return OpSpec(node_name, forward, tuple(vjps), positions, "ans" in words, has_aux, variadic)
+    inputs 0, 1, 2 and ``ans`` names the output, e.g. ``save="x ans"``. ``x@1`` saves
+    ``x`` only when input 1 needs a gradient (only input 1's rule reads it)."""
+    positions: list[int] = []
+    when: list[tuple[int, ...] | None] = []
+    for word in save.split():
+        if word == "ans":
+            continue
+        name, _, users = word.partition("@")
+        positions.append("xyz".index(name))
+        when.append(tuple(int(u) for u in users.split(",")) if users else None)
+    return OpSpec(node_name, forward, tuple(vjps), save_inputs=tuple(positions),
+                  save_ans="ans" in save.split(), save_when=tuple(when), has_aux=has_aux,
+                  variadic=variadic)

@@ -21,12 +21,14 @@ _2_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
 
 def _pow_base_rule(m, g, ans, x, y):  # type: ignore[no-untyped-def]
     # d/dx x**y = y * x**(y-1); zero when y == 0 (PyTorch's pow_backward)
-    return m.where(y == 0, 0.0, g * y * x ** (y - 1))
+    with np.errstate(divide="ignore", invalid="ignore"):  # 0 ** negative is masked out
+        return m.where(y == 0, 0.0, g * y * x ** (y - 1))
 
 
 def _pow_exponent_rule(m, g, ans, x, y):  # type: ignore[no-untyped-def]
     # d/dy x**y = x**y * log(x); zero where x == 0 and y >= 0 (PyTorch's pow_backward_exponent)
-    return m.where((x == 0) & (y >= 0), 0.0, g * ans * m.log(x))
+    with np.errstate(divide="ignore", invalid="ignore"):  # log(0) is masked out
+        return m.where((x == 0) & (y >= 0), 0.0, g * ans * m.log(x))
 
 
 def _clamp(x, *, lo, hi):  # type: ignore[no-untyped-def]
@@ -49,12 +51,15 @@ add = defop("AddBackward0", np.add,
 sub = defop("SubBackward0", np.subtract,
             lambda m, g, ans, x, y: g,
             lambda m, g, ans, x, y: -g)
+rsub = defop("RsubBackward1", np.subtract,  # ``scalar - tensor``, named as PyTorch's rsub
+             None,
+             lambda m, g, ans, x, y: -g)
 mul = defop("MulBackward0", np.multiply,
             lambda m, g, ans, x, y: g * y,
-            lambda m, g, ans, x, y: g * x, save="x y")
+            lambda m, g, ans, x, y: g * x, save="x@1 y@0")
 div = defop("DivBackward0", np.true_divide,
             lambda m, g, ans, x, y: g / y,
-            lambda m, g, ans, x, y: -g * x / (y * y), save="x y")
+            lambda m, g, ans, x, y: -g * x / (y * y), save="x@1 y")
 pow_scalar = defop("PowBackward0", np.power,
                    _pow_base_rule, None, save="x y")
 pow_tensor = defop("PowBackward1", np.power,

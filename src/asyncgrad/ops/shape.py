@@ -7,6 +7,7 @@ which is what makes indexing twice-differentiable.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -63,6 +64,8 @@ permute = defop("PermuteBackward0", lambda x, *, dims: np.transpose(x, dims),
                 lambda m, g, ans, x, *, dims: m.permute(g, _invert(dims)))
 squeeze = defop("SqueezeBackward0", lambda x, *, out_shape: x.reshape(out_shape),
                 lambda m, g, ans, x, *, shape: m.reshape(g, shape))
+squeeze_dim = replace(squeeze, node_name="SqueezeBackward1")  # PyTorch: squeeze(int)
+squeeze_dims = replace(squeeze, node_name="SqueezeBackward2")  # PyTorch: squeeze(tuple)
 unsqueeze = defop("UnsqueezeBackward0", lambda x, *, dim: np.expand_dims(x, dim),
                   lambda m, g, ans, x, *, shape: m.reshape(g, shape))
 expand = defop("ExpandBackward0", lambda x, *, shape: np.broadcast_to(x, shape),
@@ -71,6 +74,10 @@ sum_to = defop("SumBackward1", lambda x, *, shape: _sum_to_array(x, shape),
                lambda m, g, ans, x, *, shape: m.broadcast_to(g, shape))
 getitem_basic = defop("SliceBackward0", lambda x, *, index: x[index],
                       lambda m, g, ans, x, *, index, shape: m.index_add(g, index, shape, True))
+# PyTorch names basic indexing after the last view op it applies (full slices are skipped)
+getitem_select = replace(getitem_basic, node_name="SelectBackward0")
+getitem_unsqueeze = replace(getitem_basic, node_name="UnsqueezeBackward0")
+getitem_alias = replace(getitem_basic, node_name="AliasBackward0")
 getitem_advanced = defop("IndexBackward0", lambda x, *, index: x[index],
                          lambda m, g, ans, x, *, index, shape: m.index_add(g, index, shape, False))
 index_add = defop("IndexAddBackward0", _index_add_forward,

@@ -1,0 +1,19 @@
+"""``ag.nn``: modules, parameters and layers with PyTorch's names and defaults.
+
+    model = ag.nn.Sequential(ag.nn.Linear(64, 128), ag.nn.ReLU(), ag.nn.Linear(128, 10))
+    loss = ag.nn.functional.cross_entropy(model(x), y)
+    await ag.backward(loss)
+"""
+
+from . import functional, init
+from .layers import (
+    GELU, CrossEntropyLoss, Dropout, Embedding, Flatten, Identity, LayerNorm, Linear, LogSoftmax,
+    MSELoss, NLLLoss, ReLU, Sigmoid, Softmax, Tanh,
+)
+from .module import IncompatibleKeys, Module, ModuleDict, ModuleList, Parameter, Sequential
+
+__all__ = [
+    "GELU", "CrossEntropyLoss", "Dropout", "Embedding", "Flatten", "Identity", "IncompatibleKeys",
+    "LayerNorm", "Linear", "LogSoftmax", "MSELoss", "Module", "ModuleDict", "ModuleList", "NLLLoss",
+    "Parameter", "ReLU", "Sequential", "Sigmoid", "Softmax", "Tanh", "functional", "init",
+]

@@ -1,0 +1,458 @@
+"""Activation checkpointing: trade compute for memory.
+
+``checkpoint(fn, *args)`` runs ``fn`` without keeping the tensors its backward would need,
+and recomputes them during backward. ``checkpoint_sequential(functions, segments, x)``
+checkpoints each of ``segments`` chunks of a sequential model except the last one.
+
+Two forms, as in PyTorch:
+
+* ``use_reentrant=True`` (the default). Forward keeps only ``fn``'s inputs (and the RNG
+  state). The ``CheckpointFunctionBackward`` node recomputes ``fn`` under ``enable_grad``
+  and runs a nested (reentrant) backward through the recomputed graph, on the thread the
+  node runs on. Like PyTorch it refuses ``grad()`` and ``backward(inputs=...)``.
+* ``use_reentrant=False``. ``fn`` runs with grad mode on inside ``saved_tensors_hooks``
+  whose pack hook keeps a tiny handle instead of each saved tensor. The first unpack in a
+  backward recomputes ``fn`` once (under that backward's GraphTask) and hands out the
+  recomputed tensors, each dropped after its single unpack. The graph is an ordinary
+  graph, so ``grad()``, ``inputs=`` and ``create_graph`` work.
+
+Note [Checkpoint hooks fire once]: both forms recompute ``fn`` once per backward and fire
+each parameter's hooks (tensor hooks, post-accumulate-grad hooks, AccumulateGrad node
+hooks) exactly once per backward, with the full gradient, and commit ``.grad`` atomically
+with the rest of the backward (so a failed or cancelled backward leaves ``.grad`` alone).
+
+* Non-reentrant: the recomputation's graph is never differentiated; it only supplies
+  saved values. Gradients flow through the original graph, whose edges lead to the
+  parameters' own AccumulateGrad nodes, as without checkpointing.
+* Reentrant: PyTorch's nested backward accumulates into the parameters used inside ``fn``
+  by itself, so a parameter used in two checkpointed segments, or inside and outside
+  one, is accumulated (and its hooks fired) once per use. asyncgrad avoids that: in
+  forward, ``fn`` runs once with grad mode on under a pack hook that *discards* every
+  saved tensor (so it keeps no more memory than a ``no_grad`` forward), only to find
+  the tensors from outside ``fn`` that its result depends on: parameters, closure
+  tensors, tensors in ``kwargs``. The checkpoint node gets one edge per input and per
+  such outside tensor. Its backward's nested GraphTask (``_RecomputeTask``) runs the
+  recomputed nodes only, and *captures* the gradient that reaches each outside edge
+  (and each input) without running hooks or accumulating. The node returns those as its
+  own gradients, so the outer backward's AccumulateGrad sums every use and fires the
+  hooks once.
+
+Differences from PyTorch's reentrant form, both consequences of the above: parameters
+used by ``fn`` get gradients even when no input requires grad (PyTorch warns "None of
+the inputs have requires_grad=True. Gradients will be None" and drops them), and hooks
+registered inside ``fn`` during forward are allowed (they fire during the recomputation's
+backward).
+
+RNG: with ``preserve_rng_state=True`` the state of asyncgrad's default generator is
+saved when ``checkpoint`` is called and restored around the recomputation (then set back),
+so random ops in ``fn`` (dropout masks) repeat exactly. Recomputations that restore the
+state are serialised by a lock; random numbers drawn by *other* threads while one runs
+would see the swapped state, as with PyTorch's ``fork_rng``.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+import weakref
+from contextlib import contextmanager
+from typing import Any
+from collections.abc import Callable, Iterator
+
+from .. import _context
+from ..grad_mode import enable_grad
+from ..random import get_rng_state, set_rng_state
+from ..tensor import Tensor
+from ..autograd.engine import get_engine
+from ..autograd.graph import (
+    FREED_MESSAGE, NO_EDGE, AccumulateGrad, Edge, GraphRoot, Node, next_sequence_nr,
+    save_for_backward, saved_tensors_hooks,
+)
+from ..autograd.graph_task import GraphTask
+
+__all__ = ["checkpoint", "checkpoint_sequential"]
+
+REENTRANT_GRAD_ERROR = (
+    "When use_reentrant=True, asyncgrad.utils.checkpoint is incompatible with .grad() or "
+    "passing an `inputs` parameter to .backward(). To resolve this error, you can either "
+    "set use_reentrant=False, or call .backward() without passing the `inputs` argument."
+)
+NO_OUTPUT_REQUIRES_GRAD = "none of output has requires_grad=True, this checkpoint() is not necessary"
+NO_INPUT_REQUIRES_GRAD = "None of the inputs have requires_grad=True. Gradients will be None"
+
+
+def checkpoint(fn: Callable[..., Any], *args: Any, use_reentrant: bool = True,
+               preserve_rng_state: bool = True, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``, keeping only the inputs for backward, which recomputes
+    ``fn`` (see the module docstring for the two forms). Non-tensor arguments and
+    results pass through unchanged. Under ``no_grad`` this is just ``fn(*args)``."""
+    if not _context.grad_enabled.get():
+        return fn(*args, **kwargs)
+    rng = get_rng_state() if preserve_rng_state else None
+    if use_reentrant:
+        return _checkpoint_reentrant(fn, args, kwargs, rng)
+    return _checkpoint_with_hooks(fn, args, kwargs, rng)
+
+
+def checkpoint_sequential(functions: Any, segments: int, input: Any, use_reentrant: bool = True,
+                          **kwargs: Any) -> Any:
+    """Run ``functions`` (callables, or a module with ``children()``) in sequence on
+    ``input``, checkpointing each of the first ``segments - 1`` chunks; the last chunk
+    runs normally, as in PyTorch. ``preserve_rng_state`` may be passed as a keyword."""
+    preserve = kwargs.pop("preserve_rng_state", True)
+    if kwargs:
+        raise ValueError("Unexpected keyword arguments: " + ",".join(kwargs))
+    if hasattr(functions, "children") and callable(functions.children):
+        functions = functions.children()
+    functions = list(functions)
+    if segments < 1:
+        raise ValueError(f"segments must be at least 1, got {segments}")
+    segments = min(segments, len(functions)) or 1
+    segment_size = len(functions) // segments
+    end = -1
+    for start in range(0, segment_size * (segments - 1), segment_size):
+        end = start + segment_size - 1
+        input = checkpoint(_segment(functions, start, end), input, use_reentrant=use_reentrant,
+                           preserve_rng_state=preserve)
+    return _segment(functions, end + 1, len(functions) - 1)(input)
+
+
+def _segment(functions: list[Any], start: int, end: int) -> Callable[[Any], Any]:
+    def forward(x: Any) -> Any:
+        for j in range(start, end + 1):
+            x = functions[j](x)
+        return x
+    return forward
+
+
+_rng_lock = threading.RLock()
+
+
+@contextmanager
+def _restored_rng(state: dict[str, Any] | None) -> Iterator[None]:
+    """Run the block with the generator in ``state``, then put the current state back."""
+    if state is None:
+        yield
+        return
+    with _rng_lock:
+        current = get_rng_state()
+        set_rng_state(state)
+        try:
+            yield
+        finally:
+            set_rng_state(current)
+
+
+# --------------------------------------------------------------------------------------
+# use_reentrant=True
+# --------------------------------------------------------------------------------------
+
+def _discard(t: Tensor) -> None:
+    return None
+
+
+def _discarded(packed: Any) -> Any:
+    raise RuntimeError("asyncgrad.utils.checkpoint: a tensor saved while discovering the inputs "
+                       "of a checkpointed function was unpacked (this is a bug)")
+
+
+def _detach_args(args: tuple[Any, ...]) -> list[Any]:
+    out = []
+    for a in args:
+        if isinstance(a, Tensor):
+            d = a.detach()
+            d._requires_grad = a._requires_grad
+            out.append(d)
+        else:
+            out.append(a)
+    return out
+
+
+def _outside_edges(outputs: tuple[Any, ...], detached: list[Any], start: int
+                   ) -> dict[Edge, tuple[Any, Any]]:
+    """The edges from the graph built by ``fn`` (its nodes have sequence_nr > ``start``)
+    to tensors from outside ``fn``, with the shape and dtype of each such tensor."""
+    inputs = {id(d) for d in detached if isinstance(d, Tensor)}
+    found: dict[Edge, tuple[Any, Any]] = {}
+    seen: set[Node] = set()
+    stack: list[Node] = []
+
+    def visit(edge: Edge, shape: Any, dtype: Any) -> None:
+        node = edge[0]
+        if node is None:
+            return
+        if type(node) is AccumulateGrad:
+            if id(node.variable) not in inputs:
+                found.setdefault(edge, (shape, dtype))
+        elif node.sequence_nr > start:
+            if node not in seen:
+                seen.add(node)
+                stack.append(node)
+        else:
+            found.setdefault(edge, (shape, dtype))
+
+    for o in outputs:
+        if isinstance(o, Tensor) and o._requires_grad:
+            visit(o._gradient_edge(), o.data.shape, o.data.dtype)
+    while stack:
+        node = stack.pop()
+        shapes, dtypes = node.input_shapes, node.input_dtypes
+        for i, edge in enumerate(node.next_edges):
+            visit(edge, shapes[i] if i < len(shapes) else None, dtypes[i] if i < len(dtypes) else None)
+    return found
+
+
+def _checkpoint_reentrant(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+                          rng: dict[str, Any] | None) -> Any:
+    detached = _detach_args(args)
+    start = next_sequence_nr()
+    with saved_tensors_hooks(_discard, _discarded):  # see Note [Checkpoint hooks fire once]
+        result = fn(*detached, **kwargs)
+    is_tuple = isinstance(result, tuple)
+    outputs = result if is_tuple else (result,)
+    outside = _outside_edges(outputs, detached, start)
+    requires = tuple(isinstance(a, Tensor) and a._requires_grad for a in args)
+    position = {id(d): i for i, d in enumerate(detached) if isinstance(d, Tensor)}
+    if not any(requires) and not outside:
+        warnings.warn(NO_INPUT_REQUIRES_GRAD, UserWarning, stacklevel=3)
+        plain = tuple(args[position[id(o)]] if id(o) in position else o for o in outputs)
+        return plain if is_tuple else plain[0]
+
+    edges = [a._gradient_edge() if r else NO_EDGE for a, r in zip(args, requires)]
+    edges.extend(outside)
+    node = CheckpointFunctionBackward(tuple(edges))
+    node.fn = fn
+    node.kwargs = kwargs
+    node.rng = rng
+    node.requires = requires
+    node.tensor_args = tuple(isinstance(a, Tensor) for a in args)
+    node.saved = [save_for_backward(a) if isinstance(a, Tensor) else a for a in args]
+    shapes = [a.data.shape if r else None for a, r in zip(args, requires)]
+    dtypes = [a.data.dtype if r else None for a, r in zip(args, requires)]
+    for shape, dtype in outside.values():
+        shapes.append(shape)
+        dtypes.append(dtype)
+    node.input_shapes = tuple(shapes)
+    node.input_dtypes = tuple(dtypes)
+    node.num_outputs = len(outputs)
+
+    wrapped: list[Any] = []
+    done: dict[int, Tensor] = {}
+    work = sum(a.data.size for a in args if isinstance(a, Tensor))
+    for i, o in enumerate(outputs):
+        if not isinstance(o, Tensor):
+            wrapped.append(o)
+            continue
+        if id(o) not in done:
+            j = position.get(id(o))
+            if j is not None:  # an input returned as-is: a view of it, as for a Function
+                src = args[j]
+                new = Tensor._nonleaf(src.data, node, i, src._version_counter)
+                new._base = src._base if src._base is not None else src
+            else:
+                new = Tensor._nonleaf(o.data, node, i, None)
+            done[id(o)] = new
+            work += o.data.size
+        wrapped.append(done[id(o)])
+    # Recomputation costs about as much as the forward: always worth a worker thread.
+    node.work = max(work, get_engine().inline_threshold)
+    return tuple(wrapped) if is_tuple else wrapped[0]
+
+
+class CheckpointFunctionBackward(Node):
+    """Recomputes a checkpointed function and differentiates it (reentrant form)."""
+
+    __slots__ = ("fn", "kwargs", "rng", "requires", "tensor_args", "saved", "num_outputs", "input_shapes",
+                 "input_dtypes", "work")
+
+    def __init__(self, edges: tuple[Edge, ...]) -> None:
+        Node.__init__(self, edges)
+        self.fn: Callable[..., Any] = _discard
+        self.kwargs: dict[str, Any] = {}
+        self.rng: dict[str, Any] | None = None
+        self.requires: tuple[bool, ...] = ()
+        self.tensor_args: tuple[bool, ...] = ()
+        self.saved: list[Any] | None = None
+        self.num_outputs = 1
+        self.work = 0
+
+    def release_variables(self) -> None:
+        self.saved = None
+        self.kwargs = {}
+
+    def apply(self, grads: list[Any], m: Any) -> list[Any]:
+        _check_checkpoint_valid()
+        saved = self.saved
+        if saved is None:
+            raise RuntimeError(FREED_MESSAGE)
+        detached = []
+        for entry, is_tensor, r in zip(saved, self.tensor_args, self.requires):
+            if not is_tensor:
+                detached.append(entry)  # a non-tensor argument, kept as is
+                continue
+            d = entry.unpack_tensor(self).detach()
+            d._requires_grad = r
+            detached.append(d)
+        start = next_sequence_nr()
+        with _restored_rng(self.rng), enable_grad():
+            result = self.fn(*detached, **self.kwargs)
+        outputs = result if isinstance(result, tuple) else (result,)
+        roots: list[Edge] = []
+        root_grads: list[Any] = []
+        any_requires = False
+        for o, g in zip(outputs, grads):
+            if isinstance(o, Tensor) and o._requires_grad:
+                any_requires = True
+                if g is not None:
+                    roots.append(o._gradient_edge())
+                    root_grads.append(g)
+        if not any_requires:
+            raise RuntimeError(NO_OUTPUT_REQUIRES_GRAD)
+        n_args = len(self.requires)
+        targets: list[Edge] = [
+            (AccumulateGrad.for_leaf(d), 0) if r else NO_EDGE for d, r in zip(detached, self.requires)
+        ]
+        targets.extend(self.next_edges[n_args:])
+        if not roots:
+            return [None] * len(self.next_edges)
+        parent = _context.current_graph_task.get()
+        engine = parent.engine if parent is not None else get_engine()
+        task = _RecomputeTask(engine, create_graph=bool(m.tensor_mode), start=start)
+        task.set_roots([(GraphRoot(tuple(roots), root_grads), 0)], [None], targets)
+        engine.execute_sync(task)
+        return list(task.captured)
+
+
+def _check_checkpoint_valid() -> None:
+    """PyTorch's ``_is_checkpoint_valid``: every GraphTask on the reentrant stack must be
+    a plain ``backward()`` without ``inputs=`` (our own recomputations excepted)."""
+    task = _context.current_graph_task.get()
+    while task is not None:
+        if not isinstance(task, _RecomputeTask) and (not task.accumulate or task.needed is not None):
+            raise RuntimeError(REENTRANT_GRAD_ERROR)
+        task = task.parent
+
+
+class _RecomputeTask(GraphTask):
+    """The nested backward of a reentrant checkpoint: runs only the nodes built by the
+    recomputation and captures, without hooks, the gradient reaching each target edge
+    (the detached inputs and the outside edges); see Note [Checkpoint hooks fire once]."""
+
+    def __init__(self, engine: Any, *, create_graph: bool, start: int) -> None:
+        super().__init__(engine, keep_graph=False, create_graph=create_graph, accumulate=False)
+        self.start = start
+        self.slots: dict[Node, list[tuple[int, int]]] = {}
+
+    def _plan_pruning(self, root: Node, targets: list[Edge]) -> None:
+        self.captures = {}
+        self.captured = [None] * len(targets)
+        for i, (node, nr) in enumerate(targets):
+            if node is not None:
+                self.targets.add(node)
+                self.slots.setdefault(node, []).append((nr, i))
+        needed = {root}
+        stack = [root]
+        while stack:
+            for child, _ in stack.pop().next_edges:
+                if child is None or child in needed or child in self.targets:
+                    continue
+                if type(child) is AccumulateGrad or child.sequence_nr <= self.start:
+                    raise RuntimeError(
+                        "asyncgrad.utils.checkpoint: the recomputation reached "
+                        f"{child.name()}, which the original forward did not use (was a "
+                        "tensor used by the checkpointed function modified in place, or does "
+                        "the function depend on something other than its inputs and state?)"
+                    )
+                needed.add(child)
+                stack.append(child)
+        self.needed = needed
+
+    def prepare(self, node: Node) -> list[Any] | None:
+        slots = self.slots.get(node)
+        if slots is None:
+            return super().prepare(node)
+        buf = self.buffers.pop(node, None)
+        if buf is not None:
+            for nr, i in slots:
+                self.captured[i] = buf[nr] if nr < len(buf) else None
+        return None
+
+
+# --------------------------------------------------------------------------------------
+# use_reentrant=False
+# --------------------------------------------------------------------------------------
+
+_UNPACKED = object()
+
+
+class _Frame:
+    """One call of a non-reentrant checkpoint: what is needed to recompute it, and the
+    recomputed values per running backward (GraphTask), each dropped once unpacked."""
+
+    __slots__ = ("fn", "args", "kwargs", "rng", "count", "lock", "by_task", "__weakref__")
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+                 rng: dict[str, Any] | None) -> None:
+        self.fn = fn
+        self.args = args
+        self.kwargs = kwargs
+        self.rng = rng
+        self.count = 0
+        self.lock = threading.Lock()
+        self.by_task: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
+
+    def pack(self, t: Tensor) -> _Handle:
+        handle = _Handle(self, self.count)
+        self.count += 1
+        return handle
+
+    def unpack(self, index: int) -> Any:
+        task = _context.current_graph_task.get()
+        with self.lock:  # kernels of one backward may unpack from several threads at once
+            values = self.by_task.get(task) if task is not None else None
+            if values is None:
+                values = self._recompute()
+                if task is not None:
+                    self.by_task[task] = values
+            value = values[index]
+            if value is _UNPACKED:
+                raise RuntimeError(
+                    "asyncgrad.utils.checkpoint: Unpack is being triggered for a tensor that was "
+                    "already unpacked once. If you are calling ctx.saved_tensors in backward, make "
+                    "sure to do so only once."
+                )
+            values[index] = _UNPACKED
+        return value
+
+    def _recompute(self) -> list[Any]:
+        values: list[Any] = []
+        with _restored_rng(self.rng), enable_grad(), saved_tensors_hooks(values.append, _discarded):
+            self.fn(*self.args, **self.kwargs)
+        if len(values) != self.count:
+            raise RuntimeError(
+                "asyncgrad.utils.checkpoint: A different number of tensors was saved during the "
+                "original forward and recomputation.\n"
+                f"Number of tensors saved during forward: {self.count}\n"
+                f"Number of tensors saved during recomputation: {len(values)}"
+            )
+        return values
+
+
+class _Handle:
+    __slots__ = ("frame", "index")
+
+    def __init__(self, frame: _Frame, index: int) -> None:
+        self.frame = frame
+        self.index = index
+
+
+def _unpack_handle(handle: _Handle) -> Any:
+    return handle.frame.unpack(handle.index)
+
+
+def _checkpoint_with_hooks(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+                           rng: dict[str, Any] | None) -> Any:
+    frame = _Frame(fn, args, kwargs, rng)
+    with saved_tensors_hooks(frame.pack, _unpack_handle):
+        return fn(*args, **kwargs)
+
