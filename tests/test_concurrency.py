@@ -242,7 +242,7 @@ async def test_failing_node_at_random_position_changes_nothing(engine, mode):
 
         bad.register_hook(explode)
         called = []
-        w.register_hook(lambda g: ag.autograd.queue_callback(lambda: called.append(1)))
+        w.register_hook(lambda g, called=called: ag.autograd.queue_callback(lambda: called.append(1)))
         x.grad = ag.tensor([1.0, 1.0])
         with pytest.raises(Boom, match=f"boom {trial}") as info:
             await ag.backward(h.sum())
@@ -429,3 +429,21 @@ def test_sync_forms_refuse_to_block_a_running_loop():
             (x * 2).sum().backward()
 
     asyncio.run(main())
+
+
+async def test_statistics_views(offload_all):
+    x = ag.tensor(np.ones(4), requires_grad=True)
+    seen = []
+    x.register_hook(lambda g: seen.append(ag.autograd.current_graph_task_statistics()))
+    before = offload_all.statistics()
+    await ag.backward((x.exp() * 2).sum())
+    after = offload_all.statistics()
+    assert ag.autograd.current_graph_task_statistics() is None
+    (stats,) = seen
+    assert stats.depth == 0 and stats.nodes_offloaded >= 1
+    assert after.graph_tasks_succeeded == before.graph_tasks_succeeded + 1
+    assert after.nodes_offloaded > before.nodes_offloaded and after.kernels_in_flight == 0
+    import dataclasses
+
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        after.nodes_inline = 0  # type: ignore[misc]

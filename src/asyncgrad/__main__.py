@@ -22,24 +22,6 @@ def _bar(done: int, total: int, width: int = 30) -> str:
     return "[" + "#" * filled + "-" * (width - filled) + f"] {done}/{total}"
 
 
-class MLP:
-    def __init__(self, sizes: list[int], seed: int = 0) -> None:
-        rng = np.random.default_rng(seed)
-        self.params: list[ag.Tensor] = []
-        for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
-            bound = 1 / np.sqrt(fan_in)
-            self.params.append(ag.tensor(rng.uniform(-bound, bound, (fan_out, fan_in)), requires_grad=True))
-            self.params.append(ag.tensor(rng.uniform(-bound, bound, fan_out), requires_grad=True))
-
-    def __call__(self, x: ag.Tensor) -> ag.Tensor:
-        n = len(self.params) // 2
-        for i in range(n):
-            x = x @ self.params[2 * i].T + self.params[2 * i + 1]
-            if i < n - 1:
-                x = x.tanh()
-        return x
-
-
 async def _ticker(lags: list[float], stop: asyncio.Event) -> None:
     while not stop.is_set():
         t0 = time.perf_counter()
@@ -54,8 +36,11 @@ async def main(steps: int = 300, workers: int = 8, batch: int = 32) -> int:
     true_w = rng.standard_normal((16, 1))
     xs = rng.standard_normal((steps * workers * batch, 16))
     ys = np.sin(xs @ true_w) + 0.05 * rng.standard_normal((len(xs), 1))
-    model = MLP([16, 64, 64, 1])
+    model = ag.nn.Sequential(ag.nn.Linear(16, 64), ag.nn.Tanh(), ag.nn.Linear(64, 64), ag.nn.Tanh(),
+                             ag.nn.Linear(64, 1))
     lr = 0.2
+    # the workers' gradients add up in .grad: lr / workers makes the step use their mean
+    opt = ag.optim.SGD(model.parameters(), lr=lr / workers)
     lags: list[float] = []
     stop = asyncio.Event()
     ticker = asyncio.create_task(_ticker(lags, stop))
@@ -72,11 +57,8 @@ async def main(steps: int = 300, workers: int = 8, batch: int = 32) -> int:
     first = last = 0.0
     for step in range(steps):
         losses = await asyncio.gather(*(worker_grad(k, step) for k in range(workers)))
-        with ag.no_grad():
-            for p in model.params:
-                assert p.grad is not None
-                p -= lr * p.grad / workers
-                p.grad = None
+        opt.step()
+        opt.zero_grad()
         last = float(np.mean(losses))
         first = first or last
         if step % 25 == 0 or step == steps - 1:
@@ -93,9 +75,8 @@ async def main(steps: int = 300, workers: int = 8, batch: int = 32) -> int:
         else:
             for c in calls:
                 await c
-        out = [p.grad.numpy().copy() for p in model.params]  # type: ignore[union-attr]
-        for p in model.params:
-            p.grad = None
+        out = [p.grad.numpy().copy() for p in model.parameters()]  # type: ignore[union-attr]
+        model.zero_grad()
         return out
 
     together, one_by_one = await grads(True), await grads(False)

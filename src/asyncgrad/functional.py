@@ -131,13 +131,19 @@ def _dims(dim: Any, ndim: int) -> tuple[int, ...] | None:
     out = []
     for d in dims:
         d = int(d)
-        if not -ndim <= d < _py_max(ndim, 1):
+        if not -_py_max(ndim, 1) <= d < _py_max(ndim, 1):  # a 0-d tensor accepts 0 and -1
             raise IndexError(
                 f"Dimension out of range (expected to be in range of [{-_py_max(ndim, 1)}, "
                 f"{_py_max(ndim, 1) - 1}], but got {d})"
             )
         out.append(d % ndim if ndim else 0)
     return tuple(out)
+
+
+def _reduction_dims(dim: Any, ndim: int) -> tuple[int, ...] | None:
+    """``_dims`` for a reduction: reducing a 0-d tensor over dim 0 (or -1) reduces nothing."""
+    dims = _dims(dim, ndim)
+    return () if dims is not None and ndim == 0 else dims
 
 
 def _dim(dim: int, ndim: int) -> int:
@@ -300,7 +306,13 @@ def fill(x: Tensor, value: Any) -> Tensor:
     return record(_fill, (x,), np.full_like(x.data, value))
 
 
-_fill = OpSpec("FillBackward0", np.full_like, (lambda m, g, ans, x: g * 0.0,))
+_fill = OpSpec("FillBackward2", np.full_like, (lambda m, g, ans, x: g * 0.0,))
+_zero = OpSpec("ZeroBackward0", np.zeros_like, _fill.vjps)
+
+
+def zero(x: Tensor) -> Tensor:
+    """A tensor like ``x`` filled with zeros (used by ``zero_``)."""
+    return record(_zero, (x,), np.zeros_like(x.data))
 
 
 def copy_from(x: Tensor, src: Any) -> Tensor:
@@ -317,7 +329,7 @@ _copy = OpSpec("CopyBackwards", None, (lambda m, g, ans, x, s: g * 0.0, lambda m
 def sum(x: Tensor, dim: Any = None, keepdim: bool = False) -> Tensor:
     """Sum over ``dim`` (all dims when None)."""
     x = _tensor(x)
-    dims = _dims(dim, x.ndim)
+    dims = _reduction_dims(dim, x.ndim)
     spec = R.sum_all if dims is None else R.sum
     out = R._sum(x.data, dim=dims, keepdim=keepdim)
     if x.data.dtype.kind in "bi" and dims is None:
@@ -333,7 +345,7 @@ def mean(x: Tensor, dim: Any = None, keepdim: bool = False) -> Tensor:
             f"mean(): could not infer output dtype. Input dtype must be either a floating "
             f"point or complex dtype. Got: {x.data.dtype}"
         )
-    dims = _dims(dim, x.ndim)
+    dims = _reduction_dims(dim, x.ndim)
     spec = R.mean_all if dims is None else R.mean
     out = R._mean(x.data, dim=dims, keepdim=keepdim)
     return record(spec, (x,), out, params={"dim": dims, "keepdim": keepdim, "shape": x.shape})
@@ -345,7 +357,7 @@ def var(x: Tensor, dim: Any = None, *, correction: int = 1, keepdim: bool = Fals
     x = _tensor(x)
     if unbiased is not None:
         correction = 1 if unbiased else 0
-    dims = _dims(dim, x.ndim)
+    dims = _reduction_dims(dim, x.ndim)
     params = {"dim": dims, "keepdim": keepdim, "correction": correction}
     out = R._var(x.data, **params)
     return record(R.var, (x,), out, params={**params, "shape": x.shape})
@@ -359,6 +371,10 @@ def _extreme(x: Tensor, dim: Any, keepdim: bool, all_spec: OpSpec, dim_spec: OpS
         values, weights = all_spec.forward(x.data)
         return record(all_spec, (x,), values, aux=weights)
     d = _dim(dim, x.ndim)
+    if x.ndim == 0:  # PyTorch: the value itself, index 0
+        values, (onehot, idx) = dim_spec.forward(x.data.reshape(1), dim=0, keepdim=False)
+        out = record(dim_spec, (x,), values, aux=onehot.reshape(()), params={"dim": 0, "keepdim": True})
+        return MinMax(out, Tensor._wrap(np.asarray(idx, dtype=np.int64)))
     values, (onehot, idx) = dim_spec.forward(x.data, dim=d, keepdim=keepdim)
     out = record(dim_spec, (x,), values, aux=onehot, params={"dim": d, "keepdim": keepdim})
     return MinMax(out, Tensor._wrap(np.asarray(idx, dtype=np.int64)))
@@ -392,7 +408,9 @@ def _view(x: Tensor, spec: OpSpec, out: np.ndarray, params: dict[str, Any]) -> T
     if out is x.data or (out.base is not None and np.may_share_memory(out, x.data)):
         # a numpy view (not a copy that numpy made): share the version counter
         t._version_counter = x._version_counter
-        t._base = x if x._base is None else x._base
+        base = t._base = x if x._base is None else x._base
+        if t.grad_fn is not None and base.grad_fn is not None:
+            base._register_view(t)  # in-place ops on the base re-point this view's grad_fn
     return t
 
 
@@ -532,15 +550,19 @@ def index_add(g: Tensor, index: Any, shape: tuple[int, ...], basic: bool) -> Ten
     return record(S.index_add, (g,), out, params={"index": index})
 
 
-def index_put(x: Tensor, index: Any, value: Any) -> Tensor:
-    """A copy of ``x`` with ``value`` written at ``index`` (used by ``x[index] = value``)."""
-    idx, _ = _normalise_index(index)
+def index_put(x: Tensor, index: Any, value: Any, *, copy_slices: bool | None = None) -> Tensor:
+    """A copy of ``x`` with ``value`` written at ``index`` (used by ``x[index] = value``).
+
+    The node is PyTorch's ``CopySlices`` for basic indices (and, with ``copy_slices=True``,
+    for an in-place op through a view), else ``IndexPutBackward0``."""
+    idx, basic = _normalise_index(index)
+    spec = S.copy_slices if (basic if copy_slices is None else copy_slices) else S.index_put
     v = value if isinstance(value, Tensor) else _const(value, x)
     vd = v.data if isinstance(v, Tensor) else v
     mask = np.zeros(x.shape, dtype=bool)
     mask[idx] = True
     out = S.index_put.forward(x.data, vd.astype(x.data.dtype, copy=False), index=idx)
-    return record(S.index_put, (x, v), out, params={"index": idx, "mask": mask})
+    return record(spec, (x, v), out, params={"index": idx, "mask": mask})
 
 
 def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
@@ -552,7 +574,10 @@ def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     bounds = [0]
     for t in ts:
         bounds.append(bounds[-1] + t.shape[d])
-    out = np.concatenate([t.data for t in ts], axis=d)
+    try:
+        out = np.concatenate([t.data for t in ts], axis=d)
+    except ValueError as e:
+        raise RuntimeError(f"torch.cat(): {e}") from None
     return record(S.cat, tuple(ts), out, params={"dim": d, "bounds": tuple(bounds)})
 
 
@@ -565,7 +590,12 @@ def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     if not ts:
         raise RuntimeError("stack expects a non-empty TensorList")
     d = _dim(dim, ts[0].ndim + 1)
-    out = np.stack([t.data for t in ts], axis=d)
+    try:
+        out = np.stack([t.data for t in ts], axis=d)
+    except ValueError:
+        raise RuntimeError(
+            f"stack expects each tensor to be equal size, but got {[list(t.shape) for t in ts]}"
+        ) from None
     return record(S.stack, tuple(ts), out, params={"dim": d})
 
 
@@ -606,13 +636,17 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 # --- nn ------------------------------------------------------------------------------------
 def softmax(x: Tensor, dim: int) -> Tensor:
     x = _tensor(x)
-    d = _dim(dim, x.ndim)
+    d: int | None = _dim(dim, x.ndim)
+    if x.ndim == 0:
+        d = None  # a 0-d tensor: over its one element
     return record(N.softmax, (x,), N._softmax(x.data, dim=d), params={"dim": d})
 
 
 def log_softmax(x: Tensor, dim: int) -> Tensor:
     x = _tensor(x)
-    d = _dim(dim, x.ndim)
+    d: int | None = _dim(dim, x.ndim)
+    if x.ndim == 0:
+        d = None  # a 0-d tensor: over its one element
     return record(N.log_softmax, (x,), N._log_softmax(x.data, dim=d), params={"dim": d})
 
 

@@ -64,13 +64,22 @@ class _GradModeBase:
         return wrapper  # type: ignore[return-value]
 
 
-class no_grad(_GradModeBase):
+class _NoParamDecorator(_GradModeBase):
+    """Also usable as a bare decorator, ``@no_grad`` (as PyTorch allows)."""
+
+    def __new__(cls, orig_func: Callable[..., Any] | None = None) -> Any:
+        if orig_func is None:
+            return super().__new__(cls)
+        return cls()(orig_func)
+
+
+class no_grad(_NoParamDecorator):
     """Disable recording of operations (context manager or decorator)."""
 
     mode = False
 
 
-class enable_grad(_GradModeBase):
+class enable_grad(_NoParamDecorator):
     """Enable recording of operations (context manager or decorator)."""
 
     mode = True
@@ -107,6 +116,11 @@ class set_grad_enabled(_GradModeBase):
 
 class inference_mode(_GradModeBase):
     """Behaves as ``no_grad`` (``inference_mode(False)`` as ``enable_grad``)."""
+
+    def __new__(cls, mode: Any = True) -> Any:
+        if isinstance(mode, bool):
+            return super().__new__(cls)
+        return cls()(mode)  # bare decorator: ``@inference_mode``
 
     def __init__(self, mode: bool = True) -> None:
         super().__init__()

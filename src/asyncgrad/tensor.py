@@ -6,6 +6,7 @@ are thin delegations so that ``x.exp()`` and ``ag.exp(x)`` are the same code.
 
 from __future__ import annotations
 
+import functools
 import warnings
 import weakref
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -24,7 +25,7 @@ _NONLEAF_GRAD_WARNING = (
     "attribute won't be populated during autograd.backward(). If you indeed want the .grad "
     "field to be populated for a non-leaf Tensor, use .retain_grad() on the non-leaf Tensor. "
     "If you access the non-leaf Tensor by mistake, make sure you access the leaf Tensor "
-    "instead."
+    "instead. See github.com/pytorch/pytorch/pull/30531 for more information."
 )
 
 
@@ -44,7 +45,8 @@ class Tensor:
     """An n-dimensional array that records the operations applied to it for autograd."""
 
     __slots__ = ("data", "_requires_grad", "grad_fn", "output_nr", "_grad", "_version_counter",
-                 "_base", "_hooks", "_post_acc_hooks", "_retains_grad", "_acc_ref", "__weakref__")
+                 "_base", "_hooks", "_post_acc_hooks", "_retains_grad", "_acc_ref", "_views",
+                 "__weakref__")
     # numpy must defer to our reflected operators (ndarray * Tensor -> Tensor.__rmul__)
     __array_ufunc__ = None
 
@@ -59,6 +61,7 @@ class Tensor:
     _post_acc_hooks: HookDict | None
     _retains_grad: bool
     _acc_ref: Any
+    _views: dict[int, weakref.ref[Tensor]] | None  # live recording views of a non-leaf base
 
     def __init__(self, data: Any, *, dtype: Any = None, requires_grad: bool = False) -> None:
         arr = data.data if isinstance(data, Tensor) else as_array(data, dtype)
@@ -310,6 +313,14 @@ class Tensor:
             raise RuntimeError(
                 "a view of a leaf Variable that requires grad is being used in an in-place operation."
             )
+        if base is not None and base._requires_grad and self.grad_fn is None:
+            raise RuntimeError(
+                "A view was created in no_grad mode and is being modified inplace with grad mode enabled. "
+                "Given that this use case is ambiguous and error-prone, it is forbidden. You can clarify "
+                "your code by moving both the view and the inplace either both inside the no_grad block "
+                "(if you don't want the inplace to be tracked) or both outside (if you want the inplace "
+                "to be tracked)."
+            )
 
     def _apply_inplace(self, out_of_place: Callable[..., Tensor], *args: Any, **kwargs: Any) -> Tensor:
         """Run ``out_of_place(self, ...)`` and write the result into self (same memory).
@@ -334,6 +345,7 @@ class Tensor:
         out = out_of_place(old, *args, **kwargs)
         _write_into(self, out.data)
         self._rebase(out.grad_fn)
+        self._regenerate_views(skip=None)
         return self
 
     def _snapshot(self) -> Tensor:
@@ -370,11 +382,44 @@ class Tensor:
             )
         old_base = base._snapshot()
         out = out_of_place(F.getitem(old_base, where), *args, **kwargs)
-        new_base = F.index_put(old_base, where, out)
+        if out.shape != self.shape:
+            raise RuntimeError(
+                f"output with shape {list(self.shape)} doesn't match the broadcast shape {list(out.shape)}"
+            )
+        new_base = F.index_put(old_base, where, out, copy_slices=True)
         _write_into(self, out.data)
         base._rebase(new_base.grad_fn)
         self._rebase(F.getitem(base, where).grad_fn)
+        base._register_view(self)
+        base._regenerate_views(skip=self)
         return self
+
+    def _register_view(self, view: Tensor) -> None:
+        """Remember a recording view of this (non-leaf) base, to re-point its grad_fn when
+        an in-place op rebases the base (PyTorch regenerates a view's grad_fn likewise)."""
+        views = self._views
+        if views is None:
+            views = self._views = {}
+        key = id(view)
+        if key not in views:  # (a WeakSet would compare tensors with ==, which is elementwise)
+            views[key] = weakref.ref(view, functools.partial(_forget_view, views, key))
+
+    def _regenerate_views(self, skip: Tensor | None) -> None:
+        """After this base was rebased: make every other live view read the new base."""
+        if not self._views:
+            return
+        from .grad_mode import enable_grad
+
+        for ref in list(self._views.values()):
+            view = ref()
+            if view is None or view is skip or view._base is not self:
+                continue
+            where = _view_index(view.data, self.data, writable=False)
+            if where is None:
+                continue
+            with enable_grad():
+                node = F.getitem(self, where).grad_fn
+            view._rebase(node)
 
     # --- operators -------------------------------------------------------------------------
     def __add__(self, other: Any) -> Tensor: return F.add(self, other)
@@ -410,6 +455,8 @@ class Tensor:
     def __ne__(self, other: Any) -> Tensor: return F.compare(np.not_equal, self, other)  # type: ignore[override]
     def __and__(self, other: Any) -> Tensor: return F.compare(np.logical_and, self, other)
     def __or__(self, other: Any) -> Tensor: return F.compare(np.logical_or, self, other)
+    def __rand__(self, other: Any) -> Tensor: return F.compare(np.logical_and, other, self)
+    def __ror__(self, other: Any) -> Tensor: return F.compare(np.logical_or, other, self)
     def __invert__(self) -> Tensor: return Tensor._wrap(np.logical_not(self.data))
 
     # --- methods (see asyncgrad.functional for docs) -----------------------------------------
@@ -487,7 +534,7 @@ class Tensor:
     def relu_(self) -> Tensor: return self._apply_inplace(F.relu)
     def exp_(self) -> Tensor: return self._apply_inplace(F.exp)
     def neg_(self) -> Tensor: return self._apply_inplace(F.neg)
-    def zero_(self) -> Tensor: return self._apply_inplace(F.fill, 0)
+    def zero_(self) -> Tensor: return self._apply_inplace(F.zero)
     def fill_(self, value: Any) -> Tensor: return self._apply_inplace(F.fill, value)
     def copy_(self, src: Any) -> Tensor: return self._apply_inplace(F.copy_from, src)
 
@@ -505,6 +552,11 @@ def _init(t: Tensor, arr: np.ndarray, node: Node | None, output_nr: int,
     t._post_acc_hooks = None
     t._retains_grad = False
     t._acc_ref = None
+    t._views = None
+
+
+def _forget_view(views: dict[int, Any], key: int, _ref: Any) -> None:
+    views.pop(key, None)
 
 
 def _write_into(t: Tensor, value: np.ndarray) -> None:
@@ -522,11 +574,12 @@ def _write_into(t: Tensor, value: np.ndarray) -> None:
     t._version_counter.value += 1
 
 
-def _view_index(view: np.ndarray, base: np.ndarray) -> tuple[np.ndarray, ...] | None:
+def _view_index(view: np.ndarray, base: np.ndarray, *, writable: bool = True) -> tuple[np.ndarray, ...] | None:
     """Integer index arrays ``where`` with ``base[where]`` aliasing ``view`` element for
     element (from byte offsets), or None when the layout cannot be inverted.
 
-    Raises when several elements of ``view`` share one memory location (expanded views).
+    With ``writable``, raises when several elements of ``view`` share one memory location
+    (an expanded view), as PyTorch does for an in-place write through one.
     """
     if base.ndim == 0 or view.size == 0:
         return None
@@ -537,7 +590,7 @@ def _view_index(view: np.ndarray, base: np.ndarray) -> tuple[np.ndarray, ...] | 
         axis[k] = n
         offset = offset + np.arange(n, dtype=np.int64).reshape(axis) * stride
     flat = offset.reshape(-1)
-    if np.unique(flat).size != flat.size:
+    if writable and np.unique(flat).size != flat.size:
         raise RuntimeError(
             "unsupported operation: more than one element of the written-to tensor refers to a single "
             "memory location. Please clone() the tensor before performing the operation."

@@ -24,7 +24,7 @@ import subprocess
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .autograd.graph import AccumulateGrad, HookedSavedTensor, Node, SavedTensor
+from .autograd.graph import AccumulateGrad, Node, SavedTensor
 from .tensor import Tensor
 
 __all__ = ["GraphvizNotFoundError", "render", "to_dot"]
@@ -167,21 +167,13 @@ def _node_attrs(node: Node, param_names: dict[int, str], times: dict[int, int], 
 
 
 def _saved(node: Node) -> list[tuple[str, tuple[int, ...] | None]]:
-    """The tensors a built-in node saved. Its ``saved`` is laid out as the rules'
-    arguments ``(ans, x, y, ...)``; constants (non-tensor operands) and entries nothing
-    saved are left out. A tensor saved through ``saved_tensors_hooks`` has no shape here."""
-    saved = getattr(node, "saved", None)
-    if not saved:
-        return []
+    """The tensors a built-in node saved: its ``checks`` (the SavedTensors behind the
+    rule arguments ``(ans, x, y, ...)``, each with its position); constants are left out.
+    A tensor saved through ``saved_tensors_hooks`` has no shape here."""
     out = []
-    for k, entry in enumerate(saved):
-        if type(entry) is SavedTensor:
-            shape = getattr(entry.data, "shape", None)
-        elif type(entry) is HookedSavedTensor:
-            shape = None
-        else:
-            continue
-        out.append(("saved result" if k == 0 else f"saved input {k - 1}", shape))
+    for entry in sorted(getattr(node, "checks", ()) or (), key=lambda e: e.pos):
+        shape = getattr(entry.data, "shape", None) if type(entry) is SavedTensor else None
+        out.append(("saved result" if entry.pos == 0 else f"saved input {entry.pos - 1}", shape))
     return out
 
 

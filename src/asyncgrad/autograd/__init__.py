@@ -6,6 +6,7 @@ from .engine import (
     EngineStatistics,
     GraphTaskStatistics,
     current_graph_task_id,
+    current_graph_task_statistics,
     get_engine,
     queue_callback,
     set_engine,
@@ -19,7 +20,8 @@ from .function import Function, FunctionCtx, once_differentiable
 
 __all__ = [
     "Engine", "EngineStatistics", "GraphTaskStatistics", "backward", "backward_sync",
-    "current_graph_task_id", "get_engine", "grad", "grad_sync", "graph", "queue_callback",
+    "current_graph_task_id", "current_graph_task_statistics", "get_engine", "grad", "grad_sync",
+    "graph", "queue_callback",
     "set_engine", "GradcheckError", "gradcheck", "gradgradcheck",
     "Function", "FunctionCtx", "function", "once_differentiable",
     "detect_anomaly", "is_anomaly_check_nan_enabled", "is_anomaly_enabled", "profiler", "set_detect_anomaly",

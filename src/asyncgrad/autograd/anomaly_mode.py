@@ -53,7 +53,7 @@ _running_node: ContextVar[Node | None] = ContextVar("asyncgrad_anomaly_running_n
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ForwardTrace:
     """What anomaly mode remembers about a node: where it was built, and by which node."""
 
@@ -136,8 +136,9 @@ def raise_on_nan(node: Node, outputs: list[Any]) -> None:
 
 
 def _has_nan(g: Any) -> bool:
-    data = getattr(g, "data", g)  # a Tensor (create_graph) or an array
-    arr = np.asarray(data)
+    if not isinstance(g, np.ndarray):
+        g = getattr(g, "data", g)  # a Tensor (create_graph), or a numpy scalar
+    arr = np.asarray(g)
     if arr.dtype.kind not in "fc":
         return False
     return bool(np.isnan(arr).any())

@@ -105,10 +105,18 @@ def _prepare_backward(tensors: Any, grad_tensors: Any, retain_graph: bool | None
         input_list = _as_tuple(inputs)
         if not input_list:
             raise RuntimeError("`inputs` argument to `backward()` cannot be empty.")
-        for t in input_list:
-            t.retain_grad()  # PyTorch: non-leaf inputs get .grad filled in
     roots = _root_edges(outputs)
     root_grads = _make_grads(outputs, grads, create_graph)
+    if input_list is not None:
+        # PyTorch: non-leaf inputs get .grad filled in. Checked first, so that a call
+        # that fails leaves no retain_grad behind.
+        for t in input_list:
+            if not isinstance(t, Tensor):
+                raise TypeError(f"inputs must be Tensors, got {type(t).__name__}")
+            if not t._requires_grad:
+                raise RuntimeError("can't retain_grad on Tensor that has requires_grad=False")
+        for t in input_list:
+            t.retain_grad()
     keep = create_graph if retain_graph is None else retain_graph
     task = GraphTask(get_engine(), keep_graph=keep, create_graph=create_graph, accumulate=True)
     task.set_roots(roots, root_grads, _input_edges(input_list) if input_list is not None else None)

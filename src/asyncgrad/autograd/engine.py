@@ -42,7 +42,7 @@ import anyio.to_thread
 from .. import _context
 from heapq import heappop
 
-from .graph import AccumulateGrad, Node
+from .graph import Node
 from .graph_task import GraphTask, validate_outputs
 from .recording import OpNode
 
@@ -220,6 +220,8 @@ class Engine:
         math = task.math
         kernel = kernel_for(task, False)
         fast = kernel is run_kernel and _anomaly_mode.get() is None
+        fused = fast and not task.create_graph
+        run_op_fused = task.run_op_fused
         plain = task.captures is None
         heap = task.heap
         leaves = task.ready_leaves
@@ -239,20 +241,26 @@ class Engine:
                     node = heappop(heap)[1]
                 else:
                     return None
-                if plain and node._hooks is None and type(node) is not AccumulateGrad:
-                    inputs: list[Any] | None = buffers.pop(node, None) or [None] * node.num_outputs
+                if plain and type(node) is OpNode and node._hooks is None:
+                    # the fast lane: a built-in node with no hooks, nothing to capture
+                    buf: list[Any] = buffers.pop(node, None) or [None]  # type: ignore[arg-type]
+                    if node.work >= threshold:
+                        return node, buf
+                    g = buf[0]
+                    if fused and g is not None:
+                        run_op_fused(node, g)
+                    elif fast:
+                        finish(node, buf, validate_outputs(node, node.apply(buf, math)))
+                    else:
+                        finish(node, buf, kernel(node, buf, math))
                 else:
                     inputs = task.prepare(node)
-                if inputs is None:
-                    continue
-                if node.work >= threshold or (node.maybe_async and node.is_async()):
-                    return node, inputs
-                if fast:
-                    outputs = validate_outputs(node, node.apply(inputs, math))
-                else:
-                    outputs = kernel(node, inputs, math)
+                    if inputs is None:
+                        continue
+                    if node.work >= threshold or (node.maybe_async and node.is_async()):
+                        return node, inputs
+                    finish(node, inputs, kernel(node, inputs, math))
                 count += 1
-                finish(node, inputs, outputs)
                 if clock() >= deadline:
                     task.nodes_inline += count
                     count = 0
@@ -554,6 +562,13 @@ def queue_callback(fn: Callable[[], Any]) -> None:
     if task is None:
         raise RuntimeError("Final callbacks can only be installed during backward pass.")
     task.queue_callback(fn)
+
+
+def current_graph_task_statistics() -> GraphTaskStatistics | None:
+    """Statistics of the GraphTask running in this context (from a hook, a Function's
+    backward or a callback), or None outside backward."""
+    task = _context.current_graph_task.get()
+    return None if task is None else graph_task_statistics(task)
 
 
 def current_graph_task_id() -> int | None:

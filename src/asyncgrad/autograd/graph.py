@@ -239,7 +239,8 @@ class SavedTensor:
     of saved intermediates costs little memory.
     """
 
-    __slots__ = ("data", "version", "saved_version", "ref", "kind", "output_nr")
+    __slots__ = ("data", "version", "saved_version", "ref", "kind", "output_nr", "pos")
+    pos: int  # where the value goes among the rule arguments (set by the node saving it)
 
     def __init__(self, value: Tensor, is_output: bool = False) -> None:
         self.data = value.data
@@ -303,11 +304,13 @@ class HookedSavedTensor:
     """A saved tensor that went through ``saved_tensors_hooks``: ``pack`` ran at save
     time and ``unpack`` runs each time backward needs the value."""
 
-    __slots__ = ("packed", "unpack")
+    __slots__ = ("packed", "unpack", "pos", "data")
+    pos: int
 
     def __init__(self, value: Tensor, pack: Callable[[Any], Any], unpack: Callable[[Any], Any]) -> None:
         self.packed = pack(value)
         self.unpack = unpack
+        self.data = None  # nothing is kept but what pack returned
 
     def unpack_array(self, node: Node | None = None) -> Any:
         out = self.unpack(self.packed)

@@ -35,8 +35,9 @@ import numpy as np
 from .. import _context
 from .._tensor_math import TENSOR_MATH
 from ..ops._array_math import ARRAY_MATH
-from .graph import ACCUMULATE_GRAD_SEQUENCE_NR, AccumulateGrad, Edge, GraphRoot, Node
-from .validation import validate_one, validate_outputs  # noqa: F401  (re-exported)
+from .graph import ACCUMULATE_GRAD_SEQUENCE_NR, AccumulateGrad, Edge, GraphRoot, Node, SavedTensor
+from .recording import OpNode
+from .validation import _fix_gradient, validate_one, validate_outputs  # noqa: F401  (re-exported)
 
 from ..tensor import Tensor
 
@@ -281,6 +282,59 @@ class GraphTask:
             else:
                 deps[child] = d - 1
 
+    def run_op_fused(self, node: OpNode, g: Any) -> None:
+        """``apply`` → ``validate_outputs`` → ``finish`` fused into one step, for the
+        hot case: a built-in node without hooks, in a plain backward, run inline, with a
+        defined incoming gradient. Gradients whose edge leads nowhere needed are not even
+        computed. Equivalent to ``finish(node, [g], validate_outputs(node, node.apply([g])))``."""
+        spec = node.spec
+        saved = node.saved
+        checks = node.checks
+        if saved is None or spec.variadic or node.aux is not None or (
+                checks and type(checks[0]) is not SavedTensor):
+            self.finish(node, [g], validate_outputs(node, node.apply([g], ARRAY_MATH)))
+            return
+        for e in checks:
+            if e.version.value != e.saved_version:
+                e.unpack_array(node)  # raises the in-place modification error
+        args = saved or spec.no_args
+        params = node.params
+        vjps = spec.vjps
+        shapes = node.input_shapes
+        dtypes = node.input_dtypes
+        deps = self.dependencies
+        buffers = self.buffers
+        for i, (child, nr) in enumerate(node.next_edges):
+            if child is None:
+                continue
+            d = deps.get(child)
+            if d is None:  # pruned: nothing needed lies behind this edge
+                continue
+            gi = vjps[i](ARRAY_MATH, g, *args, **params) if params else vjps[i](ARRAY_MATH, g, *args)  # type: ignore[misc]
+            if gi is not None:
+                if type(gi) is not np.ndarray or gi.shape != shapes[i] or gi.dtype != dtypes[i]:
+                    gi = _fix_gradient(node, i, gi, shapes[i], dtypes[i])  # type: ignore[arg-type]
+                buf = buffers.get(child)
+                if buf is None:
+                    if nr == 0 and child.num_outputs == 1:
+                        buffers[child] = [gi]
+                    else:
+                        buf = buffers[child] = [None] * child.num_outputs
+                        buf[nr] = gi
+                else:
+                    old = buf[nr]
+                    buf[nr] = gi if old is None else old + gi
+            if d == 1:
+                del deps[child]
+                if child.sequence_nr == ACCUMULATE_GRAD_SEQUENCE_NR:
+                    self.ready_leaves.append(child)
+                else:
+                    heappush(self.heap, (-child.sequence_nr, child))
+            else:
+                deps[child] = d - 1
+        if not self.keep_graph:
+            self.executed.append(node)
+
     def fail(self, error: BaseException, node: Node | None) -> None:
         """Record the first error (first error wins) with a note naming the node."""
         if node is not None and hasattr(error, "add_note"):
@@ -332,6 +386,12 @@ class GraphTask:
     def queue_callback(self, fn: Callable[[], Any]) -> None:
         self.callbacks.append(fn)
 
+    def statistics(self) -> Any:
+        """A frozen snapshot (``GraphTaskStatistics``) of this backward's progress."""
+        from .engine import graph_task_statistics
+
+        return graph_task_statistics(self)
+
 
 def _owned(arr: Any, refs: int) -> bool:
     """True when nobody but the engine holds ``arr`` (PyTorch steals such gradients)."""
@@ -351,8 +411,8 @@ def _accumulate(var: Tensor, g: Any, create_graph: bool) -> None:
         g = g.data
     current = var._grad
     if current is None:
-        # refs: the staged dict, the caller's loop variable, our parameter, getrefcount's
-        arr = g if _owned(g, 4) and g.dtype == var.data.dtype else np.array(g, dtype=var.data.dtype)
+        # refs: the staged dict, write_grads' loop variable, our parameter, _owned's, getrefcount's
+        arr = g if _owned(g, 5) and g.dtype == var.data.dtype else np.array(g, dtype=var.data.dtype)
         var._grad = Tensor._wrap(arr)
     elif current.grad_fn is None and current.data.flags.writeable:
         np.add(current.data, g, out=current.data, casting="unsafe")

@@ -29,7 +29,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +38,7 @@ from .. import _context
 __all__ = ["NodeEvent", "FunctionEventAvg", "EventTable", "profile"]
 
 Kernel = Callable[[Any, list[Any], Any], list[Any]]
+AsyncKernel = Callable[[Any, list[Any], Any], Awaitable[list[Any]]]
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,8 @@ class NodeEvent:
     start_ns: int  # ``time.perf_counter_ns()``
     duration_ns: int
     input_shapes: tuple[tuple[int, ...] | None, ...]  # of the gradients the node received
-    failed: bool = False
+    failed: bool = False  # the kernel raised
+    is_async: bool = False  # an ``async def backward``: duration is wall time, awaits included
 
     @property
     def end_ns(self) -> int:
@@ -118,6 +120,32 @@ class profile:
                     node.name(), node.sequence_nr, task_id, depth, threading.get_native_id(),
                     thread.name, offloaded, start, duration,
                     tuple(_shape(g) for g in inputs), failed,
+                ))
+
+        return timed
+
+    def wrap_async_kernel(self, kernel: AsyncKernel, task: Any) -> AsyncKernel:
+        """The same for a node whose backward is ``async def``: ``kernel(node, inputs,
+        math)`` is awaited on the event loop; the event's duration is wall time, awaits
+        included, and its ``is_async`` is True. (For the engine: not used by it yet.)"""
+        append = self.events.append
+        task_id: int = task.id
+        depth: int = task.depth
+        clock = time.perf_counter_ns
+
+        async def timed(node: Any, inputs: list[Any], math: Any) -> list[Any]:
+            failed = True
+            start = clock()
+            try:
+                outputs = await kernel(node, inputs, math)
+                failed = False
+                return outputs
+            finally:
+                duration = clock() - start
+                append(NodeEvent(
+                    node.name(), node.sequence_nr, task_id, depth, threading.get_native_id(),
+                    threading.current_thread().name, False, start, duration,
+                    tuple(_shape(g) for g in inputs), failed, True,
                 ))
 
         return timed
@@ -214,6 +242,7 @@ def _complete_event(e: NodeEvent, pid: int, tid: int, t0: int) -> dict[str, Any]
             "offloaded": e.offloaded, "thread": e.thread_name,
             "shapes": [None if s is None else list(s) for s in e.input_shapes],
             **({"failed": True} if e.failed else {}),
+            **({"async": True} if e.is_async else {}),
         },
     }
 

@@ -13,9 +13,7 @@ import numpy as np
 from .. import _context
 from ..ops._spec import OpSpec
 from .validation import validate_one
-from .graph import (
-    FREED_MESSAGE, NO_EDGE, HookedSavedTensor, Node, SavedTensor, save_for_backward, unpack_saved,
-)
+from .graph import FREED_MESSAGE, NO_EDGE, HookedSavedTensor, Node, SavedTensor, save_for_backward
 
 _grad_enabled = _context.grad_enabled
 _anomaly = _context.anomaly_mode
@@ -24,18 +22,22 @@ _anomaly = _context.anomaly_mode
 class OpNode(Node):
     """The node of a built-in primitive: its spec, saved values and backward params.
 
-    ``saved`` is laid out as the rules' arguments ``(ans, x, y, ...)``: an entry is a
-    SavedTensor, a constant operand, or None when nothing saved it (no needed rule reads
-    it). ``()`` means nothing was saved; ``None`` that the saved values were released.
+    ``saved`` is laid out as the rules' arguments ``(ans, x, y, ...)`` and holds the raw
+    values (arrays, constant operands, None where no needed rule reads the value), so a
+    plain backward passes it to the rules as it is. ``checks`` holds the SavedTensors
+    behind those arrays (with their position), for the version check and to rebuild
+    Tensors under create_graph. ``()`` means nothing was saved; ``None`` that the saved
+    values were released.
     """
 
-    __slots__ = ("spec", "saved", "params", "aux", "input_shapes", "input_dtypes", "work")
+    __slots__ = ("spec", "saved", "checks", "params", "aux", "input_shapes", "input_dtypes", "work")
 
     def __init__(self, spec: OpSpec, edges: tuple[Any, ...], params: dict[str, Any] | None,
                  aux: Any, meta: tuple[tuple[Any, ...], tuple[Any, ...]], work: int) -> None:
         Node.__init__(self, edges)
         self.spec = spec
         self.saved: tuple[Any, ...] | None = ()
+        self.checks: tuple[Any, ...] = ()
         self.params = params
         self.aux = aux
         self.input_shapes, self.input_dtypes = meta
@@ -44,25 +46,22 @@ class OpNode(Node):
     def name(self) -> str:
         return self.spec.node_name
 
-    def _rule_args(self, m: Any) -> tuple[Any, dict[str, Any] | None]:
-        """The rules' arguments ``(ans, x, y, ...)`` and keyword params, unpacked."""
+    def rule_args(self, m: Any) -> tuple[Any, dict[str, Any] | None]:
+        """The rules' arguments ``(ans, x, y, ...)`` and keyword params, unpacked (with
+        the in-place modification check)."""
         saved = self.saved
         if saved is None:
             raise RuntimeError(FREED_MESSAGE)
-        if not saved:
-            args: Any = self.spec.no_args
-        elif m.tensor_mode:
-            args = [unpack_saved(e, True, self) for e in saved]
+        checks = self.checks
+        if m.tensor_mode or (checks and type(checks[0]) is HookedSavedTensor):
+            args: Any = list(saved) if saved else list(self.spec.no_args)
+            for e in checks:
+                args[e.pos] = e.unpack_tensor(self) if m.tensor_mode else e.unpack_array(self)
         else:
-            args = []
-            for e in saved:  # unpack_saved, inlined for the common array case
-                if type(e) is SavedTensor:
-                    if e.version.value != e.saved_version:
-                        e.unpack_array(self)  # raises the in-place modification error
-                    e = e.data
-                elif type(e) is HookedSavedTensor:
-                    e = e.unpack_array(self)
-                args.append(e)
+            for e in checks:
+                if e.version.value != e.saved_version:
+                    e.unpack_array(self)  # raises the in-place modification error
+            args = saved or self.spec.no_args
         params = self.params
         if self.aux is not None:
             params = {**(params or {}), "aux": m.constant(self.aux)}
@@ -73,7 +72,7 @@ class OpNode(Node):
         edges = self.next_edges
         if g is None:  # a built-in node passes None on (PyTorch: undefined grads)
             return [None] * len(edges)
-        args, params = self._rule_args(m)
+        args, params = self.rule_args(m)
         spec = self.spec
         vjps = spec.vjps
         if spec.variadic:
@@ -94,7 +93,7 @@ class OpNode(Node):
         g = grads[0]
         if g is None:
             return None
-        args, params = self._rule_args(m)
+        args, params = self.rule_args(m)
         spec = self.spec
         if spec.variadic:
             out = spec.vjps[0](m, g, *args, index=i, **(params or {}))  # type: ignore[misc]
@@ -106,6 +105,7 @@ class OpNode(Node):
         # Nodes that saved nothing stay usable: the "second time" error is lazy (PyTorch 5.3).
         if self.saved:
             self.saved = None
+            self.checks = ()
             self.aux = None
 
 
@@ -154,16 +154,27 @@ def record(spec: OpSpec, inputs: tuple[Any, ...], out: np.ndarray, aux: Any = No
     if spec.save_inputs or spec.save_ans:
         # laid out as the rules' arguments: (ans, input 0, input 1, ...)
         saved: list[Any] = [None] * (spec.arity + 1)
+        checks: list[Any] = []
         for pos, users in zip(spec.save_inputs, spec.save_when):
             if users is not None and all(edges[u] is NO_EDGE for u in users):
                 continue  # no rule that would read it will run
             v = inputs[pos]
-            saved[pos + 1] = save_for_backward(v) if type(v) is Tensor else v
+            if type(v) is Tensor:
+                entry = save_for_backward(v)
+                entry.pos = pos + 1
+                checks.append(entry)
+                saved[pos + 1] = entry.data
+            else:
+                saved[pos + 1] = v
         if spec.save_ans:
-            saved[0] = save_for_backward(result, is_output=True)
+            entry = save_for_backward(result, is_output=True)
+            entry.pos = 0
+            checks.append(entry)
+            saved[0] = entry.data
         node.saved = tuple(saved)
+        node.checks = tuple(checks)
         # elements the kernel reads: the incoming gradient and every saved array
-        node.work = out.size + sum(e.data.size for e in saved if type(e) is SavedTensor)
+        node.work = out.size + sum(e.data.size for e in checks if type(e) is SavedTensor)
     if _anomaly.get() is not None:
         from .anomaly_mode import record_forward_trace
 

@@ -5,7 +5,7 @@
     await ag.backward(loss)
 """
 
-from . import functional, init
+from . import functional, init, utils
 from .layers import (
     GELU, CrossEntropyLoss, Dropout, Embedding, Flatten, Identity, LayerNorm, Linear, LogSoftmax,
     MSELoss, NLLLoss, ReLU, Sigmoid, Softmax, Tanh,
@@ -15,5 +15,5 @@ from .module import IncompatibleKeys, Module, ModuleDict, ModuleList, Parameter,
 __all__ = [
     "GELU", "CrossEntropyLoss", "Dropout", "Embedding", "Flatten", "Identity", "IncompatibleKeys",
     "LayerNorm", "Linear", "LogSoftmax", "MSELoss", "Module", "ModuleDict", "ModuleList", "NLLLoss",
-    "Parameter", "ReLU", "Sequential", "Sigmoid", "Softmax", "Tanh", "functional", "init",
+    "Parameter", "ReLU", "Sequential", "Sigmoid", "Softmax", "Tanh", "functional", "init", "utils",
 ]

@@ -4,7 +4,8 @@ A parameter is a plain leaf :class:`~asyncgrad.Tensor` that requires grad (async
 hot paths check ``type(t) is Tensor``, so there is no Tensor subclass). Assigning one as
 an attribute of a module registers it (``self.weight = Parameter(...)``, or any leaf that
 requires grad); assigning a module registers a child. ``isinstance(t, Parameter)`` is
-true for every leaf tensor that requires grad.
+true for every leaf tensor that requires grad. A frozen parameter (``requires_grad=False``)
+is registered with ``register_parameter``.
 
 Concurrency: the forward of a module only reads its parameters, so many tasks may call
 one module at once and ``await ag.backward`` on their own losses; gradients accumulate
@@ -23,6 +24,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 
+from .._dtype import as_array, get_default_dtype
+from ..autograd.graph import HookDict, RemovableHandle
 from ..grad_mode import no_grad
 from ..tensor import Tensor
 
@@ -35,8 +38,8 @@ class _ParameterMeta(type):
 
 def _make_parameter(data: Any = None, requires_grad: bool = True) -> Tensor:
     if data is None:
-        data = np.empty(0, dtype=np.float32)
-    arr = data.data if isinstance(data, Tensor) else np.asarray(data)
+        data = np.empty(0, dtype=get_default_dtype())
+    arr = data.data if isinstance(data, Tensor) else as_array(data)  # Python floats: default dtype
     t = Tensor._wrap(arr)  # shares memory with ``data``, as torch.nn.Parameter does
     if isinstance(data, Tensor):
         t._version_counter = data._version_counter
@@ -44,8 +47,9 @@ def _make_parameter(data: Any = None, requires_grad: bool = True) -> Tensor:
     return t
 
 
-if TYPE_CHECKING:
-    def Parameter(data: Any = None, requires_grad: bool = True) -> Tensor: ...
+if TYPE_CHECKING:  # to a type checker a Parameter is a kind of Tensor
+    class Parameter(Tensor):
+        def __new__(cls, data: Any = None, requires_grad: bool = True) -> Parameter: ...
 else:
     class Parameter(metaclass=_ParameterMeta):
         """``Parameter(data, requires_grad=True)``: a leaf Tensor sharing ``data``'s memory
@@ -79,18 +83,42 @@ class Module:
     _parameters: dict[str, Tensor | None]
     _buffers: dict[str, Tensor | None]
     _modules: dict[str, Module | None]
+    _forward_pre_hooks: HookDict
+    _forward_hooks: HookDict
 
     def __init__(self) -> None:
         object.__setattr__(self, "training", True)
         object.__setattr__(self, "_parameters", OrderedDict())
         object.__setattr__(self, "_buffers", OrderedDict())
         object.__setattr__(self, "_modules", OrderedDict())
+        object.__setattr__(self, "_forward_pre_hooks", HookDict())
+        object.__setattr__(self, "_forward_hooks", HookDict())
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError(f'Module [{type(self).__name__}] is missing the required "forward" function')
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.forward(*args, **kwargs)
+        pre, post = self._forward_pre_hooks, self._forward_hooks
+        if not pre and not post:
+            return self.forward(*args, **kwargs)
+        for hook in list(pre.values()):
+            replaced = hook(self, args)
+            if replaced is not None:
+                args = replaced if isinstance(replaced, tuple) else (replaced,)
+        out = self.forward(*args, **kwargs)
+        for hook in list(post.values()):
+            replaced = hook(self, args, out)
+            if replaced is not None:
+                out = replaced
+        return out
+
+    def register_forward_pre_hook(self, hook: Callable[[Module, tuple[Any, ...]], Any]) -> RemovableHandle:
+        """``hook(module, args) -> replacement args or None`` runs before ``forward``."""
+        return self._forward_pre_hooks.add(hook)
+
+    def register_forward_hook(self, hook: Callable[[Module, tuple[Any, ...], Any], Any]) -> RemovableHandle:
+        """``hook(module, args, output) -> replacement output or None`` runs after ``forward``."""
+        return self._forward_hooks.add(hook)
 
     # --- attribute registration ------------------------------------------------------------
     def __setattr__(self, name: str, value: Any) -> None:
@@ -126,6 +154,7 @@ class Module:
 
     def _forget(self, name: str) -> None:
         self.__dict__.pop(name, None)
+        self.__dict__.get("_non_persistent", set()).discard(name)
         self._parameters.pop(name, None)
         self._buffers.pop(name, None)
         self._modules.pop(name, None)

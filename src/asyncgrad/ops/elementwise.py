@@ -31,6 +31,11 @@ def _pow_exponent_rule(m, g, ans, x, y):  # type: ignore[no-untyped-def]
         return m.where((x == 0) & (y >= 0), 0.0, g * ans * m.log(x))
 
 
+def _sigmoid(x):  # type: ignore[no-untyped-def]
+    with np.errstate(over="ignore"):  # exp(-x) -> inf for very negative x gives exactly 0
+        return 1.0 / (1.0 + np.exp(-x))
+
+
 def _clamp(x, *, lo, hi):  # type: ignore[no-untyped-def]
     return np.clip(x, lo, hi)
 
@@ -87,7 +92,7 @@ sqrt = defop("SqrtBackward0", np.sqrt, lambda m, g, ans, x: g / (2.0 * ans), sav
 sin = defop("SinBackward0", np.sin, lambda m, g, ans, x: g * m.cos(x), save="x")
 cos = defop("CosBackward0", np.cos, lambda m, g, ans, x: -g * m.sin(x), save="x")
 tanh = defop("TanhBackward0", np.tanh, lambda m, g, ans, x: g * (1.0 - ans * ans), save="ans")
-sigmoid = defop("SigmoidBackward0", lambda x: 1.0 / (1.0 + np.exp(-x)),
+sigmoid = defop("SigmoidBackward0", _sigmoid,
                 lambda m, g, ans, x: g * ans * (1.0 - ans), save="ans")
 relu = defop("ReluBackward0", lambda x: np.maximum(x, 0),
              lambda m, g, ans, x: m.where(ans > 0, g, 0.0), save="ans")

@@ -82,9 +82,9 @@ def _mse_rule_x(m, g, ans, x, y, *, reduction):  # type: ignore[no-untyped-def]
 
 # name ---------- node name ------------- forward ------- derivative ---------------------
 softmax = defop("SoftmaxBackward0", _softmax,
-                lambda m, g, ans, x, *, dim: ans * (g - m.sum(g * ans, (dim,), True)), save="ans")
+                lambda m, g, ans, x, *, dim: ans * (g - m.sum(g * ans, dim, True)), save="ans")
 log_softmax = defop("LogSoftmaxBackward0", _log_softmax,
-                    lambda m, g, ans, x, *, dim: g - m.exp(ans) * m.sum(g, (dim,), True),
+                    lambda m, g, ans, x, *, dim: g - m.exp(ans) * m.sum(g, dim, True),
                     save="ans")
 gelu = defop("GeluBackward0", _gelu, _gelu_rule, save="x")
 nll_loss = defop("NllLossBackward0", _nll_loss, _nll_rule, has_aux=True)

@@ -41,7 +41,7 @@ def _mean(x, *, dim, keepdim):  # type: ignore[no-untyped-def]
 def _var(x, *, dim, keepdim, correction):  # type: ignore[no-untyped-def]
     n = _count(x.shape, dim)
     with np.errstate(divide="ignore", invalid="ignore"):
-        return np.asarray(np.var(x, axis=dim, keepdims=keepdim, ddof=0) * (n / max(n - correction, 0)))
+        return np.asarray(np.var(x, axis=dim, keepdims=keepdim, ddof=0) * float(np.divide(n, max(n - correction, 0))))
 
 
 def _extreme_all(reduce: Any):  # type: ignore[no-untyped-def]

@@ -85,5 +85,6 @@ index_add = defop("IndexAddBackward0", _index_add_forward,
 index_put = defop("IndexPutBackward0", _index_put,
                   lambda m, g, ans, x, v, *, index, mask: m.where(mask, 0.0, g),
                   lambda m, g, ans, x, v, *, index, mask: m.getitem(g, index))
+copy_slices = replace(index_put, node_name="CopySlices")  # x[basic index] = v; in-place through a view
 cat = defop("CatBackward0", _cat_forward, _cat_rule, variadic=True)
 stack = defop("StackBackward0", _stack_forward, _stack_rule, variadic=True)

@@ -21,11 +21,13 @@ class SGD(Optimizer):
         p = p - lr * g
 
     Parameters whose ``.grad`` is None are skipped. State: ``momentum_buffer`` per
-    parameter when ``momentum != 0``.
+    parameter when ``momentum != 0``. ``foreach`` is accepted for PyTorch compatibility
+    and ignored (there is one implementation).
     """
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
-                 weight_decay: float = 0.0, nesterov: bool = False, *, maximize: bool = False) -> None:
+                 weight_decay: float = 0.0, nesterov: bool = False, *, maximize: bool = False,
+                 foreach: bool | None = None) -> None:
         if lr < 0.0:
             raise ValueError(f"Invalid learning rate: {lr}")
         if momentum < 0.0:

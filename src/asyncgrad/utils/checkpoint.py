@@ -8,12 +8,13 @@ Two forms, as in PyTorch:
 
 * ``use_reentrant=True`` (the default). Forward keeps only ``fn``'s inputs (and the RNG
   state). The ``CheckpointFunctionBackward`` node recomputes ``fn`` under ``enable_grad``
-  and runs a nested (reentrant) backward through the recomputed graph, on the thread the
-  node runs on. Like PyTorch it refuses ``grad()`` and ``backward(inputs=...)``.
+  and runs a nested (reentrant) backward through the recomputed graph (see Note
+  [Checkpoint backward is async]). Like PyTorch it refuses ``grad()`` and
+  ``backward(inputs=...)``.
 * ``use_reentrant=False``. ``fn`` runs with grad mode on inside ``saved_tensors_hooks``
   whose pack hook keeps a tiny handle instead of each saved tensor. The first unpack in a
   backward recomputes ``fn`` once (under that backward's GraphTask) and hands out the
-  recomputed tensors, each dropped after its single unpack. The graph is an ordinary
+  recomputed tensors (see Note [When recomputed values are dropped]). The graph is an ordinary
   graph, so ``grad()``, ``inputs=`` and ``create_graph`` work.
 
 Note [Checkpoint hooks fire once]: both forms recompute ``fn`` once per backward and fire
@@ -31,11 +32,13 @@ with the rest of the backward (so a failed or cancelled backward leaves ``.grad`
   saved tensor (so it keeps no more memory than a ``no_grad`` forward), only to find
   the tensors from outside ``fn`` that its result depends on: parameters, closure
   tensors, tensors in ``kwargs``. The checkpoint node gets one edge per input and per
-  such outside tensor. Its backward's nested GraphTask (``_RecomputeTask``) runs the
-  recomputed nodes only, and *captures* the gradient that reaches each outside edge
-  (and each input) without running hooks or accumulating. The node returns those as its
-  own gradients, so the outer backward's AccumulateGrad sums every use and fires the
-  hooks once.
+  such outside tensor. Its backward recomputes ``fn`` from the inputs themselves (not
+  detached copies), and its nested GraphTask (``_RecomputeTask``) runs the recomputed
+  nodes only, *capturing* the gradient that reaches each of the node's edges without
+  running hooks or accumulating. The node returns those as its own gradients, so the
+  outer backward's AccumulateGrad sums every use and fires the hooks once. Under
+  ``create_graph`` the captured gradients are differentiable back to the inputs and
+  parameters, so double backward works (PyTorch's reentrant form does not support it).
 
 Differences from PyTorch's reentrant form, both consequences of the above: parameters
 used by ``fn`` get gradients even when no input requires grad (PyTorch warns "None of
@@ -58,6 +61,8 @@ import weakref
 from contextlib import contextmanager
 from typing import Any
 from collections.abc import Callable, Iterator
+
+import anyio.to_thread
 
 from .. import _context
 from ..grad_mode import enable_grad
@@ -280,22 +285,63 @@ class CheckpointFunctionBackward(Node):
         self.saved = None
         self.kwargs = {}
 
-    def apply(self, grads: list[Any], m: Any) -> list[Any]:
+    # Note [Checkpoint backward is async]: the node is an async node, so its nested
+    # backward runs on the event loop like any GraphTask (its large kernels go to worker
+    # threads, in parallel), and cancelling the outer backward reaches it promptly. The
+    # recomputation itself (a forward) runs on a worker thread when it is large. The
+    # synchronous drivers run it through the engine's blocking helper.
+    def is_async(self) -> bool:
+        return True
+
+    async def apply_async(self, grads: list[Any], m: Any) -> list[Any]:
         _check_checkpoint_valid()
+        parent = _context.current_graph_task.get()
+        engine = parent.engine if parent is not None else get_engine()
+        if self.work >= engine.inline_threshold:
+            task = await anyio.to_thread.run_sync(self._recompute, grads, m, engine)
+        else:
+            task = self._recompute(grads, m, engine)
+        if task is None:
+            return [None] * len(self.next_edges)
+        await engine.execute(task)
+        return list(task.captured)
+
+    def apply(self, grads: list[Any], m: Any) -> list[Any]:
+        """The same, blocking (for callers that run nodes synchronously)."""
+        _check_checkpoint_valid()
+        parent = _context.current_graph_task.get()
+        engine = parent.engine if parent is not None else get_engine()
+        task = self._recompute(grads, m, engine)
+        if task is None:
+            return [None] * len(self.next_edges)
+        engine.execute_sync(task)
+        return list(task.captured)
+
+    def _recompute(self, grads: list[Any], m: Any, engine: Any) -> _RecomputeTask | None:
+        """Run ``fn`` again and plan the nested backward through what it built (None
+        when no gradient reaches an output)."""
         saved = self.saved
         if saved is None:
             raise RuntimeError(FREED_MESSAGE)
-        detached = []
-        for entry, is_tensor, r in zip(saved, self.tensor_args, self.requires):
+        # Recompute from the inputs themselves, so the recomputed graph leads to their
+        # edges, which are capture targets (and, under create_graph, the gradients we
+        # return are differentiable all the way back). An input whose unpacked value lost
+        # its place in the graph (a saved_tensors_hooks unpack) is replaced by a fresh leaf.
+        inputs: list[Any] = []
+        targets: list[Edge] = list(self.next_edges)
+        for i, (entry, is_tensor, r) in enumerate(zip(saved, self.tensor_args, self.requires)):
             if not is_tensor:
-                detached.append(entry)  # a non-tensor argument, kept as is
+                inputs.append(entry)  # a non-tensor argument, kept as is
                 continue
-            d = entry.unpack_tensor(self).detach()
-            d._requires_grad = r
-            detached.append(d)
+            t = entry.unpack_tensor(self)
+            if r and not (t._requires_grad and t._gradient_edge() == targets[i]):
+                t = t.detach()
+                t._requires_grad = True
+                targets[i] = (AccumulateGrad.for_leaf(t), 0)
+            inputs.append(t)
         start = next_sequence_nr()
         with _restored_rng(self.rng), enable_grad():
-            result = self.fn(*detached, **self.kwargs)
+            result = self.fn(*inputs, **self.kwargs)
         outputs = result if isinstance(result, tuple) else (result,)
         roots: list[Edge] = []
         root_grads: list[Any] = []
@@ -308,19 +354,11 @@ class CheckpointFunctionBackward(Node):
                     root_grads.append(g)
         if not any_requires:
             raise RuntimeError(NO_OUTPUT_REQUIRES_GRAD)
-        n_args = len(self.requires)
-        targets: list[Edge] = [
-            (AccumulateGrad.for_leaf(d), 0) if r else NO_EDGE for d, r in zip(detached, self.requires)
-        ]
-        targets.extend(self.next_edges[n_args:])
         if not roots:
-            return [None] * len(self.next_edges)
-        parent = _context.current_graph_task.get()
-        engine = parent.engine if parent is not None else get_engine()
+            return None
         task = _RecomputeTask(engine, create_graph=bool(m.tensor_mode), start=start)
         task.set_roots([(GraphRoot(tuple(roots), root_grads), 0)], [None], targets)
-        engine.execute_sync(task)
-        return list(task.captured)
+        return task
 
 
 def _check_checkpoint_valid() -> None:
@@ -336,7 +374,8 @@ def _check_checkpoint_valid() -> None:
 class _RecomputeTask(GraphTask):
     """The nested backward of a reentrant checkpoint: runs only the nodes built by the
     recomputation and captures, without hooks, the gradient reaching each target edge
-    (the detached inputs and the outside edges); see Note [Checkpoint hooks fire once]."""
+    (the node's own edges: its inputs' and the outside ones); see Note [Checkpoint hooks
+    fire once]. A repeated edge is captured in its first slot only."""
 
     def __init__(self, engine: Any, *, create_graph: bool, start: int) -> None:
         super().__init__(engine, keep_graph=False, create_graph=create_graph, accumulate=False)
@@ -346,8 +385,10 @@ class _RecomputeTask(GraphTask):
     def _plan_pruning(self, root: Node, targets: list[Edge]) -> None:
         self.captures = {}
         self.captured = [None] * len(targets)
+        seen: set[Edge] = set()
         for i, (node, nr) in enumerate(targets):
-            if node is not None:
+            if node is not None and (node, nr) not in seen:  # a repeated edge: first slot only
+                seen.add((node, nr))
                 self.targets.add(node)
                 self.slots.setdefault(node, []).append((nr, i))
         needed = {root}
@@ -382,12 +423,35 @@ class _RecomputeTask(GraphTask):
 # use_reentrant=False
 # --------------------------------------------------------------------------------------
 
-_UNPACKED = object()
+class _Recomputed:
+    """The values a frame's recomputation saved, for one backward, and which of them
+    that backward has unpacked so far."""
+
+    __slots__ = ("values", "unseen")
+
+    def __init__(self, values: list[Any]) -> None:
+        self.values = values
+        self.unseen = set(range(len(values)))
+
+
+# Per running backward, the frame whose recomputed values have all been unpacked at least
+# once; see Note [When recomputed values are dropped].
+_complete: weakref.WeakKeyDictionary[Any, _Frame] = weakref.WeakKeyDictionary()
+_complete_lock = threading.Lock()
 
 
 class _Frame:
     """One call of a non-reentrant checkpoint: what is needed to recompute it, and the
-    recomputed values per running backward (GraphTask), each dropped once unpacked."""
+    recomputed values per running backward (GraphTask).
+
+    Note [When recomputed values are dropped]: a node may unpack its saved tensors more
+    than once in one backward (the engine computes the input gradients of a large node
+    as parallel kernels, each unpacking), so a value cannot be dropped at its first
+    unpack as PyTorch does. A frame's recomputed values are kept until every one of them
+    has been unpacked and another frame starts unpacking in the same backward (or the
+    backward ends): in a sequential model, one segment's activations at a time. Should a
+    dropped frame be unpacked again (interleaved branches), it is recomputed again.
+    """
 
     __slots__ = ("fn", "args", "kwargs", "rng", "count", "lock", "by_task", "__weakref__")
 
@@ -399,7 +463,7 @@ class _Frame:
         self.rng = rng
         self.count = 0
         self.lock = threading.Lock()
-        self.by_task: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
+        self.by_task: weakref.WeakKeyDictionary[Any, _Recomputed] = weakref.WeakKeyDictionary()
 
     def pack(self, t: Tensor) -> _Handle:
         handle = _Handle(self, self.count)
@@ -408,20 +472,23 @@ class _Frame:
 
     def unpack(self, index: int) -> Any:
         task = _context.current_graph_task.get()
+        if task is None:  # e.g. ctx.saved_tensors read outside backward
+            return self._recompute()[index]
+        with _complete_lock:
+            done = _complete.get(task)
+            if done is not None and done is not self:
+                done.by_task.pop(task, None)
+                del _complete[task]
         with self.lock:  # kernels of one backward may unpack from several threads at once
-            values = self.by_task.get(task) if task is not None else None
-            if values is None:
-                values = self._recompute()
-                if task is not None:
-                    self.by_task[task] = values
-            value = values[index]
-            if value is _UNPACKED:
-                raise RuntimeError(
-                    "asyncgrad.utils.checkpoint: Unpack is being triggered for a tensor that was "
-                    "already unpacked once. If you are calling ctx.saved_tensors in backward, make "
-                    "sure to do so only once."
-                )
-            values[index] = _UNPACKED
+            rec = self.by_task.get(task)
+            if rec is None:
+                rec = self.by_task[task] = _Recomputed(self._recompute())
+            value = rec.values[index]
+            rec.unseen.discard(index)
+            complete = not rec.unseen
+        if complete:
+            with _complete_lock:
+                _complete[task] = self
         return value
 
     def _recompute(self) -> list[Any]:

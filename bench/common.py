@@ -1,0 +1,320 @@
+"""Shared helpers: timing with warm-up and medians, the event-loop ticker, peer detection,
+result records and the table printer.
+
+Every workload returns a :class:`Result`: one row per implementation (asyncgrad, the
+peers, the numpy floor) with named metrics, plus ratios and the issue-7 targets computed
+from rows measured in the same run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import importlib.util
+import math
+import os
+import statistics
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+ASYNCGRAD = "asyncgrad"
+TORCH = "torch"
+AUTOGRAD = "autograd"
+NUMPY = "numpy"
+
+ALL_IMPLS = (ASYNCGRAD, TORCH, AUTOGRAD, NUMPY)
+
+
+def available(name: str) -> bool:
+    """True when the peer ``name`` can be imported (without importing it)."""
+    if name in (ASYNCGRAD, NUMPY):
+        return True
+    return importlib.util.find_spec(name) is not None
+
+
+def select_impls(requested: list[str] | None) -> list[str]:
+    """The implementations to measure: those requested (default: all) that are importable."""
+    wanted = list(ALL_IMPLS) if not requested else requested
+    return [n for n in wanted if available(n)]
+
+
+# --- timing ----------------------------------------------------------------------------
+@contextmanager
+def no_gc() -> Iterator[None]:
+    """Collect, then keep the cyclic GC off for the timed region (as ``timeit`` does)."""
+    gc.collect()
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else math.nan
+
+
+def percentile(xs: list[float], q: float) -> float:
+    """The ``q``-th percentile (0..100), nearest-rank, of ``xs``."""
+    if not xs:
+        return math.nan
+    s = sorted(xs)
+    k = max(0, min(len(s) - 1, math.ceil(q / 100.0 * len(s)) - 1))
+    return s[k]
+
+
+def measure(setup: Callable[[], Any], timed: Callable[[Any], Any], rounds: int,
+            warmup: int = 1) -> list[float]:
+    """Seconds of ``timed(setup())`` for each of ``rounds`` rounds after ``warmup`` rounds.
+    ``setup`` (e.g. building the forward graph) is not timed."""
+    times = []
+    for i in range(warmup + rounds):
+        state = setup()
+        with no_gc():
+            t0 = time.perf_counter()
+            timed(state)
+            dt = time.perf_counter() - t0
+        del state
+        if i >= warmup:
+            times.append(dt)
+    return times
+
+
+def measure_async(setup: Callable[[], Any], timed: Callable[[Any], Awaitable[Any]], rounds: int,
+                  warmup: int = 1) -> list[float]:
+    """:func:`measure` for a coroutine function, all rounds on one asyncio event loop."""
+
+    async def main() -> list[float]:
+        times = []
+        for i in range(warmup + rounds):
+            state = setup()
+            with no_gc():
+                t0 = time.perf_counter()
+                await timed(state)
+                dt = time.perf_counter() - t0
+            del state
+            if i >= warmup:
+                times.append(dt)
+        return times
+
+    return asyncio.run(main())
+
+
+@dataclass
+class Case:
+    """One thing to time: ``timed(setup())``; ``timed`` may be a coroutine function."""
+
+    name: str
+    setup: Callable[[], Any]
+    timed: Callable[[Any], Any]
+
+
+def measure_cases(cases: list[Case], rounds: int, warmup: int = 1,
+                  faults: dict[str, list[int]] | None = None) -> dict[str, list[float]]:
+    """Seconds per round of every case, the cases *interleaved* round by round (the order
+    rotating each round) on one asyncio loop, so that a change in the machine's load
+    during the run hits every implementation alike and ratios stay meaningful."""
+
+    async def main() -> dict[str, list[float]]:
+        times: dict[str, list[float]] = {c.name: [] for c in cases}
+        for i in range(warmup + rounds):
+            k = i % len(cases) if cases else 0
+            for case in cases[k:] + cases[:k]:
+                state = case.setup()
+                with no_gc():
+                    f0 = minor_faults()
+                    t0 = time.perf_counter()
+                    out = case.timed(state)
+                    if asyncio.iscoroutine(out):
+                        await out
+                    dt = time.perf_counter() - t0
+                    df = minor_faults() - f0
+                del state, out
+                if i >= warmup:
+                    times[case.name].append(dt)
+                    if faults is not None:
+                        faults.setdefault(case.name, []).append(df)
+        return times
+
+    return asyncio.run(main())
+
+
+# --- the event-loop ticker ---------------------------------------------------------------
+class Ticker:
+    """A task that sleeps ``interval`` seconds in a loop and records how late each wake-up
+    was (the loop's lag). ``start()`` inside a running loop, ``await stop()`` to finish."""
+
+    def __init__(self, interval: float = 0.001) -> None:
+        self.interval = interval
+        self.lags: list[float] = []
+        self._task: asyncio.Task[None] | None = None
+        self._recording = False
+
+    async def _run(self) -> None:
+        interval = self.interval
+        while True:
+            t0 = time.perf_counter()
+            await asyncio.sleep(interval)
+            lag = time.perf_counter() - t0 - interval
+            if self._recording:
+                self.lags.append(max(0.0, lag))
+
+    def start(self) -> None:
+        self._recording = True
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        self._recording = False
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        self._task = None
+
+    def summary_ms(self) -> dict[str, float]:
+        return {"p50_lag_ms": percentile(self.lags, 50) * 1e3,
+                "p99_lag_ms": percentile(self.lags, 99) * 1e3,
+                "max_lag_ms": (max(self.lags) if self.lags else math.nan) * 1e3,
+                "ticks": float(len(self.lags))}
+
+
+# --- memory --------------------------------------------------------------------------------
+def rss_bytes() -> int:
+    """This process's resident set size (Linux /proc; 0 elsewhere)."""
+    try:
+        with open("/proc/self/statm") as f:
+            pages = int(f.read().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return 0
+
+
+def tune_malloc(threshold: int = 1 << 30) -> bool:
+    """Ask glibc's malloc to keep freed memory (``mallopt`` M_MMAP_THRESHOLD and
+    M_TRIM_THRESHOLD raised to ``threshold``), so large arrays reuse already-faulted pages
+    instead of being mmap'd / trimmed and faulted in again on every allocation. On this
+    project's VMs a page fault costs ~8 µs, so a fresh 4 MB array costs ~8 ms of faults.
+    Same effect as ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_`` in the environment.
+    Returns False where there is no glibc."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if not name:
+        return False
+    try:
+        libc = ctypes.CDLL(name)
+        m_trim_threshold, m_mmap_threshold = -1, -3
+        return bool(libc.mallopt(m_mmap_threshold, threshold)) and bool(libc.mallopt(m_trim_threshold, threshold))
+    except (OSError, AttributeError):
+        return False
+
+
+def minor_faults() -> int:
+    """Minor page faults of this process so far."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+# --- results ---------------------------------------------------------------------------------
+@dataclass
+class Column:
+    key: str
+    label: str
+    fmt: str = "{:.3g}"
+
+
+@dataclass
+class Target:
+    """One issue-7 target: ``value`` must be ``<= limit`` (or ``>=`` when ``at_least``)."""
+
+    name: str
+    value: float
+    limit: float
+    unit: str = ""
+    at_least: bool = False
+
+    @property
+    def met(self) -> bool | None:
+        if self.value is None or math.isnan(self.value):
+            return None
+        return self.value >= self.limit if self.at_least else self.value <= self.limit
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "value": self.value, "limit": self.limit, "unit": self.unit,
+                "at_least": self.at_least, "met": self.met}
+
+
+@dataclass
+class Result:
+    name: str
+    description: str
+    params: dict[str, Any]
+    columns: list[Column]
+    rows: list[dict[str, Any]] = field(default_factory=list)  # {"impl": ..., metric: value}
+    ratios: dict[str, float] = field(default_factory=dict)
+    targets: list[Target] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def row(self, impl: str) -> dict[str, Any] | None:
+        for r in self.rows:
+            if r["impl"] == impl:
+                return r
+        return None
+
+    def value(self, impl: str, key: str) -> float:
+        r = self.row(impl)
+        v = None if r is None else r.get(key)
+        return math.nan if v is None else float(v)
+
+    def add_ratio(self, label: str, num: float, den: float) -> float:
+        r = num / den if den and not math.isnan(num) and not math.isnan(den) else math.nan
+        if not math.isnan(r):
+            self.ratios[label] = r
+        return r
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "description": self.description, "params": self.params,
+                "columns": [c.__dict__ for c in self.columns], "rows": self.rows,
+                "ratios": self.ratios, "targets": [t.as_dict() for t in self.targets],
+                "notes": self.notes, "seconds": self.seconds}
+
+
+def _cell(value: Any, fmt: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    if isinstance(value, str):
+        return value
+    return fmt.format(value)
+
+
+def format_table(result: Result) -> str:
+    """The result as a GitHub-flavoured markdown table, then ratios and targets."""
+    head = ["impl"] + [c.label for c in result.columns]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in result.rows:
+        cells = [r["impl"]] + [_cell(r.get(c.key), c.fmt) for c in result.columns]
+        lines.append("| " + " | ".join(cells) + " |")
+    out = [f"### {result.name}: {result.description}", "", *lines]
+    if result.ratios:
+        out += ["", "ratios: " + ", ".join(f"{k} = {v:.2f}" for k, v in result.ratios.items())]
+    for t in result.targets:
+        mark = {True: "MET", False: "NOT MET", None: "n/a"}[t.met]
+        op = ">=" if t.at_least else "<="
+        out.append(f"target {t.name}: {_cell(t.value, '{:.3g}')} {t.unit} ({op} {t.limit:g}) {mark}")
+    for n in result.notes:
+        out.append(f"note: {n}")
+    return "\n".join(out)
+
+
+def fmt_ms(x: float) -> str:
+    return f"{x * 1e3:.2f} ms"

@@ -1,0 +1,147 @@
+"""concurrent: 32 asyncio tasks on one loop, each running forward + backward passes of a
+small MLP (4 layers, batch 32, width 128, float32) with shared parameters; passes per
+second over all tasks, and the p99 lag of a 1 ms ticker on the same loop meanwhile.
+
+Every task awaits ``asyncio.sleep(0)`` after each pass (a handler yielding between
+requests), in every mode. Modes: asyncgrad awaited; torch, HIPS autograd and the numpy
+floor called inline on the loop (fast, but blocking it) and via ``asyncio.to_thread``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import numpy as np
+
+from .. import nets
+from ..common import (ASYNCGRAD, AUTOGRAD, NUMPY, TORCH, Column, Result, Target, Ticker, median,
+                      no_gc)
+
+DEFAULT_ROUNDS = 3
+
+Pass = Callable[[np.ndarray], Awaitable[Any]]
+
+
+def _modes(impls: list[str], params: list[np.ndarray]) -> list[tuple[str, Pass]]:
+    modes: list[tuple[str, Pass]] = []
+    for impl in impls:
+        if impl == ASYNCGRAD:
+            import asyncgrad as ag
+
+            ps = nets.ag_params(params)
+
+            async def ag_pass(x: np.ndarray, ps: list[Any] = ps) -> None:
+                await ag.backward(nets.ag_graph(ps, x))
+
+            modes.append(("asyncgrad (awaited)", ag_pass))
+        elif impl == TORCH:
+            tps = nets.torch_params(params)
+
+            def torch_sync(x: np.ndarray, tps: list[Any] = tps) -> None:
+                nets.torch_graph(tps, x).backward()
+
+            async def torch_inline(x: np.ndarray) -> None:
+                torch_sync(x)
+
+            async def torch_thread(x: np.ndarray) -> None:
+                await asyncio.to_thread(torch_sync, x)
+
+            modes.append(("torch inline", torch_inline))
+            modes.append(("torch to_thread", torch_thread))
+        elif impl == AUTOGRAD:
+            def hips_sync(x: np.ndarray) -> None:
+                nets.autograd_backward(nets.autograd_graph(params, x))
+
+            async def hips_inline(x: np.ndarray) -> None:
+                hips_sync(x)
+
+            async def hips_thread(x: np.ndarray) -> None:
+                await asyncio.to_thread(hips_sync, x)
+
+            modes.append(("autograd inline", hips_inline))
+            modes.append(("autograd to_thread", hips_thread))
+        elif impl == NUMPY:
+            def np_sync(x: np.ndarray) -> None:
+                nets.numpy_backward(params, nets.numpy_graph(params, x))
+
+            async def np_inline(x: np.ndarray) -> None:
+                np_sync(x)
+
+            async def np_thread(x: np.ndarray) -> None:
+                await asyncio.to_thread(np_sync, x)
+
+            modes.append(("numpy inline", np_inline))
+            modes.append(("numpy to_thread", np_thread))
+    return modes
+
+
+async def session(one_pass: Pass, inputs: list[np.ndarray], passes: int) -> dict[str, float]:
+    """All tasks' passes under a ticker: passes/s and lag."""
+    ticker = Ticker(0.001)
+
+    async def worker(x: np.ndarray) -> None:
+        for _ in range(passes):
+            await one_pass(x)
+            await asyncio.sleep(0)
+
+    with no_gc():
+        ticker.start()
+        await asyncio.sleep(0.005)
+        ticker.lags.clear()
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker(x) for x in inputs))
+        elapsed = time.perf_counter() - t0
+        await ticker.stop()
+    out = ticker.summary_ms()
+    out["passes_per_s"] = len(inputs) * passes / elapsed
+    out["elapsed_ms"] = elapsed * 1e3
+    return out
+
+
+def run(impls: list[str], rounds: int | None = None, tasks: int = 32, passes: int = 10,
+        layers: int = 4, batch: int = 32, width: int = 128) -> Result:
+    rounds = rounds or DEFAULT_ROUNDS
+    params = nets.make_params(layers, width)
+    inputs = [nets.make_input(batch, width, seed=100 + i) for i in range(tasks)]
+    res = Result(
+        "concurrent", f"{tasks} concurrent asyncio tasks x small MLP ({layers} layers, batch {batch}, "
+                      f"width {width}) forward+backward, {passes} passes each",
+        {"tasks": tasks, "passes_per_task": passes, "layers": layers, "batch": batch, "width": width,
+         "rounds": rounds},
+        [Column("passes_per_s", "passes/s", "{:,.0f}"),
+         Column("p99_lag_ms", "loop p99 lag ms", "{:.2f}"),
+         Column("max_lag_ms", "loop max lag ms", "{:.2f}")],
+    )
+    t_start = time.perf_counter()
+
+    async def main() -> None:
+        modes = _modes(impls, params)
+        by_mode: dict[str, list[dict[str, float]]] = {}
+        for name, one_pass in modes:
+            await session(one_pass, inputs[:4], 2)  # warm-up
+            by_mode[name] = []
+        for i in range(rounds):  # interleaved, the order rotating: load changes hit all alike
+            k = i % len(modes) if modes else 0
+            for name, one_pass in modes[k:] + modes[:k]:
+                by_mode[name].append(await session(one_pass, inputs, passes))
+        for name, sessions in by_mode.items():
+            res.rows.append({"impl": name,
+                             "passes_per_s": median([s["passes_per_s"] for s in sessions]),
+                             "p99_lag_ms": median([s["p99_lag_ms"] for s in sessions]),
+                             "max_lag_ms": median([s["max_lag_ms"] for s in sessions]),
+                             "sessions": sessions})
+
+    asyncio.run(main())
+    res.seconds = time.perf_counter() - t_start
+    a = res.value("asyncgrad (awaited)", "passes_per_s")
+    res.add_ratio("asyncgrad/numpy inline", a, res.value("numpy inline", "passes_per_s"))
+    res.add_ratio("asyncgrad/torch to_thread", a, res.value("torch to_thread", "passes_per_s"))
+    res.add_ratio("asyncgrad/torch inline", a, res.value("torch inline", "passes_per_s"))
+    row = res.row("asyncgrad (awaited)")
+    if row is not None:
+        res.targets.append(Target("concurrent >= 3,000 passes/s", a, 3000.0, "passes/s", at_least=True))
+        res.targets.append(Target("concurrent loop p99 lag <= 5 ms", row["p99_lag_ms"], 5.0, "ms"))
+    return res

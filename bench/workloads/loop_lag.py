@@ -1,0 +1,150 @@
+"""loop_lag: how late a 1 ms ticker on the event loop wakes up while 10 MLP backwards
+(batch 256, width 1024, float32) run on the same loop.
+
+The 10 forward graphs are built before the ticker starts (the forward is synchronous in
+every implementation and not what is measured); then the backwards run one after the
+other with an ``await asyncio.sleep(0)`` between them (a server yielding between
+requests), and every tick's lateness is recorded. Modes:
+
+* asyncgrad: ``await ag.backward(loss)`` (default engine: big nodes on worker threads);
+* torch inline: ``loss.backward()`` called on the loop (blocks it for the whole backward);
+* torch / autograd / numpy via ``await asyncio.to_thread(...)``;
+* idle: the ticker alone, the loop's own jitter.
+
+Each mode runs ``rounds`` sessions; the table gives the medians over sessions of the
+p99 and max lag, and the worst max seen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import numpy as np
+
+from .. import nets
+from ..common import (ASYNCGRAD, AUTOGRAD, NUMPY, TORCH, Column, Result, Target, Ticker, median,
+                      no_gc)
+
+DEFAULT_ROUNDS = 3
+
+
+async def lag_session(build: Callable[[], Any], backward: Callable[[Any], Awaitable[Any]],
+                      backwards: int, interval: float = 0.001) -> dict[str, float]:
+    """Build ``backwards`` graphs, then run their backwards under a ticker; lag figures."""
+    graphs = [build() for _ in range(backwards)]
+    ticker = Ticker(interval)
+    with no_gc():
+        ticker.start()
+        await asyncio.sleep(0.01)  # the ticker is running
+        ticker.lags.clear()
+        t0 = time.perf_counter()
+        while graphs:
+            await backward(graphs.pop(0))
+            await asyncio.sleep(0)
+        elapsed = time.perf_counter() - t0
+        await asyncio.sleep(interval * 2)  # the tick that was due during the last backward
+        await ticker.stop()
+    out = ticker.summary_ms()
+    out["elapsed_ms"] = elapsed * 1e3
+    return out
+
+
+async def idle_session(duration: float = 0.3, interval: float = 0.001) -> dict[str, float]:
+    ticker = Ticker(interval)
+    with no_gc():
+        ticker.start()
+        await asyncio.sleep(duration)
+        await ticker.stop()
+    out = ticker.summary_ms()
+    out["elapsed_ms"] = duration * 1e3
+    return out
+
+
+def _modes(impls: list[str], params: list[np.ndarray], x: np.ndarray
+           ) -> list[tuple[str, Callable[[], Any], Callable[[Any], Awaitable[Any]]]]:
+    modes: list[tuple[str, Callable[[], Any], Callable[[Any], Awaitable[Any]]]] = []
+    for impl in impls:
+        if impl == ASYNCGRAD:
+            import asyncgrad as ag
+
+            ps = nets.ag_params(params)
+
+            async def ag_bwd(loss: Any) -> None:
+                await ag.backward(loss)
+
+            modes.append(("asyncgrad (awaited)", lambda ps=ps: nets.ag_graph(ps, x), ag_bwd))
+        elif impl == TORCH:
+            tps = nets.torch_params(params)
+
+            async def torch_inline(loss: Any) -> None:
+                loss.backward()
+
+            async def torch_thread(loss: Any) -> None:
+                await asyncio.to_thread(loss.backward)
+
+            modes.append(("torch inline", lambda tps=tps: nets.torch_graph(tps, x), torch_inline))
+            modes.append(("torch to_thread", lambda tps=tps: nets.torch_graph(tps, x), torch_thread))
+        elif impl == AUTOGRAD:
+            async def ag_thread(va: Any) -> None:
+                await asyncio.to_thread(nets.autograd_backward, va)
+
+            modes.append(("autograd to_thread", lambda: nets.autograd_graph(params, x), ag_thread))
+        elif impl == NUMPY:
+            async def np_thread(state: Any) -> None:
+                await asyncio.to_thread(nets.numpy_backward, params, state)
+
+            modes.append(("numpy to_thread", lambda: nets.numpy_graph(params, x), np_thread))
+    return modes
+
+
+def run(impls: list[str], rounds: int | None = None, backwards: int = 10, layers: int = 4,
+        batch: int = 256, width: int = 1024) -> Result:
+    rounds = rounds or DEFAULT_ROUNDS
+    params = nets.make_params(layers, width)
+    x = nets.make_input(batch, width)
+    res = Result(
+        "loop_lag", f"lag of a 1 ms asyncio ticker during {backwards} MLP backwards "
+                    f"({layers} layers, batch {batch}, width {width})",
+        {"backwards": backwards, "layers": layers, "batch": batch, "width": width, "rounds": rounds,
+         "interval_ms": 1.0},
+        [Column("p99_lag_ms", "p99 lag ms", "{:.2f}"),
+         Column("max_lag_ms", "max lag ms", "{:.2f}"),
+         Column("worst_max_lag_ms", "worst max ms", "{:.2f}"),
+         Column("elapsed_ms", f"{backwards} backwards ms", "{:.0f}")],
+    )
+    t_start = time.perf_counter()
+
+    async def main() -> None:
+        modes = _modes(impls, params, x)
+        sessions: dict[str, list[dict[str, float]]] = {"idle loop": []}
+        for name, build, bwd in modes:
+            await lag_session(build, bwd, 2)  # warm-up
+            sessions[name] = []
+        for i in range(rounds):  # interleaved, the order rotating: load changes hit all alike
+            sessions["idle loop"].append(await idle_session())
+            k = i % len(modes) if modes else 0
+            for name, build, bwd in modes[k:] + modes[:k]:
+                sessions[name].append(await lag_session(build, bwd, backwards))
+        for name, ss in sessions.items():
+            res.rows.append(_row(name, ss))
+
+    asyncio.run(main())
+    res.seconds = time.perf_counter() - t_start
+    row = res.row("asyncgrad (awaited)")
+    if row is not None:
+        res.targets.append(Target("loop p99 lag <= 1 ms during MLP backwards", row["p99_lag_ms"], 1.0, "ms"))
+        res.targets.append(Target("loop max lag <= 3 ms during MLP backwards", row["max_lag_ms"], 3.0, "ms"))
+    return res
+
+
+def _row(name: str, sessions: list[dict[str, float]]) -> dict[str, Any]:
+    return {"impl": name,
+            "p99_lag_ms": median([s["p99_lag_ms"] for s in sessions]),
+            "max_lag_ms": median([s["max_lag_ms"] for s in sessions]),
+            "worst_max_lag_ms": max((s["max_lag_ms"] for s in sessions), default=math.nan),
+            "elapsed_ms": median([s["elapsed_ms"] for s in sessions]),
+            "sessions": sessions}
