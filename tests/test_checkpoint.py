@@ -459,3 +459,23 @@ async def test_cancellation_during_checkpoint_backward(reentrant):
     await ag.backward(y)  # nothing was freed: the same backward runs again
     assert x.grad is not None
     assert not np.array_equal(m.w1.grad.numpy(), np.ones((4, 4)))
+
+
+@BOTH
+def test_under_trio(reentrant):
+    import anyio
+
+    w = ag.randn(300, 300, requires_grad=True)  # large: recomputation and kernels on threads
+    x = ag.randn(300, 300) * 0.05
+
+    def fn(t):
+        return (t @ w).tanh() @ w
+
+    async def main():
+        await ag.backward(fn(x).sum())
+        expected = grads_of([w])[0]
+        await ag.backward(checkpoint(fn, x, use_reentrant=reentrant).sum())
+        return expected, grads_of([w])[0]
+
+    expected, got = anyio.run(main, backend="trio")
+    np.testing.assert_allclose(got, expected, rtol=1e-10)

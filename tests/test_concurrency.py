@@ -447,3 +447,30 @@ async def test_statistics_views(offload_all):
 
     with pytest.raises(dataclasses.FrozenInstanceError):
         after.nodes_inline = 0  # type: ignore[misc]
+
+
+def test_gradcheck_and_sync_forms_inside_anyio_run():
+    """A fresh thread started from inside a loop is not itself running a loop."""
+    async def main():
+        x = ag.tensor([0.5, 1.0], requires_grad=True)
+        return ag.autograd.gradcheck(lambda t: (t * t).sin(), (x,))
+
+    for backend in ("asyncio", "trio"):
+        assert anyio.run(main, backend=backend)
+
+
+async def test_deepcopy_and_pickle_of_a_leaf_share_no_graph():
+    import copy
+    import pickle
+
+    x = ag.tensor([1.0, 2.0], requires_grad=True)
+    y = x * 3  # keeps x's AccumulateGrad alive
+    for clone in (copy.deepcopy(x), pickle.loads(pickle.dumps(x))):
+        assert clone.requires_grad and clone is not x
+        await ag.backward((clone * 3).sum())
+        assert clone.grad.tolist() == [3.0, 3.0]
+    assert x.grad is None
+    await ag.backward(y.sum())
+    assert x.grad.tolist() == [3.0, 3.0]
+    with pytest.raises(RuntimeError, match="graph leaves"):
+        copy.deepcopy(y)

@@ -568,3 +568,15 @@ def test_extreme_inputs_stay_finite_without_warnings() -> None:
         np.testing.assert_array_equal(g, [0.0, 0.0])
         (g,) = grad_of(lambda t: t.sigmoid(), x)
         np.testing.assert_array_equal(g, [0.0, 0.25, 0.0])
+
+
+@pytest.mark.parametrize("op", ["abs", "relu"])
+def test_create_graph_gradient_of_piecewise_linear_op_is_differentiable(op: str) -> None:
+    """As in PyTorch, d/dx of abs/relu taken with create_graph=True depends on x (with a zero
+    derivative), so differentiating it again gives zeros instead of raising."""
+    x = leaf([0.5, -1.2, 0.0])
+    (g,) = ag.grad_sync(getattr(x, op)().sum(), [x], create_graph=True)
+    assert g.requires_grad and g.grad_fn is not None
+    np.testing.assert_array_equal(g.numpy(), [1.0, -1.0, 0.0] if op == "abs" else [1.0, 0.0, 0.0])
+    (h,) = ag.grad_sync(g.sum(), [x])
+    np.testing.assert_array_equal(h.numpy(), [0.0, 0.0, 0.0])

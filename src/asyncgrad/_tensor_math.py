@@ -35,9 +35,8 @@ class TensorMath:
     def constant(value: Any) -> Any:
         return Tensor._wrap(np.asarray(value)) if isinstance(value, np.ndarray) else value
 
-    @staticmethod
-    def sign(x: Tensor) -> Tensor:
-        return Tensor._wrap(np.sign(x.data))
+    sign = staticmethod(F.sgn)
+    threshold_backward = staticmethod(F.threshold_backward)
 
     @staticmethod
     def where(cond: Any, a: Any, b: Any) -> Tensor:

@@ -238,6 +238,16 @@ def erf(x: Tensor) -> Tensor:
     return _unary(E.erf, x)
 
 
+def sgn(x: Tensor) -> Tensor:
+    """The sign of ``x`` (-1, 0, 1); its derivative is zero."""
+    return _unary(E.sgn, x)
+
+
+def threshold_backward(g: Tensor, ans: Any) -> Tensor:
+    """``g`` where ``ans > 0``, else 0: relu's derivative as a differentiable op."""
+    return _binary(E.threshold_backward, g, ans)
+
+
 def clone(x: Tensor) -> Tensor:
     """A copy with its own memory that stays in the graph (CloneBackward0)."""
     return _unary(E.clone, x)

@@ -229,6 +229,27 @@ class Tensor:
     def __hash__(self) -> int:
         return id(self)
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> Tensor:
+        """A new leaf with a copy of the data (and of ``.grad``); it shares nothing with
+        this tensor's graph. Only leaves can be deep-copied, as in PyTorch."""
+        if self.grad_fn is not None:
+            raise RuntimeError(
+                "Only Tensors created explicitly by the user (graph leaves) support the "
+                "deepcopy protocol at the moment. If you were attempting to deepcopy a "
+                "module, this may be because of a torch.nn.utils.weight_norm usage"
+            )
+        import copy
+
+        t = Tensor._wrap(self.data.copy())
+        t._requires_grad = self._requires_grad
+        if self._grad is not None:
+            t._grad = copy.deepcopy(self._grad, memo)
+        memo[id(self)] = t
+        return t
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_leaf, (self.data, self._requires_grad))
+
     def __repr__(self) -> str:
         body = np.array2string(self.data, separator=", ", prefix="tensor(")
         extra = ""
@@ -557,6 +578,13 @@ def _init(t: Tensor, arr: np.ndarray, node: Node | None, output_nr: int,
 
 def _forget_view(views: dict[int, Any], key: int, _ref: Any) -> None:
     views.pop(key, None)
+
+
+def _rebuild_leaf(data: np.ndarray, requires_grad: bool) -> Tensor:
+    """Unpickling: a leaf with the pickled data (graphs are not pickled)."""
+    t = Tensor._wrap(data)
+    t._requires_grad = requires_grad
+    return t
 
 
 def _write_into(t: Tensor, value: np.ndarray) -> None:

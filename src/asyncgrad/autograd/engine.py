@@ -95,6 +95,21 @@ def run_kernel(node: Node, inputs: list[Any], math: Any) -> list[Any]:
     return validate_outputs(node, node.apply(inputs, math))
 
 
+async def run_async_kernel(node: Node, inputs: list[Any], math: Any) -> list[Any]:
+    """``run_kernel`` for a node whose backward is ``async def``, awaited on the loop."""
+    anomaly = _anomaly_mode.get()
+    if anomaly is not None:
+        return await anomaly.run_node_async(node, inputs, math)  # type: ignore[no-any-return]
+    return validate_outputs(node, await node.apply_async(inputs, math))  # type: ignore[attr-defined]
+
+
+def async_kernel_for(task: GraphTask) -> Callable[[Node, list[Any], Any], Any]:
+    """``run_async_kernel``, or the profiler's timed wrapper of it while profiling."""
+    if task.profiler is None:
+        return run_async_kernel
+    return task.profiler.wrap_async_kernel(run_async_kernel, task)  # type: ignore[no-any-return]
+
+
 def kernel_for(task: GraphTask, offloaded: bool) -> Callable[[Node, list[Any], Any], list[Any]]:
     """``run_kernel``, or the profiler's timed wrapper of it while a profile is recording."""
     if task.profiler is None:
@@ -183,8 +198,8 @@ class Engine:
                     inputs = task.prepare(node)
                     if inputs is None:
                         continue
-                    if node.is_async():
-                        outputs = validate_outputs(node, block_on(node.apply_async, inputs, math))  # type: ignore[attr-defined]
+                    if node.maybe_async and node.is_async():
+                        outputs = block_on(async_kernel_for(task), node, inputs, math)
                     else:
                         outputs = kernel(node, inputs, math)
                     task.nodes_inline += 1
@@ -313,7 +328,7 @@ class Engine:
                              inputs: list[Any]) -> None:
         try:
             if node.maybe_async and node.is_async():
-                outputs = validate_outputs(node, await node.apply_async(inputs, task.math))  # type: ignore[attr-defined]
+                outputs = await async_kernel_for(task)(node, inputs, task.math)
             else:
                 self._coordinate_blas()
                 with self._lock:
@@ -490,18 +505,16 @@ async def _run_in_executor(executor: Executor, fn: Callable[..., Any], args: tup
 
 
 def _in_event_loop_thread() -> bool:
+    """Whether this *thread* is running an event loop. Not sniffio's context variable:
+    contexts are copied into worker threads, threads are not."""
     try:
         asyncio.get_running_loop()
         return True
     except RuntimeError:
         pass
-    try:
-        import sniffio
+    import sniffio
 
-        sniffio.current_async_library()
-        return True
-    except Exception:
-        return False
+    return sniffio.thread_local.name is not None
 
 
 def block_on(fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> Any:

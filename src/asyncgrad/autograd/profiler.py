@@ -127,7 +127,7 @@ class profile:
     def wrap_async_kernel(self, kernel: AsyncKernel, task: Any) -> AsyncKernel:
         """The same for a node whose backward is ``async def``: ``kernel(node, inputs,
         math)`` is awaited on the event loop; the event's duration is wall time, awaits
-        included, and its ``is_async`` is True. (For the engine: not used by it yet.)"""
+        included, and its ``is_async`` is True."""
         append = self.events.append
         task_id: int = task.id
         depth: int = task.depth

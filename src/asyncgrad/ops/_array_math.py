@@ -44,6 +44,11 @@ class ArrayMath:
         return value
 
     @staticmethod
+    def threshold_backward(g: np.ndarray, ans: np.ndarray) -> np.ndarray:
+        """``g`` where ``ans > 0``, else 0 (relu's derivative)."""
+        return np.where(ans > 0, g, 0.0)
+
+    @staticmethod
     def sum(x: np.ndarray, dim: Any = None, keepdim: bool = False) -> np.ndarray:
         return np.sum(x, axis=dim, keepdims=keepdim)
 

@@ -95,8 +95,17 @@ tanh = defop("TanhBackward0", np.tanh, lambda m, g, ans, x: g * (1.0 - ans * ans
 sigmoid = defop("SigmoidBackward0", _sigmoid,
                 lambda m, g, ans, x: g * ans * (1.0 - ans), save="ans")
 relu = defop("ReluBackward0", lambda x: np.maximum(x, 0),
-             lambda m, g, ans, x: m.where(ans > 0, g, 0.0), save="ans")
+             lambda m, g, ans, x: m.threshold_backward(g, ans), save="ans")
 erf = defop("ErfBackward0", _erf,
             lambda m, g, ans, x: g * _2_OVER_SQRT_PI * m.exp(-(x * x)), save="x")
 clamp = defop("ClampBackward1", _clamp, _clamp_rule, save="x")
 clone = defop("CloneBackward0", np.copy, lambda m, g, ans, x: g)
+
+# Ops that only appear inside derivative rules under create_graph (PyTorch's names). Their
+# derivative with respect to the mask-defining input is zero, but depending on it keeps
+# ``requires_grad`` as PyTorch has it: the gradient of ``x.abs()`` or ``x.relu()`` taken
+# with create_graph=True can be differentiated again (to zeros) rather than raising.
+sgn = defop("SgnBackward0", np.sign, lambda m, g, ans, x: m.zeros_like(g))
+threshold_backward = defop("ThresholdBackwardBackward0", lambda g, ans: np.where(ans > 0, g, 0),
+                           lambda m, gg, _, g, ans: m.threshold_backward(gg, ans),
+                           lambda m, gg, _, g, ans: m.zeros_like(gg), save="y")

@@ -14,8 +14,8 @@ Two forms, as in PyTorch:
 * ``use_reentrant=False``. ``fn`` runs with grad mode on inside ``saved_tensors_hooks``
   whose pack hook keeps a tiny handle instead of each saved tensor. The first unpack in a
   backward recomputes ``fn`` once (under that backward's GraphTask) and hands out the
-  recomputed tensors (see Note [When recomputed values are dropped]). The graph is an ordinary
-  graph, so ``grad()``, ``inputs=`` and ``create_graph`` work.
+  recomputed tensors (see Note [When recomputed values are dropped]). The graph is an
+  ordinary graph, so ``grad()``, ``inputs=`` and ``create_graph`` work.
 
 Note [Checkpoint hooks fire once]: both forms recompute ``fn`` once per backward and fire
 each parameter's hooks (tensor hooks, post-accumulate-grad hooks, AccumulateGrad node
@@ -40,11 +40,13 @@ with the rest of the backward (so a failed or cancelled backward leaves ``.grad`
   ``create_graph`` the captured gradients are differentiable back to the inputs and
   parameters, so double backward works (PyTorch's reentrant form does not support it).
 
-Differences from PyTorch's reentrant form, both consequences of the above: parameters
-used by ``fn`` get gradients even when no input requires grad (PyTorch warns "None of
-the inputs have requires_grad=True. Gradients will be None" and drops them), and hooks
-registered inside ``fn`` during forward are allowed (they fire during the recomputation's
-backward).
+Differences from PyTorch's reentrant form, all consequences of the above: hooks fire
+once per backward (not once per use); ``.grad`` is committed with the outer backward
+(PyTorch's nested backward writes it before the outer one finishes); parameters used by
+``fn`` get gradients even when no input requires grad (PyTorch warns "None of the inputs
+have requires_grad=True. Gradients will be None" and drops them); double backward works;
+and hooks registered inside ``fn`` are allowed (they fire in the recomputation's
+backward). The cost: ``fn`` records a graph (without saved tensors) in forward.
 
 RNG: with ``preserve_rng_state=True`` the state of asyncgrad's default generator is
 saved when ``checkpoint`` is called and restored around the recomputation (then set back),
