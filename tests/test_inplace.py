@@ -462,3 +462,46 @@ def test_inplace_through_view_with_wrong_broadcast_shape_raises() -> None:
     with pytest.raises(RuntimeError, match="doesn't match the broadcast shape"):
         y[1:].add_(ag.ones(3, 2))
     assert y._version == 0 and y.tolist() == [1.0, 2.0, 3.0]
+
+
+_VIEWS: list[Callable[[Any], Any]] = [
+    lambda t: t, lambda t: t[0], lambda t: t[1:], lambda t: t.transpose(0, -1), lambda t: t.reshape(-1),
+    lambda t: t[..., :1], lambda t: t[None, ..., -1:],
+]
+_OPS: list[Callable[[Any, Any], Any]] = [
+    lambda v, o: v.mul_(o), lambda v, o: v.add_(o * 0.5), lambda v, o: v.sub_(o), lambda v, o: v.div_(o * o + 1),
+    lambda v, o: v.clamp_(-0.3, 0.4), lambda v, o: v.zero_(), lambda v, o: v.fill_(0.7),
+    lambda v, o: v.copy_(o.exp()), lambda v, o: v.neg_(), lambda v, o: v.__iadd__(o),
+]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_inplace_programs_match_torch(seed: int) -> None:
+    """Chains of in-place ops through views of a non-leaf (keeping some views alive and using
+    them afterwards) give PyTorch's values and gradients."""
+    torch = pytest.importorskip("torch")
+    import random
+
+    for trial in range(25):
+        r = random.Random(seed * 1000 + trial)
+        shape = tuple(r.randint(1, 3) for _ in range(r.randint(1, 3)))
+        data, odata = (np.round(np.random.default_rng(seed * 1000 + trial + k).standard_normal(shape), 2)
+                       for k in (0, 7))
+        steps = [(r.randrange(len(_VIEWS)), r.randrange(len(_OPS)), r.random() < 0.3) for _ in range(r.randint(1, 4))]
+        results = []
+        for lib in (ag, torch):
+            x, o = lib.tensor(data, requires_grad=True), lib.tensor(odata, requires_grad=True)
+            y = x * 1.5
+            kept = []
+            for vi, oi, keep in steps:
+                view = _VIEWS[vi](y)
+                operand = o.reshape(-1)[:view.numel()].reshape(view.shape) if view.numel() <= o.numel() else o.sum()
+                if keep:
+                    kept.append(view)
+                _OPS[oi](view, operand)
+            out = (y * y).sum() + sum((k.sum() * 3 for k in kept), lib.tensor(0.0))
+            gx, go = (ag.grad_sync if lib is ag else torch.autograd.grad)(
+                out, [x, o], allow_unused=True, materialize_grads=True)
+            results.append((np.array(y.detach().numpy()), gx.detach().numpy(), go.detach().numpy()))
+        for ours, theirs in zip(*results):
+            np.testing.assert_allclose(ours, theirs, atol=1e-12)

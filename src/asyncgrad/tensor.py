@@ -423,7 +423,7 @@ class Tensor:
             views = self._views = {}
         key = id(view)
         if key not in views:  # (a WeakSet would compare tensors with ==, which is elementwise)
-            views[key] = weakref.ref(view, functools.partial(_forget_view, views, key))
+            views[key] = weakref.ref(view, functools.partial(_forget_view, weakref.ref(self), key))
 
     def _regenerate_views(self, skip: Tensor | None) -> None:
         """After this base was rebased: make every other live view read the new base."""
@@ -576,8 +576,11 @@ def _init(t: Tensor, arr: np.ndarray, node: Node | None, output_nr: int,
     t._views = None
 
 
-def _forget_view(views: dict[int, Any], key: int, _ref: Any) -> None:
-    views.pop(key, None)
+def _forget_view(base_ref: weakref.ref[Tensor], key: int, _ref: Any) -> None:
+    """A registered view died: drop it from its base's registry (no reference cycle)."""
+    base = base_ref()
+    if base is not None and base._views is not None:
+        base._views.pop(key, None)
 
 
 def _rebuild_leaf(data: np.ndarray, requires_grad: bool) -> Tensor:

@@ -40,13 +40,13 @@ import anyio.lowlevel
 import anyio.to_thread
 
 from .. import _context
-from heapq import heappop
-
 from .graph import Node
 from .graph_task import GraphTask, validate_outputs
+from .kernel import _anomaly_mode, run_kernel
 from .recording import OpNode
 
 REENTRANT_HANDOFF_DEPTH = 40
+_INF = float("inf")
 DEFAULT_INLINE_THRESHOLD = 131_072
 YIELD_INTERVAL = 0.002
 
@@ -78,21 +78,6 @@ class GraphTaskStatistics:
     in_flight: int
     ready: int
     pending: int
-
-
-_anomaly_mode = _context.anomaly_mode
-
-
-def run_kernel(node: Node, inputs: list[Any], math: Any) -> list[Any]:
-    """A node's numeric work: apply, then validate. Thread-safe; touches no GraphTask.
-
-    Anomaly mode (``autograd.anomaly_mode``) takes over the whole step when it is on:
-    it tracks the running node as the parent of nodes built meanwhile and checks for NaN.
-    """
-    anomaly = _anomaly_mode.get()
-    if anomaly is not None:
-        return anomaly.run_node(node, inputs, math)  # type: ignore[no-any-return]
-    return validate_outputs(node, node.apply(inputs, math))
 
 
 async def run_async_kernel(node: Node, inputs: list[Any], math: Any) -> list[Any]:
@@ -188,20 +173,14 @@ class Engine:
         outcome = "failed"
         tokens = _enter(task)
         try:
-            math = task.math
-            kernel = kernel_for(task, False)
+            kernel = self._inline_kernel(task)
             while True:
-                node = task.pop_ready()
-                if node is None:
+                ready = task.run_inline(kernel, _INF, _INF)
+                if ready is None:
                     break
+                node, inputs = ready  # type: ignore[misc]  # an async backward: run it to completion here
                 try:
-                    inputs = task.prepare(node)
-                    if inputs is None:
-                        continue
-                    if node.maybe_async and node.is_async():
-                        outputs = block_on(async_kernel_for(task), node, inputs, math)
-                    else:
-                        outputs = kernel(node, inputs, math)
+                    outputs = block_on(async_kernel_for(task), node, inputs, task.math)
                     task.nodes_inline += 1
                     task.finish(node, inputs, outputs)
                 except BaseException as e:
@@ -229,96 +208,45 @@ class Engine:
             await self._drain_concurrent(task, tg)
 
     async def _drain_inline(self, task: GraphTask) -> tuple[Node, list[Any]] | None:
-        """The hot loop: pop, prepare, run the kernel inline, route. Everything that is
-        not per-node (profiler, anomaly, hooks, pruning) is decided outside the loop or
-        behind one attribute test, because this loop is most of a small backward's cost."""
-        math = task.math
-        kernel = kernel_for(task, False)
-        fast = kernel is run_kernel and _anomaly_mode.get() is None
-        fused = fast and not task.create_graph
-        run_op_fused = task.run_op_fused
-        plain = task.captures is None
-        heap = task.heap
-        leaves = task.ready_leaves
-        buffers = task.buffers
-        finish = task.finish
-        threshold = self.inline_threshold
+        """Run nodes inline (yielding every ``yield_interval``) until done, or until a
+        node must run elsewhere: that one is returned, prepared."""
+        kernel = self._inline_kernel(task)
         interval = self.yield_interval
-        clock = time.perf_counter
-        deadline = clock() + interval
-        count = 0
-        node: Node | None = None
-        try:
-            while True:
-                if leaves:
-                    node = leaves.popleft()
-                elif heap:
-                    node = heappop(heap)[1]
-                else:
-                    return None
-                if plain and type(node) is OpNode and node._hooks is None:
-                    # the fast lane: a built-in node with no hooks, nothing to capture
-                    buf: list[Any] = buffers.pop(node, None) or [None]  # type: ignore[arg-type]
-                    if node.work >= threshold:
-                        return node, buf
-                    g = buf[0]
-                    if fused and g is not None:
-                        run_op_fused(node, g)
-                    elif fast:
-                        finish(node, buf, validate_outputs(node, node.apply(buf, math)))
-                    else:
-                        finish(node, buf, kernel(node, buf, math))
-                else:
-                    inputs = task.prepare(node)
-                    if inputs is None:
-                        continue
-                    if node.work >= threshold or (node.maybe_async and node.is_async()):
-                        return node, inputs
-                    finish(node, inputs, kernel(node, inputs, math))
-                count += 1
-                if clock() >= deadline:
-                    task.nodes_inline += count
-                    count = 0
-                    await anyio.lowlevel.checkpoint()
-                    deadline = clock() + interval
-        except Exception as e:
-            task.fail(e, node)
-            raise
-        finally:
-            task.nodes_inline += count
+        while True:
+            ready = task.run_inline(kernel, self.inline_threshold, time.perf_counter() + interval)
+            if ready is not True:
+                return ready  # type: ignore[return-value]
+            await anyio.lowlevel.checkpoint()
 
     async def _drain_concurrent(self, task: GraphTask, tg: anyio.abc.TaskGroup) -> None:
-        math = task.math
-        kernel = kernel_for(task, False)
-        threshold = self.inline_threshold
+        """Start large and async nodes as tasks, run the rest inline, until all are done.
+        Starts nothing while a nested (reentrant) GraphTask of this one runs."""
+        kernel = self._inline_kernel(task)
         interval = self.yield_interval
-        deadline = time.perf_counter() + interval
         while task.error is None:
-            node = task.pop_ready() if not task.active_children else None
-            if node is None:
-                if task.in_flight == 0:
+            try:
+                ready = None if task.active_children else task.run_inline(
+                    kernel, self.inline_threshold, time.perf_counter() + interval)
+            except Exception:
+                tg.cancel_scope.cancel()
+                return
+            if ready is True:
+                await anyio.lowlevel.checkpoint()
+            elif ready is None:
+                if task.in_flight == 0:  # (a nested task only runs inside an in-flight node)
                     return
                 task.wakeup = anyio.Event()
                 await task.wakeup.wait()
-                deadline = time.perf_counter() + interval
-                continue
-            try:
-                inputs = task.prepare(node)
-                if inputs is None:
-                    continue
-                if node.work >= threshold or (node.maybe_async and node.is_async()):
-                    self._start(task, tg, node, inputs)
-                    continue
-                outputs = kernel(node, inputs, math)
-                task.nodes_inline += 1
-                task.finish(node, inputs, outputs)
-            except Exception as e:
-                task.fail(e, node)
-                tg.cancel_scope.cancel()
-                return
-            if time.perf_counter() >= deadline:
-                await anyio.lowlevel.checkpoint()
-                deadline = time.perf_counter() + interval
+            else:
+                node, inputs = ready  # type: ignore[misc]
+                self._start(task, tg, node, inputs)
+
+    @staticmethod
+    def _inline_kernel(task: GraphTask) -> Callable[[Node, list[Any], Any], list[Any]] | None:
+        """None (GraphTask.run_inline's fused path) unless a tool wraps kernels."""
+        if task.profiler is not None or _anomaly_mode.get() is not None:
+            return kernel_for(task, False)
+        return None
 
     def _start(self, task: GraphTask, tg: anyio.abc.TaskGroup, node: Node, inputs: list[Any]) -> None:
         task.in_flight += 1

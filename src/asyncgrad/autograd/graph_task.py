@@ -25,6 +25,7 @@ from __future__ import annotations
 import itertools
 import sys
 import threading
+import time
 from collections import deque
 from heapq import heappop, heappush
 from typing import TYPE_CHECKING, Any
@@ -37,6 +38,7 @@ from .._tensor_math import TENSOR_MATH
 from ..ops._array_math import ARRAY_MATH
 from .graph import ACCUMULATE_GRAD_SEQUENCE_NR, AccumulateGrad, Edge, GraphRoot, Node, SavedTensor
 from .recording import OpNode
+from .kernel import run_kernel
 from .validation import _fix_gradient, validate_one, validate_outputs  # noqa: F401  (re-exported)
 
 from ..tensor import Tensor
@@ -179,13 +181,6 @@ class GraphTask:
     # ------------------------------------------------------------------------------------
     # The per-node steps, shared by the async and the synchronous drivers.
     # ------------------------------------------------------------------------------------
-    def pop_ready(self) -> Node | None:
-        if self.ready_leaves:
-            return self.ready_leaves.popleft()
-        if self.heap:
-            return heappop(self.heap)[1]
-        return None
-
     def prepare(self, node: Node) -> list[Any] | None:
         """Take the node's summed input buffer and run what comes before its kernel:
         tensor pre-hooks, retain_grad, captures, node pre-hooks. Returns the kernel's
@@ -282,58 +277,111 @@ class GraphTask:
             else:
                 deps[child] = d - 1
 
-    def run_op_fused(self, node: OpNode, g: Any) -> None:
-        """``apply`` → ``validate_outputs`` → ``finish`` fused into one step, for the
-        hot case: a built-in node without hooks, in a plain backward, run inline, with a
-        defined incoming gradient. Gradients whose edge leads nowhere needed are not even
-        computed. Equivalent to ``finish(node, [g], validate_outputs(node, node.apply([g])))``."""
-        spec = node.spec
-        saved = node.saved
-        checks = node.checks
-        if saved is None or spec.variadic or node.aux is not None or (
-                checks and type(checks[0]) is not SavedTensor):
-            self.finish(node, [g], validate_outputs(node, node.apply([g], ARRAY_MATH)))
-            return
-        for e in checks:
-            if e.version.value != e.saved_version:
-                e.unpack_array(node)  # raises the in-place modification error
-        args = saved or spec.no_args
-        params = node.params
-        vjps = spec.vjps
-        shapes = node.input_shapes
-        dtypes = node.input_dtypes
-        deps = self.dependencies
+    def run_inline(self, kernel: Callable[[Node, list[Any], Any], list[Any]] | None,
+                   threshold: float, deadline: float) -> tuple[Node, list[Any]] | bool | None:
+        """Run ready nodes inline, in ready-queue order, until one of:
+
+        * nothing is ready: returns None;
+        * a node must run elsewhere (``work >= threshold``, or an async backward):
+          returns ``(node, inputs)``, already prepared, for the caller to start;
+        * ``time.perf_counter()`` passed ``deadline``: returns True (time to yield).
+
+        ``kernel`` is ``engine.run_kernel`` or a tool's wrapper of it; None selects the
+        fused path below for built-in nodes. This loop is most of a small backward's
+        cost, so it keeps everything in locals, and for the hot case (a built-in node
+        without hooks, in a plain backward, with a defined gradient) it does the work of
+        ``apply`` → ``validate_outputs`` → ``finish`` in place, computing no gradient for
+        an edge that leads nowhere needed. Errors are recorded with ``fail`` and raised.
+        """
+        heap = self.heap
+        leaves = self.ready_leaves
         buffers = self.buffers
-        for i, (child, nr) in enumerate(node.next_edges):
-            if child is None:
-                continue
-            d = deps.get(child)
-            if d is None:  # pruned: nothing needed lies behind this edge
-                continue
-            gi = vjps[i](ARRAY_MATH, g, *args, **params) if params else vjps[i](ARRAY_MATH, g, *args)  # type: ignore[misc]
-            if gi is not None:
-                if type(gi) is not np.ndarray or gi.shape != shapes[i] or gi.dtype != dtypes[i]:
-                    gi = _fix_gradient(node, i, gi, shapes[i], dtypes[i])  # type: ignore[arg-type]
-                buf = buffers.get(child)
-                if buf is None:
-                    if nr == 0 and child.num_outputs == 1:
-                        buffers[child] = [gi]
+        deps = self.dependencies
+        math = self.math
+        fused = kernel is None and not self.create_graph
+        run = kernel or run_kernel
+        plain = self.captures is None
+        keep = self.keep_graph
+        executed = self.executed
+        clock = time.perf_counter
+        count = 0
+        node: Node | None = None
+        try:
+            while True:
+                if leaves:
+                    node = leaves.popleft()
+                elif heap:
+                    node = heappop(heap)[1]
+                else:
+                    return None
+                if not (plain and type(node) is OpNode and node._hooks is None):
+                    inputs = self.prepare(node)
+                    if inputs is None:
+                        continue
+                    if node.work >= threshold or (node.maybe_async and node.is_async()):
+                        return node, inputs
+                    self.finish(node, inputs, run(node, inputs, math))
+                else:
+                    buf = buffers.pop(node, None) or [None]
+                    if node.work >= threshold:
+                        return node, buf
+                    g = buf[0]
+                    spec = node.spec
+                    saved = node.saved
+                    checks = node.checks
+                    if not fused or g is None or saved is None or not spec.fusable or (
+                            checks and type(checks[0]) is not SavedTensor):
+                        self.finish(node, buf, run(node, buf, math))
                     else:
-                        buf = buffers[child] = [None] * child.num_outputs
-                        buf[nr] = gi
-                else:
-                    old = buf[nr]
-                    buf[nr] = gi if old is None else old + gi
-            if d == 1:
-                del deps[child]
-                if child.sequence_nr == ACCUMULATE_GRAD_SEQUENCE_NR:
-                    self.ready_leaves.append(child)
-                else:
-                    heappush(self.heap, (-child.sequence_nr, child))
-            else:
-                deps[child] = d - 1
-        if not self.keep_graph:
-            self.executed.append(node)
+                        # --- the fused step: apply, validate and route, in place -----
+                        for e in checks:
+                            if e.version.value != e.saved_version:
+                                e.unpack_array(node)  # raises the in-place modification error
+                        args = saved or spec.no_args
+                        params = node.params
+                        vjps = spec.vjps
+                        i = -1
+                        for child, nr in node.next_edges:
+                            i += 1
+                            if child is None:
+                                continue
+                            d = deps.get(child)
+                            if d is None:  # pruned: nothing needed lies behind this edge
+                                continue
+                            gi = vjps[i](math, g, *args, **params) if params else vjps[i](math, g, *args)  # type: ignore[misc]
+                            if gi is not None:
+                                if type(gi) is not np.ndarray or gi.shape != node.input_shapes[i] \
+                                        or gi.dtype != node.input_dtypes[i]:
+                                    gi = _fix_gradient(node, i, gi, node.input_shapes[i],  # type: ignore[arg-type]
+                                                       node.input_dtypes[i])
+                                old = buffers.get(child)
+                                if old is None:
+                                    if nr == 0 and child.num_outputs == 1:
+                                        buffers[child] = [gi]
+                                    else:
+                                        old = buffers[child] = [None] * child.num_outputs
+                                        old[nr] = gi
+                                else:
+                                    prev = old[nr]
+                                    old[nr] = gi if prev is None else prev + gi
+                            if d == 1:
+                                del deps[child]
+                                if child.sequence_nr == ACCUMULATE_GRAD_SEQUENCE_NR:
+                                    leaves.append(child)
+                                else:
+                                    heappush(heap, (-child.sequence_nr, child))
+                            else:
+                                deps[child] = d - 1
+                        if not keep:
+                            executed.append(node)
+                count += 1
+                if clock() >= deadline:
+                    return True
+        except Exception as e:
+            self.fail(e, node)
+            raise
+        finally:
+            self.nodes_inline += count
 
     def fail(self, error: BaseException, node: Node | None) -> None:
         """Record the first error (first error wins) with a note naming the node."""
@@ -363,12 +411,13 @@ class GraphTask:
         (thread-safe: may run on a worker thread)."""
         if self.staged or self.retained:
             with _COMMIT_LOCK:
-                for var, g in self.staged.items():
-                    if g is not None:
-                        _accumulate(var, g, self.create_graph)
-                for t, g in self.retained.items():
-                    if g is not None:
-                        _accumulate(t, g, self.create_graph)
+                # (keys, then a lookup: a dict items() iterator would keep one more
+                # reference to the last value and defeat _owned's reference count)
+                for stage in (self.staged, self.retained):
+                    for var in list(stage):
+                        g = stage[var]
+                        if g is not None:
+                            _accumulate(var, g, self.create_graph)
 
     def after_commit(self) -> None:
         """Post-accumulate-grad hooks, in the order the leaves' gradients became ready,
@@ -411,7 +460,7 @@ def _accumulate(var: Tensor, g: Any, create_graph: bool) -> None:
         g = g.data
     current = var._grad
     if current is None:
-        # refs: the staged dict, write_grads' loop variable, our parameter, _owned's, getrefcount's
+        # refs: the staged dict, write_grads' local, our parameter, _owned's, getrefcount's
         arr = g if _owned(g, 5) and g.dtype == var.data.dtype else np.array(g, dtype=var.data.dtype)
         var._grad = Tensor._wrap(arr)
     elif current.grad_fn is None and current.data.flags.writeable:

@@ -19,12 +19,11 @@ graph or the engine; ``asyncgrad.autograd.recording`` turns a call into a node.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from collections.abc import Callable
 
 Rule = Callable[..., Any]
-_NONES = (None,) * 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,18 +40,22 @@ class OpSpec:
     has_aux: bool = False
     variadic: bool = False  # one rule for any number of inputs, called with index=i
 
+    #: whether the engine's fused inline step handles this op (see GraphTask.run_inline)
+    fusable: bool = field(init=False, default=True)
+    #: the rule arguments ``(ans, x, ...)`` of a node that saved nothing
+    no_args: tuple[None, ...] = field(init=False, default=())
+
     def __post_init__(self) -> None:
         if len(self.save_when) != len(self.save_inputs):  # built directly: always save
             object.__setattr__(self, "save_when", (None,) * len(self.save_inputs))
+        object.__setattr__(self, "fusable", not self.variadic and not self.has_aux)
+        object.__setattr__(self, "no_args", (None,) * (len(self.vjps) + 1))
 
     @property
     def arity(self) -> int:
         return len(self.vjps)
 
-    @property
-    def no_args(self) -> tuple[None, ...]:
-        """The rule arguments ``(ans, x, ...)`` of a node that saved nothing."""
-        return _NONES[: len(self.vjps) + 1]
+
 
 
 def defop(
