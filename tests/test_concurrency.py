@@ -497,3 +497,28 @@ async def test_fresh_leaf_gradient_is_stolen_not_copied(engine, threshold, monke
     v = ag.tensor([1.0, 2.0], requires_grad=True)
     await ag.backward(v, g)  # the user's gradient must not become v.grad
     assert stolen == [True, False] and v.grad.data is not g.data
+
+
+async def test_saved_tensor_hooks_under_create_graph_keep_the_graph_place():
+    x = ag.tensor([0.5, 1.0], requires_grad=True)
+    unpacks = []
+    with ag.autograd.graph.saved_tensors_hooks(lambda t: t.numpy().copy(),
+                                               lambda a: unpacks.append(1) or ag.tensor(a)):
+        y = x.exp().sum()
+    (g,) = await ag.grad(y, x, create_graph=True)
+    (gg,) = await ag.grad(g.sum(), x)
+    np.testing.assert_allclose(gg.numpy(), np.exp(x.data))
+    assert unpacks
+
+
+async def test_split_node_unpacks_its_saved_values_once(offload_all):
+    from asyncgrad.functional import linear
+
+    w = ag.tensor(np.ones((3, 4)), requires_grad=True)
+    x = ag.tensor(np.ones((5, 4)), requires_grad=True)
+    unpacks = []
+    with ag.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: unpacks.append(1) or t):
+        y = linear(x, w).sum()
+    await ag.backward(y)
+    assert len(unpacks) == 2  # x and w, once each, though two gradients ran in parallel
+    assert w.grad.tolist() == [[5.0] * 4] * 3 and x.grad.tolist() == [[3.0] * 4] * 5

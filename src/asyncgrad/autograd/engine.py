@@ -295,9 +295,11 @@ class Engine:
 
     async def _offload_per_input(self, node: Node, inputs: list[Any], math: Any) -> list[Any]:
         outputs: list[Any] = [None] * len(node.next_edges)
+        # unpack the saved values once (unpack hooks may be slow: on a worker thread)
+        unpacked = await self._offload(node.rule_args, math)  # type: ignore[attr-defined]
 
         async def one(i: int) -> None:
-            outputs[i] = await self._offload(node.apply_edge, i, inputs, math)  # type: ignore[attr-defined]
+            outputs[i] = await self._offload(node.apply_edge, i, inputs, math, unpacked)  # type: ignore[attr-defined]
 
         async with anyio.create_task_group() as parts:
             for i, (child, _) in enumerate(node.next_edges):

@@ -302,23 +302,48 @@ class SavedTensor:
 
 class HookedSavedTensor:
     """A saved tensor that went through ``saved_tensors_hooks``: ``pack`` ran at save
-    time and ``unpack`` runs each time backward needs the value."""
+    time and ``unpack`` runs each time backward needs the value. Like PyTorch, it keeps
+    the saved tensor's place in the graph, so under ``create_graph`` the unpacked value
+    is re-attached to it (and higher-order gradients flow through the saved value)."""
 
-    __slots__ = ("packed", "unpack", "pos", "data")
+    __slots__ = ("packed", "unpack", "pos", "data", "ref", "kind", "output_nr")
     pos: int
 
-    def __init__(self, value: Tensor, pack: Callable[[Any], Any], unpack: Callable[[Any], Any]) -> None:
+    def __init__(self, value: Tensor, pack: Callable[[Any], Any], unpack: Callable[[Any], Any],
+                 is_output: bool = False) -> None:
         self.packed = pack(value)
         self.unpack = unpack
         self.data = None  # nothing is kept but what pack returned
+        self.output_nr = value.output_nr
+        if is_output:
+            self.ref: Any = None
+            self.kind = _OUTPUT
+        elif value.grad_fn is not None:
+            self.ref = value.grad_fn
+            self.kind = _NONLEAF
+        elif value._requires_grad:
+            self.ref = value
+            self.kind = _LEAF
+        else:
+            self.ref = None
+            self.kind = _PLAIN
 
     def unpack_array(self, node: Node | None = None) -> Any:
         out = self.unpack(self.packed)
         return out.data if isinstance(out, _tensor_cls) else np.asarray(out)
 
     def unpack_tensor(self, node: Node | None = None) -> Any:
-        out = self.unpack(self.packed)
-        return out if isinstance(out, _tensor_cls) else _tensor_cls._wrap(np.asarray(out))
+        data = self.unpack_array(node)
+        kind = self.kind
+        if kind == _NONLEAF:
+            return _tensor_cls._nonleaf(data, self.ref, self.output_nr, None)
+        if kind == _OUTPUT:
+            return _tensor_cls._nonleaf(data, node, self.output_nr, None)
+        t = _tensor_cls._wrap(data)
+        if kind == _LEAF:  # a stand-in for the leaf that feeds the leaf's AccumulateGrad
+            t._requires_grad = True
+            t._acc_ref = weakref.ref(AccumulateGrad.for_leaf(self.ref))
+        return t
 
     @property
     def numel(self) -> int:
@@ -333,7 +358,7 @@ def save_for_backward(value: Tensor, is_output: bool = False) -> SavedTensor | H
     hooks = _saved_hooks.get()
     if hooks:
         pack, unpack = hooks[-1]
-        return HookedSavedTensor(value, pack, unpack)
+        return HookedSavedTensor(value, pack, unpack, is_output)
     return SavedTensor(value, is_output)
 
 

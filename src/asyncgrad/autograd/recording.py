@@ -87,13 +87,15 @@ class OpNode(Node):
         return [None if node is None else vjps[i](m, g, *args)  # type: ignore[misc]
                 for i, (node, _) in enumerate(edges)]
 
-    def apply_edge(self, i: int, grads: list[Any], m: Any) -> Any:
-        """The gradient for input ``i`` alone, validated: lets the engine compute the
-        gradients of a large multi-input node (a linear layer's dx and dW) in parallel."""
+    def apply_edge(self, i: int, grads: list[Any], m: Any,
+                   unpacked: tuple[Any, dict[str, Any] | None]) -> Any:
+        """The gradient for input ``i`` alone, validated, from arguments ``rule_args``
+        unpacked once for the node: lets the engine compute the gradients of a large
+        multi-input node (a linear layer's dx and dW) in parallel."""
         g = grads[0]
         if g is None:
             return None
-        args, params = self.rule_args(m)
+        args, params = unpacked
         spec = self.spec
         if spec.variadic:
             out = spec.vjps[0](m, g, *args, index=i, **(params or {}))  # type: ignore[misc]
