@@ -46,7 +46,7 @@ class Tensor:
 
     __slots__ = ("data", "_requires_grad", "grad_fn", "output_nr", "_grad", "_version_counter",
                  "_base", "_hooks", "_post_acc_hooks", "_retains_grad", "_acc_ref", "_views",
-                 "__weakref__")
+                 "_saved", "__weakref__")
     # numpy must defer to our reflected operators (ndarray * Tensor -> Tensor.__rmul__)
     __array_ufunc__ = None
 
@@ -61,6 +61,7 @@ class Tensor:
     _post_acc_hooks: HookDict | None
     _retains_grad: bool
     _acc_ref: Any
+    _saved: Any  # the SavedTensor last made of this tensor, shared while it stays valid
     _views: dict[int, weakref.ref[Tensor]] | None  # live recording views of a non-leaf base
 
     def __init__(self, data: Any, *, dtype: Any = None, requires_grad: bool = False) -> None:
@@ -573,6 +574,7 @@ def _init(t: Tensor, arr: np.ndarray, node: Node | None, output_nr: int,
     t._post_acc_hooks = None
     t._retains_grad = False
     t._acc_ref = None
+    t._saved = None
     t._views = None
 
 

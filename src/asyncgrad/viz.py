@@ -170,10 +170,12 @@ def _saved(node: Node) -> list[tuple[str, tuple[int, ...] | None]]:
     """The tensors a built-in node saved: its ``checks`` (the SavedTensors behind the
     rule arguments ``(ans, x, y, ...)``, each with its position); constants are left out.
     A tensor saved through ``saved_tensors_hooks`` has no shape here."""
+    if not hasattr(node, "saved_entries"):
+        return []
     out = []
-    for entry in sorted(getattr(node, "checks", ()) or (), key=lambda e: e.pos):
+    for pos, entry in sorted(node.saved_entries(), key=lambda pe: pe[0]):
         shape = getattr(entry.data, "shape", None) if type(entry) is SavedTensor else None
-        out.append(("saved result" if entry.pos == 0 else f"saved input {entry.pos - 1}", shape))
+        out.append(("saved result" if pos == 0 else f"saved input {pos - 1}", shape))
     return out
 
 

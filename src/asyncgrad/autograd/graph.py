@@ -87,7 +87,7 @@ class NodeHooks:
 class Node:
     """A backward function in the graph (``tensor.grad_fn``)."""
 
-    __slots__ = ("sequence_nr", "next_edges", "_hooks", "_metadata", "anomaly_trace", "__weakref__")
+    __slots__ = ("sequence_nr", "next_edges", "_hooks", "_extra", "__weakref__")
 
     #: number of gradients this node receives (its forward outputs)
     num_outputs: int = 1
@@ -96,8 +96,9 @@ class Node:
         self.sequence_nr = next_sequence_nr()
         self.next_edges = next_edges
         self._hooks: NodeHooks | None = None
-        self._metadata: dict[str, Any] | None = None
-        self.anomaly_trace: Any = None
+        # rarely used per-node data (``metadata``, the anomaly-mode trace) in one lazily
+        # created dict: graph memory per node matters for deep graphs
+        self._extra: dict[str, Any] | None = None
 
     # --- what users see -------------------------------------------------------------
     def name(self) -> str:
@@ -109,9 +110,23 @@ class Node:
 
     @property
     def metadata(self) -> dict[str, Any]:
-        if self._metadata is None:
-            self._metadata = {}
-        return self._metadata
+        if self._extra is None:
+            self._extra = {}
+        meta = self._extra.get("metadata")
+        if meta is None:
+            meta = self._extra["metadata"] = {}
+        return meta  # type: ignore[no-any-return]
+
+    @property
+    def anomaly_trace(self) -> Any:
+        """The forward stack (and parent) recorded for this node by anomaly mode."""
+        return None if self._extra is None else self._extra.get("anomaly_trace")
+
+    @anomaly_trace.setter
+    def anomaly_trace(self, trace: Any) -> None:
+        if self._extra is None:
+            self._extra = {}
+        self._extra["anomaly_trace"] = trace
 
     def register_hook(self, fn: Callable[[tuple[Any, ...], tuple[Any, ...]], Any]) -> RemovableHandle:
         """``fn(grad_inputs, grad_outputs) -> replacement grad_inputs or None``, after the node."""
@@ -239,8 +254,7 @@ class SavedTensor:
     of saved intermediates costs little memory.
     """
 
-    __slots__ = ("data", "version", "saved_version", "ref", "kind", "output_nr", "pos")
-    pos: int  # where the value goes among the rule arguments (set by the node saving it)
+    __slots__ = ("data", "version", "saved_version", "ref", "kind", "output_nr")
 
     def __init__(self, value: Tensor, is_output: bool = False) -> None:
         self.data = value.data
@@ -354,12 +368,30 @@ _saved_hooks = _context.saved_tensors_hooks
 
 
 def save_for_backward(value: Tensor, is_output: bool = False) -> SavedTensor | HookedSavedTensor:
-    """Save ``value`` for backward, through the innermost ``saved_tensors_hooks`` if any."""
+    """Save ``value`` for backward, through the innermost ``saved_tensors_hooks`` if any.
+
+    A tensor saved by many nodes (a constant, a weight used at every step of a chain)
+    gets one SavedTensor, shared, for as long as its data, version and place in the graph
+    are unchanged: a SavedTensor is immutable, so sharing it changes nothing but memory.
+    (Not for leaves that require grad: the SavedTensor refers to the leaf, and a cache
+    on the leaf would make a reference cycle.)
+    """
     hooks = _saved_hooks.get()
     if hooks:
         pack, unpack = hooks[-1]
         return HookedSavedTensor(value, pack, unpack, is_output)
-    return SavedTensor(value, is_output)
+    if is_output:
+        return SavedTensor(value, True)
+    cached = value._saved
+    if cached is not None and cached.data is value.data and cached.ref is value.grad_fn \
+            and cached.saved_version == value._version_counter.value \
+            and cached.kind == (_PLAIN if value.grad_fn is None else _NONLEAF) \
+            and (value.grad_fn is not None or not value._requires_grad):
+        return cached
+    saved = SavedTensor(value)
+    if saved.kind != _LEAF:
+        value._saved = saved
+    return saved
 
 
 def unpack_saved(saved: Any, tensor_mode: bool, node: Node | None = None) -> Any:

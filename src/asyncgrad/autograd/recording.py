@@ -30,7 +30,7 @@ class OpNode(Node):
     values were released.
     """
 
-    __slots__ = ("spec", "saved", "checks", "params", "aux", "input_shapes", "input_dtypes", "work")
+    __slots__ = ("spec", "saved", "checks", "params", "input_shapes", "input_dtypes", "work")
 
     def __init__(self, spec: OpSpec, edges: tuple[Any, ...], params: dict[str, Any] | None,
                  aux: Any, meta: tuple[tuple[Any, ...], tuple[Any, ...]], work: int) -> None:
@@ -38,8 +38,9 @@ class OpNode(Node):
         self.spec = spec
         self.saved: tuple[Any, ...] | None = ()
         self.checks: tuple[Any, ...] = ()
-        self.params = params
-        self.aux = aux
+        # a forward's auxiliary constant (max's tie weights...) travels as the rule's
+        # ``aux`` keyword, so it needs no slot of its own
+        self.params = params if aux is None else {**(params or {}), "aux": aux}
         self.input_shapes, self.input_dtypes = meta
         self.work = work
 
@@ -55,17 +56,30 @@ class OpNode(Node):
         checks = self.checks
         if m.tensor_mode or (checks and type(checks[0]) is HookedSavedTensor):
             args: Any = list(saved) if saved else list(self.spec.no_args)
-            for e in checks:
-                args[e.pos] = e.unpack_tensor(self) if m.tensor_mode else e.unpack_array(self)
+            for pos, e in self.saved_entries():
+                args[pos] = e.unpack_tensor(self) if m.tensor_mode else e.unpack_array(self)
         else:
             for e in checks:
                 if e.version.value != e.saved_version:
                     e.unpack_array(self)  # raises the in-place modification error
             args = saved or self.spec.no_args
         params = self.params
-        if self.aux is not None:
-            params = {**(params or {}), "aux": m.constant(self.aux)}
+        if m.tensor_mode and self.spec.has_aux and params is not None:
+            params = {**params, "aux": m.constant(params["aux"])}
         return args, params
+
+    def saved_entries(self) -> list[tuple[int, Any]]:
+        """``(position among the rule arguments, SavedTensor)`` for every saved tensor.
+        A SavedTensor may be shared by several nodes, so its position is found by the
+        identity of its array (a hooked one, never shared, carries its position)."""
+        saved = self.saved or ()
+        out: list[tuple[int, Any]] = []
+        for e in self.checks:
+            if type(e) is HookedSavedTensor:
+                out.append((e.pos, e))
+            else:
+                out.extend((k, e) for k, v in enumerate(saved) if v is e.data)
+        return out
 
     def apply(self, grads: list[Any], m: Any) -> list[Any]:
         g = grads[0]
@@ -108,7 +122,6 @@ class OpNode(Node):
         if self.saved:
             self.saved = None
             self.checks = ()
-            self.aux = None
 
 
 # Input shapes/dtypes tuples are interned: nodes with the same input signature share one
@@ -163,14 +176,17 @@ def record(spec: OpSpec, inputs: tuple[Any, ...], out: np.ndarray, aux: Any = No
             v = inputs[pos]
             if type(v) is Tensor:
                 entry = save_for_backward(v)
-                entry.pos = pos + 1
-                checks.append(entry)
+                if type(entry) is HookedSavedTensor:
+                    entry.pos = pos + 1
+                if entry not in checks:
+                    checks.append(entry)
                 saved[pos + 1] = entry.data
             else:
                 saved[pos + 1] = v
         if spec.save_ans:
             entry = save_for_backward(result, is_output=True)
-            entry.pos = 0
+            if type(entry) is HookedSavedTensor:
+                entry.pos = 0
             checks.append(entry)
             saved[0] = entry.data
         node.saved = tuple(saved)
