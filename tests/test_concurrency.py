@@ -143,7 +143,7 @@ async def test_cancellation_at_random_points_changes_nothing(engine, mode):
     completed = cancelled = 0
     for _ in range(150):
         with anyio.CancelScope() as scope:
-            async def canceller(n: int = rng.randint(0, 60)) -> None:
+            async def canceller(n: int = rng.randint(0, 12)) -> None:
                 for _ in range(n):
                     await anyio.lowlevel.checkpoint()
                 scope.cancel()
