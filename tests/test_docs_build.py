@@ -10,6 +10,7 @@ below is a complete program, run here in a subprocess (blocks in ```` ```text ``
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import subprocess
 import sys
@@ -54,7 +55,7 @@ def test_mkdocs_build_strict(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(tmp_path / "site")],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
-        env={**__import__("os").environ, "NO_MKDOCS_2_WARNING": "1"},
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (tmp_path / "site" / "index.html").exists()

@@ -65,9 +65,11 @@ class GraphTask:
         self.parent: GraphTask | None = None
         self.active_children = 0
         self.dependencies: dict[Node, int] = {}
+        # input buffers of nodes still waiting for gradients; a node that becomes ready
+        # takes its buffer into its ready-queue entry (see _make_ready)
         self.buffers: dict[Node, list[Any]] = {}
-        self.heap: list[tuple[int, Node]] = []
-        self.ready_leaves: deque[Node] = deque()
+        self.heap: list[tuple[int, Node, list[Any]]] = []
+        self.ready_leaves: deque[tuple[Node, list[Any]]] = deque()
         self.needed: set[Node] | None = None  # None: every reachable node runs
         self.targets: set[Node] = set()
         self.captures: dict[Node, list[tuple[int, int]]] | None = None
@@ -88,18 +90,18 @@ class GraphTask:
     # ------------------------------------------------------------------------------------
     def set_roots(self, roots: list[Edge], grads: list[Any],
                   targets: list[Edge] | None = None) -> None:
+        buf: list[Any] = []
         if len(roots) == 1:
             root, nr = roots[0]
             assert root is not None
-            buf: list[Any] = [None] * max(root.num_outputs, nr + 1)
+            buf = [None] * max(root.num_outputs, nr + 1)
             buf[nr] = grads[0]
-            self.buffers[root] = buf
         else:
             root = GraphRoot(tuple(roots), grads)
         if targets is not None:
             self._plan_pruning(root, targets)
         self._count_dependencies(root)
-        self._push_ready(root)
+        self._make_ready(root, buf)
 
     def _plan_pruning(self, root: Node, targets: list[Edge]) -> None:
         """Mark the nodes that lead to a target (``inputs=`` / ``grad()``); only they run.
@@ -172,23 +174,45 @@ class GraphTask:
                     deps[child] = 1
                     stack.append(child)
 
-    def _push_ready(self, node: Node) -> None:
+    def _make_ready(self, node: Node, buf: list[Any]) -> None:
+        """Queue a node whose every incoming gradient has arrived, with its buffer."""
         if node.sequence_nr == ACCUMULATE_GRAD_SEQUENCE_NR:
-            self.ready_leaves.append(node)
+            self.ready_leaves.append((node, buf))
         else:
-            heappush(self.heap, (-node.sequence_nr, node))
+            heappush(self.heap, (-node.sequence_nr, node, buf))
+
+    def _add_gradient(self, child: Node, nr: int, g: Any, d: int) -> None:
+        """Route ``g`` (or None) to input ``nr`` of ``child``, which had ``d`` edges
+        left to hear from: sum it into the child's buffer, and queue the child when this
+        was its last one. (run_inline inlines this for speed.)"""
+        buffers = self.buffers
+        if d == 1:
+            del self.dependencies[child]
+            buf = buffers.pop(child, None)
+            if buf is None:
+                buf = [None] * child.num_outputs
+                buf[nr] = g
+            elif g is not None:
+                old = buf[nr]
+                buf[nr] = g if old is None else old + g
+            self._make_ready(child, buf)
+            return
+        self.dependencies[child] = d - 1
+        if g is not None:
+            buf = buffers.get(child)
+            if buf is None:
+                buf = buffers[child] = [None] * child.num_outputs
+            old = buf[nr]
+            buf[nr] = g if old is None else old + g
 
     # ------------------------------------------------------------------------------------
     # The per-node steps, shared by the async and the synchronous drivers.
     # ------------------------------------------------------------------------------------
-    def prepare(self, node: Node) -> list[Any] | None:
-        """Take the node's summed input buffer and run what comes before its kernel:
+    def prepare(self, node: Node, buf: list[Any]) -> list[Any] | None:
+        """Given a ready node's summed input buffer, run what comes before its kernel:
         tensor pre-hooks, retain_grad, captures, node pre-hooks. Returns the kernel's
         inputs, or None when the node does not run (pruned, or an AccumulateGrad,
         which is staged right here)."""
-        buf = self.buffers.pop(node, None)
-        if buf is None:
-            buf = [None] * node.num_outputs
         if type(node) is AccumulateGrad:
             self._stage_leaf(node, buf)
             return None
@@ -250,32 +274,13 @@ class GraphTask:
             outputs = run_post_hooks(self, node, hooks.post, outputs, inputs)
         if not self.keep_graph:
             self.executed.append(node)
-        buffers = self.buffers
+        add = self._add_gradient
         for (child, nr), g in zip(node.next_edges, outputs):
             if child is None:
                 continue
             d = deps.get(child)
-            if d is None:  # pruned: nothing needed lies behind this edge
-                continue
-            if g is not None:
-                buf = buffers.get(child)
-                if buf is None:
-                    if child.num_outputs == 1:
-                        buffers[child] = [g]
-                    else:
-                        buf = buffers[child] = [None] * child.num_outputs
-                        buf[nr] = g
-                else:
-                    old = buf[nr]
-                    buf[nr] = g if old is None else old + g
-            if d == 1:
-                del deps[child]
-                if child.sequence_nr == ACCUMULATE_GRAD_SEQUENCE_NR:
-                    self.ready_leaves.append(child)
-                else:
-                    heappush(self.heap, (-child.sequence_nr, child))
-            else:
-                deps[child] = d - 1
+            if d is not None:  # (None: pruned, nothing needed lies behind this edge)
+                add(child, nr, g, d)
 
     def run_inline(self, kernel: Callable[[Node, list[Any], Any], list[Any]] | None,
                    threshold: float, deadline: float) -> tuple[Node, list[Any]] | bool | None:
@@ -311,20 +316,19 @@ class GraphTask:
         try:
             while True:
                 if leaves:
-                    node = leaves.popleft()
+                    node, buf = leaves.popleft()
                 elif heap:
-                    node = heappop(heap)[1]
+                    _, node, buf = heappop(heap)
                 else:
                     return None
                 if not (plain and type(node) is OpNode and node._hooks is None):
-                    inputs = self.prepare(node)
+                    inputs = self.prepare(node, buf)
                     if inputs is None:
                         continue
                     if node.work >= threshold or (node.maybe_async and node.is_async()):
                         return node, inputs
                     self.finish(node, inputs, run(node, inputs, math))
                 else:
-                    buf = buffers.pop(node, None) or [None]
                     if node.work >= threshold:
                         return node, buf
                     g = buf[0]
@@ -356,25 +360,23 @@ class GraphTask:
                                         or gi.dtype != node.input_dtypes[i]:
                                     gi = _fix_gradient(node, i, gi, node.input_shapes[i],  # type: ignore[arg-type]
                                                        node.input_dtypes[i])
-                                old = buffers.get(child)
-                                if old is None:
-                                    if nr == 0 and child.num_outputs == 1:
-                                        buffers[child] = [gi]
-                                    else:
-                                        old = buffers[child] = [None] * child.num_outputs
-                                        old[nr] = gi
-                                else:
-                                    prev = old[nr]
-                                    old[nr] = gi if prev is None else prev + gi
-                            if d == 1:
+                            if d == 1 and nr == 0 and child.num_outputs == 1:
+                                # the child's last gradient (in a chain, its only one):
+                                # queue it with its buffer, no dict round-trip
                                 del deps[child]
+                                old = buffers.pop(child, None)
+                                if old is None:
+                                    old = [gi]
+                                elif gi is not None:
+                                    prev = old[0]
+                                    old[0] = gi if prev is None else prev + gi
                                 seq = child.sequence_nr
                                 if seq == acc_nr:
-                                    leaves.append(child)
+                                    leaves.append((child, old))
                                 else:
-                                    push(heap, (-seq, child))
+                                    push(heap, (-seq, child, old))
                             else:
-                                deps[child] = d - 1
+                                self._add_gradient(child, nr, gi, d)
                         if saved and not keep:
                             executed.append(node)
                 count += 1

@@ -410,11 +410,10 @@ class _RecomputeTask(GraphTask):
                 stack.append(child)
         self.needed = needed
 
-    def prepare(self, node: Node) -> list[Any] | None:
+    def prepare(self, node: Node, buf: list[Any]) -> list[Any] | None:
         slots = self.slots.get(node)
         if slots is None:
-            return super().prepare(node)
-        buf = self.buffers.pop(node, None)
+            return super().prepare(node, buf)
         if buf is not None:
             for nr, i in slots:
                 self.captured[i] = buf[nr] if nr < len(buf) else None
