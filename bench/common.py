@@ -310,7 +310,8 @@ def format_table(result: Result) -> str:
     for t in result.targets:
         mark = {True: "MET", False: "NOT MET", None: "n/a"}[t.met]
         op = ">=" if t.at_least else "<="
-        out.append(f"target {t.name}: {_cell(t.value, '{:.3g}')} {t.unit} ({op} {t.limit:g}) {mark}")
+        fmt = "{:,.0f}" if t.value is not None and abs(t.value) >= 100 else "{:.3g}"
+        out.append(f"target {t.name}: {_cell(t.value, fmt)} {t.unit} ({op} {t.limit:g}) {mark}")
     for n in result.notes:
         out.append(f"note: {n}")
     return "\n".join(out)

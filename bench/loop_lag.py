@@ -39,7 +39,7 @@ def _builder(name: str) -> tuple[Any, int, str]:
         x = nets.make_input(256, 1024)
         return (lambda: nets.ag_graph(params, x)), 10, "10 backwards, 4-layer MLP batch 256 width 1024"
     if name == "deep":
-        x0, c0 = chain._inputs(1)
+        x0, c0 = chain._inputs(1, 1e-4)
         return (lambda: chain.ag_forward(x0, c0, 100_000)), 1, "1 backward, 100,000-node chain of tiny ops"
     if name == "wide":
         xs0, c0 = wide._inputs(16, 1_000_000)

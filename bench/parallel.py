@@ -12,7 +12,7 @@ asyncgrad three ways, interleaved round by round:
 Prints K, the cores, each time (median), and the speed-up of offload over inline (the
 ideal is about min(K, cores) when the kernels are compute-bound and release the GIL).
 
-    python bench/parallel.py [--k 2 --k 4 --k 8] [--size 1000000] [--ops 8] [--rounds 5]
+    python bench/parallel.py [--k 2 --k 4 --k 8] [--size 1000000] [--ops 8] [--rounds 5] [--mallopt]
 """
 
 from __future__ import annotations
@@ -61,9 +61,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--size", type=int, default=1_000_000)
     p.add_argument("--ops", type=int, default=8)
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--mallopt", action="store_true", help="raise glibc malloc's mmap/trim thresholds first")
     a = p.parse_args(argv)
+    if a.mallopt:
+        from bench.common import tune_malloc
+
+        tune_malloc()
     cores = os.cpu_count() or 1
-    print(f"cores={cores}; each branch {a.ops} ops on {a.size:,} float32; medians of {a.rounds} rounds")
+    print(f"cores={cores}; each branch {a.ops} ops on {a.size:,} float32; medians of {a.rounds} rounds"
+          + ("; glibc malloc thresholds raised" if a.mallopt else ""))
     print(f"{'K':>3} {'cores':>5} {'workers':>7} {'inline ms':>10} {'offload ms':>11} {'1 worker ms':>12} "
           f"{'speed-up':>9} {'ideal':>6}")
     for k in a.k or [1, 2, 4, 8]:

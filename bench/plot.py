@@ -58,7 +58,8 @@ def _panel(ax: Any, workload: dict[str, Any], metric: str, title: str, unit: str
     if log:
         ax.set_xscale("log")
     for b, v in zip(bars, values):
-        ax.annotate(f"{v:,.3g}", (b.get_width(), b.get_y() + b.get_height() / 2), xytext=(2, 0),
+        label = f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
+        ax.annotate(label, (b.get_width(), b.get_y() + b.get_height() / 2), xytext=(2, 0),
                     textcoords="offset points", va="center", fontsize=7)
     target = target_fn({i: v for i, v in rows}) if target_fn else None
     if target:

@@ -259,12 +259,11 @@ def pyspy(workload: str, seconds: float = 8.0, top: int = 15) -> None:
         if not stack:
             continue
         frames = stack.split(";")
-        if not any("backward (" in f and "autograd/api.py" in f for f in frames) and not any(
-                "run_kernel" in f or "worker" in f.lower() for f in frames):
+        if not _in_backward(frames):
             continue  # the forward that builds graphs, imports
         leaf_name = frames[-1].split(" (")[0]
-        if leaf_name in IDLE:
-            continue  # a worker thread waiting for work, the loop waiting in select()
+        if leaf_name in IDLE or any("_find_and_load" in f for f in frames):
+            continue  # a worker thread waiting for work, the loop in select(), a first-use import
         n = int(count)
         total += n
         threads[frames[0]] += n
@@ -289,6 +288,44 @@ def pyspy(workload: str, seconds: float = 8.0, top: int = 15) -> None:
     print("  by category:")
     for f, c in cats.most_common():
         print(f"    {100 * c / total:5.1f}%  {f}")
+    print("  hottest engine lines (innermost frame in asyncgrad/autograd/; callees included):")
+    for (path, line, func), c in _engine_lines(raw).most_common(top):
+        src = Path(path) if Path(path).is_absolute() else Path(ag.__file__).resolve().parents[1] / path
+        try:
+            text = src.read_text().splitlines()[line - 1].strip()
+        except (OSError, IndexError):
+            text = "?"
+        print(f"    {100 * c / total:5.1f}%  {Path(path).name}:{line} {func}: {text[:90]}")
+
+
+def _in_backward(frames: list[str]) -> bool:
+    """A sample taken inside a backward: under ``api.backward`` on the loop thread, or a
+    kernel on a worker thread."""
+    return any("backward (" in f and "autograd/api.py" in f for f in frames) or any(
+        "run_kernel" in f or "worker" in f.lower() for f in frames)
+
+
+def _engine_lines(raw: Path) -> Counter[tuple[str, int, str]]:
+    """Samples per source line of the innermost frame inside ``asyncgrad/autograd/``: the
+    line of the engine's hot loop that was running (its callees, e.g. a rule, included)."""
+    out: Counter[tuple[str, int, str]] = Counter()
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack:
+            continue
+        frames = stack.split(";")
+        if frames[-1].split(" (")[0] in IDLE or any("_find_and_load" in f for f in frames):
+            continue
+        if not _in_backward(frames):
+            continue
+        for f in reversed(frames):
+            if "asyncgrad/autograd/" in f:
+                func, _, loc = f.partition(" (")
+                path, _, ln = loc.rstrip(")").rpartition(":")
+                if ln.isdigit():
+                    out[(path, int(ln), func)] += int(count)
+                break
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -90,6 +90,25 @@ def _blas() -> dict[str, Any]:
     return info
 
 
+def source_fingerprint() -> dict[str, Any]:
+    """A hash of asyncgrad's source files and the newest one's time: which engine was measured."""
+    import hashlib
+
+    try:
+        import asyncgrad
+
+        root = Path(asyncgrad.__file__).resolve().parent
+    except Exception:
+        return {}
+    h = hashlib.sha256()
+    newest = 0.0
+    for f in sorted(root.rglob("*.py")):
+        h.update(f.read_bytes())
+        newest = max(newest, f.stat().st_mtime)
+    stamp = _dt.datetime.fromtimestamp(newest, _dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    return {"asyncgrad_src_sha256": h.hexdigest()[:12], "asyncgrad_src_newest_utc": stamp}
+
+
 def machine_info() -> dict[str, Any]:
     import numpy as np
 
@@ -105,6 +124,7 @@ def machine_info() -> dict[str, Any]:
         "torch": _version("torch"),
         "autograd": _version("autograd"),
         "loadavg_start": os.getloadavg() if hasattr(os, "getloadavg") else None,
+        **source_fingerprint(),
         **_blas(),
     }
 
@@ -122,7 +142,10 @@ def format_summary(results: list[Result]) -> str:
     lines = ["### targets (issue 7)", "", "| workload | target | asyncgrad | met |", "|---|---|---|---|"]
     for r in summary_rows(results):
         v = r["value"]
-        val = "—" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3g} {r['unit']}"
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            val = "—"
+        else:
+            val = (f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}") + f" {r['unit']}"
         met = {True: "yes", False: "**no**", None: "n/a"}[r["met"]]
         lines.append(f"| {r['workload']} | {r['name']} | {val} | {met} |")
     return "\n".join(lines)
@@ -155,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# asyncgrad benchmarks — {machine['date_utc']} UTC, {machine['nproc']} cores ({machine['cpu_model']}), "
           f"python {machine['python']}, numpy {machine['numpy']}, torch {machine['torch']}, "
           f"autograd {machine['autograd']}" + (", glibc malloc thresholds raised (--mallopt)" if args.mallopt else ""))
+    print(f"# asyncgrad source {machine.get('asyncgrad_src_sha256')} "
+          f"(newest file {machine.get('asyncgrad_src_newest_utc')} UTC)")
     if missing:
         print(f"# not importable, skipped: {', '.join(missing)}")
     load = machine["loadavg_start"]
