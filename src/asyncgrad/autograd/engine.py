@@ -138,6 +138,8 @@ class Engine:
     async def execute(self, task: GraphTask) -> None:
         """Run ``task`` to completion on the current event loop (see module notes)."""
         await anyio.lowlevel.checkpoint_if_cancelled()  # an already-cancelled caller starts nothing
+        if not self._blas_done:
+            self._coordinate_blas()
         parent = _context.current_graph_task.get()
         self._begin(task, parent)
         outcome = "cancelled"
@@ -168,6 +170,8 @@ class Engine:
 
     # --- drivers --------------------------------------------------------------------------
     def _execute_sync_here(self, task: GraphTask) -> None:
+        if not self._blas_done:
+            self._coordinate_blas()
         parent = _context.current_graph_task.get()
         self._begin(task, parent)
         outcome = "failed"
@@ -258,7 +262,6 @@ class Engine:
             if node.maybe_async and node.is_async():
                 outputs = await async_kernel_for(task)(node, inputs, task.math)
             else:
-                self._coordinate_blas()
                 with self._lock:
                     self._in_flight += 1
                 try:
@@ -310,11 +313,13 @@ class Engine:
     def _coordinate_blas(self) -> None:
         """Note [BLAS threads]: BLAS runs its own threads inside each call. With several
         kernels on worker threads at once, BLAS threads multiply and oversubscribe the
-        cores (measured here: 964 vs 8,707 small-MLP passes/s). The first time this
-        engine offloads a kernel, BLAS is limited to ``blas_threads`` threads per call
-        (default: cores // max_workers) through threadpoolctl; parallelism then comes
-        from the engine running independent kernels (and a node's input gradients) at
-        once. The limit is process-wide; pass ``blas_threads=0`` to leave BLAS alone."""
+        cores (measured here: 964 vs 8,707 small-MLP passes/s); and even inline, when
+        other work holds the cores, OpenBLAS's spinning threads turn a 20 us matmul into
+        milliseconds. So when this engine runs its first backward, BLAS is limited to
+        ``blas_threads`` threads per call (default: cores // max_workers) through
+        threadpoolctl; parallelism comes from the engine running independent kernels
+        (and a large node's input gradients) at once instead. The limit is process-wide
+        (it also applies to forward passes); ``blas_threads=0`` leaves BLAS alone."""
         if self._blas_done:
             return
         self._blas_done = True
