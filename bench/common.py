@@ -105,6 +105,65 @@ def measure_async(setup: Callable[[], Any], timed: Callable[[Any], Awaitable[Any
     return asyncio.run(main())
 
 
+class BlasThreads:
+    """Keeps each implementation's BLAS thread count its own in one shared process.
+
+    asyncgrad's engine limits BLAS (process-wide, through threadpoolctl) on its first
+    backward, to cores // max_workers threads. Left alone, that limit would also apply to the
+    numpy floor and HIPS autograd measured after it in the same process. So before each
+    measurement the runner sets numpy's BLAS to the process's original count for the peers,
+    and back to the count asyncgrad's engine chose for asyncgrad (read after its rounds)."""
+
+    def __init__(self) -> None:
+        self._ctl: Any = None
+        self.default: int | None = None
+        self.engine: int | None = None
+
+    def _controller(self) -> Any:
+        if self._ctl is None:
+            try:
+                from threadpoolctl import ThreadpoolController
+            except ImportError:
+                self._ctl = False
+            else:
+                self._ctl = ThreadpoolController()
+        return self._ctl or None
+
+    def get(self) -> int | None:
+        ctl = self._controller()
+        if ctl is None:
+            return None
+        infos = ctl.select(user_api="blas").info()
+        return int(infos[0]["num_threads"]) if infos else None
+
+    def snapshot(self) -> None:
+        """Record the original count (call before any asyncgrad backward runs)."""
+        if self.default is None:
+            self.default = self.get()
+
+    def set(self, n: int | None) -> None:
+        ctl = self._controller()
+        if ctl is not None and n is not None and self.get() != n:
+            ctl.select(user_api="blas").limit(limits=n)
+
+    def enter(self, impl: str) -> None:
+        self.snapshot()
+        if impl.startswith(ASYNCGRAD):
+            self.set(self.engine)  # None before asyncgrad's first backward: its engine decides
+        else:
+            self.set(self.default)
+
+    def leave(self, impl: str) -> None:
+        if impl.startswith(ASYNCGRAD):
+            self.engine = self.get()
+
+    def describe(self) -> str:
+        return f"BLAS threads: peers and floor {self.default}, asyncgrad {self.engine} (its engine's choice)"
+
+
+BLAS = BlasThreads()
+
+
 @dataclass
 class Case:
     """One thing to time: ``timed(setup())``; ``timed`` may be a coroutine function."""
@@ -114,17 +173,28 @@ class Case:
     timed: Callable[[Any], Any]
 
 
+SETTLE = 0.2  # seconds between two measurements (see measure_cases)
+
+
 def measure_cases(cases: list[Case], rounds: int, warmup: int = 1,
-                  faults: dict[str, list[int]] | None = None) -> dict[str, list[float]]:
+                  faults: dict[str, list[int]] | None = None, settle: float = SETTLE) -> dict[str, list[float]]:
     """Seconds per round of every case, the cases *interleaved* round by round (the order
     rotating each round) on one asyncio loop, so that a change in the machine's load
-    during the run hits every implementation alike and ratios stay meaningful."""
+    during the run hits every implementation alike and ratios stay meaningful.
+
+    ``settle`` seconds pass (untimed) before each measurement: OpenBLAS's and OpenMP's worker
+    threads keep spinning for a while after a call, and a library measured right after
+    another one's BLAS call would share the two cores with those spinning threads (PyTorch
+    measured right after a numpy matmul ran 4x slower here)."""
 
     async def main() -> dict[str, list[float]]:
         times: dict[str, list[float]] = {c.name: [] for c in cases}
         for i in range(warmup + rounds):
             k = i % len(cases) if cases else 0
             for case in cases[k:] + cases[:k]:
+                BLAS.enter(case.name)
+                if settle:
+                    await asyncio.sleep(settle)
                 state = case.setup()
                 with no_gc():
                     f0 = minor_faults()
@@ -135,6 +205,7 @@ def measure_cases(cases: list[Case], rounds: int, warmup: int = 1,
                     dt = time.perf_counter() - t0
                     df = minor_faults() - f0
                 del state, out
+                BLAS.leave(case.name)
                 if i >= warmup:
                     times[case.name].append(dt)
                     if faults is not None:

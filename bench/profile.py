@@ -44,7 +44,7 @@ if __package__ in (None, ""):
 
 import asyncgrad as ag  # noqa: E402
 from bench import nets  # noqa: E402
-from bench.common import Case, measure_cases, median, no_gc  # noqa: E402
+from bench.common import ASYNCGRAD, BLAS, Case, measure_cases, median, no_gc  # noqa: E402
 from bench.workloads import chain  # noqa: E402
 
 
@@ -137,19 +137,21 @@ def mlp_breakdown(rounds: int = 9) -> dict[str, float]:
             set_engine(default)
 
     cases = [
-        Case("floor", lambda: nets.numpy_graph(params, x), lambda s: nets.numpy_backward(params, s)),
-        Case("backward_sync (one plain thread)", setup, _sync_on_thread),
-        Case("await, all inline on the loop", setup, on_loop),
-        Case("await, default engine (offload)", setup, ag.backward),
+        Case("numpy floor", lambda: nets.numpy_graph(params, x), lambda s: nets.numpy_backward(params, s)),
+        Case("asyncgrad backward_sync (one plain thread)", setup, _sync_on_thread),
+        Case("asyncgrad await, all inline on the loop", setup, on_loop),
+        Case("asyncgrad await, default engine (offload)", setup, ag.backward),
     ]
     times = measure_cases(cases, rounds)
     ms = {k: median(v) * 1e3 for k, v in times.items()}
-    floor = ms["floor"]
+    floor = ms["numpy floor"]
     print(f"mlp: 4 layers, batch 256, width 1024, float32; ms (median of {rounds})")
     for k, v in ms.items():
-        print(f"  {k:<36} {v:>8.2f} ms  {v / floor:>5.2f}x floor")
+        print(f"  {k:<46} {v:>8.2f} ms  {v / floor:>5.2f}x floor")
+    print(f"  ({BLAS.describe()})")
 
-    # the floor's steps, one by one
+    # the floor's steps, one by one (numpy's own BLAS threads)
+    BLAS.enter("numpy")
     acts, out = nets.numpy_graph(params, x)
     steps: Counter[str] = Counter()
     for _ in range(rounds):
@@ -179,6 +181,7 @@ def mlp_breakdown(rounds: int = 9) -> dict[str, float]:
     from asyncgrad.autograd import profiler
 
     async def prof(inline_engine: bool) -> Any:
+        BLAS.enter(ASYNCGRAD)
         if inline_engine:
             set_engine(inline)
         try:

@@ -175,6 +175,10 @@ def main(argv: list[str] | None = None) -> int:
     names = args.only or list(WORKLOADS)
     machine = machine_info()
     machine["mallopt_tuned"] = bool(args.mallopt)
+    from bench.common import BLAS
+
+    BLAS.snapshot()  # numpy's original BLAS threads, before asyncgrad's engine limits them
+    machine["blas_threads_default"] = BLAS.default
     print(f"# asyncgrad benchmarks — {machine['date_utc']} UTC, {machine['nproc']} cores ({machine['cpu_model']}), "
           f"python {machine['python']}, numpy {machine['numpy']}, torch {machine['torch']}, "
           f"autograd {machine['autograd']}" + (", glibc malloc thresholds raised (--mallopt)" if args.mallopt else ""))

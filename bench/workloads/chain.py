@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..common import (ASYNCGRAD, AUTOGRAD, NUMPY, TORCH, Case, Column, Result, Target, measure_cases,
+from ..common import (BLAS, ASYNCGRAD, AUTOGRAD, NUMPY, TORCH, Case, Column, Result, Target, measure_cases,
                       median)
 
 DEFAULT_ROUNDS = 15
@@ -170,7 +170,7 @@ def run(impls: list[str], rounds: int | None = None, n: int = 2000, size: int = 
             cases += [Case(f"{impl}:bwd", lambda: numpy_forward(x0, c0, n),
                            lambda s: numpy_backward(s[1], c0, n, size)),
                       Case(f"{impl}:fwd", lambda: None, lambda _: numpy_forward(x0, c0, n))]
-    times = measure_cases(cases, rounds)
+    times = measure_cases(cases, rounds, settle=0.0)  # tiny ops: no BLAS or OpenMP threads involved
     for impl in impls:
         if f"{impl}:bwd" not in times:
             continue
@@ -178,6 +178,7 @@ def run(impls: list[str], rounds: int | None = None, n: int = 2000, size: int = 
         res.rows.append({"impl": impl, "backward_us_per_node": median(b) / n * 1e6,
                          "forward_us_per_op": median(f) / n * 1e6, "backward_ms": median(b) * 1e3,
                          "backward_rounds_s": b, "forward_rounds_s": f})
+    res.notes.append(BLAS.describe())
     res.seconds = time.perf_counter() - t_start
     a_b = res.value(ASYNCGRAD, "backward_us_per_node")
     a_f = res.value(ASYNCGRAD, "forward_us_per_op")

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from .. import nets
-from ..common import (ASYNCGRAD, AUTOGRAD, NUMPY, TORCH, Column, Result, Target, Ticker, median,
+from ..common import (ASYNCGRAD, AUTOGRAD, BLAS, NUMPY, SETTLE, TORCH, Column, Result, Target, Ticker, median,
                       no_gc)
 
 DEFAULT_ROUNDS = 3
@@ -121,12 +121,17 @@ def run(impls: list[str], rounds: int | None = None, tasks: int = 32, passes: in
         modes = _modes(impls, params)
         by_mode: dict[str, list[dict[str, float]]] = {}
         for name, one_pass in modes:
+            BLAS.enter(name)
             await session(one_pass, inputs[:4], 2)  # warm-up
+            BLAS.leave(name)
             by_mode[name] = []
         for i in range(rounds):  # interleaved, the order rotating: load changes hit all alike
             k = i % len(modes) if modes else 0
             for name, one_pass in modes[k:] + modes[:k]:
+                BLAS.enter(name)
+                await asyncio.sleep(SETTLE)  # let the previous library's spinning BLAS/OpenMP threads sleep
                 by_mode[name].append(await session(one_pass, inputs, passes))
+                BLAS.leave(name)
         for name, sessions in by_mode.items():
             res.rows.append({"impl": name,
                              "passes_per_s": median([s["passes_per_s"] for s in sessions]),
@@ -135,6 +140,7 @@ def run(impls: list[str], rounds: int | None = None, tasks: int = 32, passes: in
                              "sessions": sessions})
 
     asyncio.run(main())
+    res.notes.append(BLAS.describe())
     res.seconds = time.perf_counter() - t_start
     a = res.value("asyncgrad (awaited)", "passes_per_s")
     res.add_ratio("asyncgrad/numpy inline", a, res.value("numpy inline", "passes_per_s"))

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from ..common import (ASYNCGRAD, AUTOGRAD, NUMPY, TORCH, Case, Column, Result, Target, measure_cases,
+from ..common import (BLAS, ASYNCGRAD, AUTOGRAD, NUMPY, TORCH, Case, Column, Result, Target, measure_cases,
                       median, rss_bytes)
 from . import chain
 
@@ -123,7 +123,7 @@ def run(impls: list[str], rounds: int | None = None, n: int = 100_000, size: int
             cases.append(Case(impl, setup, ag.backward))
         else:
             cases.append(Case(impl, setup, lambda g, impl=impl: backward_sync(impl, g, n, size)))
-    times = measure_cases(cases, rounds)
+    times = measure_cases(cases, rounds, settle=0.0)  # tiny ops: no BLAS or OpenMP threads involved
     for impl in impls:
         t = times[impl]
         row: dict[str, Any] = {"impl": impl, "backward_us_per_node": median(t) / n * 1e6, "rounds_s": t,
@@ -131,6 +131,7 @@ def run(impls: list[str], rounds: int | None = None, n: int = 100_000, size: int
         if memory:
             row.update(measure_memory(impl, n, size))
         res.rows.append(row)
+    res.notes.append(BLAS.describe())
     res.seconds = time.perf_counter() - t_start
     a = res.value(ASYNCGRAD, "backward_us_per_node")
     m = res.value(ASYNCGRAD, "rss_bytes_per_node")

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from .. import nets
-from ..common import (ASYNCGRAD, AUTOGRAD, NUMPY, TORCH, Column, Result, Target, Ticker, median,
+from ..common import (ASYNCGRAD, AUTOGRAD, BLAS, NUMPY, SETTLE, TORCH, Column, Result, Target, Ticker, median,
                       no_gc)
 
 DEFAULT_ROUNDS = 3
@@ -122,17 +122,23 @@ def run(impls: list[str], rounds: int | None = None, backwards: int = 10, layers
         modes = _modes(impls, params, x)
         sessions: dict[str, list[dict[str, float]]] = {"idle loop": []}
         for name, build, bwd in modes:
+            BLAS.enter(name)
             await lag_session(build, bwd, 2)  # warm-up
+            BLAS.leave(name)
             sessions[name] = []
         for i in range(rounds):  # interleaved, the order rotating: load changes hit all alike
             sessions["idle loop"].append(await idle_session())
             k = i % len(modes) if modes else 0
             for name, build, bwd in modes[k:] + modes[:k]:
+                BLAS.enter(name)
+                await asyncio.sleep(SETTLE)  # let the previous library's spinning BLAS/OpenMP threads sleep
                 sessions[name].append(await lag_session(build, bwd, backwards))
+                BLAS.leave(name)
         for name, ss in sessions.items():
             res.rows.append(_row(name, ss))
 
     asyncio.run(main())
+    res.notes.append(BLAS.describe())
     res.seconds = time.perf_counter() - t_start
     row = res.row("asyncgrad (awaited)")
     if row is not None:

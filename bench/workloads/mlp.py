@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from .. import nets
-from ..common import (ASYNCGRAD, AUTOGRAD, NUMPY, TORCH, Case, Column, Result, Target, measure_cases,
+from ..common import (BLAS, ASYNCGRAD, AUTOGRAD, NUMPY, TORCH, Case, Column, Result, Target, measure_cases,
                       median)
 
 DEFAULT_ROUNDS = 9
@@ -64,6 +64,7 @@ def run(impls: list[str], rounds: int | None = None, layers: int = 4, batch: int
             t = times[impl]
             res.rows.append({"impl": impl, "backward_ms": median(t) * 1e3, "rounds_s": t,
                              "page_faults": median(faults[impl])})
+    res.notes.append(BLAS.describe())
     res.seconds = time.perf_counter() - t_start
     floor = res.value(NUMPY, "backward_ms")
     for r in res.rows:

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..common import (ASYNCGRAD, AUTOGRAD, NUMPY, TORCH, Case, Column, Result, Target, measure_cases,
+from ..common import (BLAS, ASYNCGRAD, AUTOGRAD, NUMPY, TORCH, Case, Column, Result, Target, measure_cases,
                       median)
 
 DEFAULT_ROUNDS = 5
@@ -176,6 +176,7 @@ def run(impls: list[str], rounds: int | None = None, branches: int = 16, ops: in
         res.rows.append({"impl": case.name, "backward_ms": median(t) * 1e3, "rounds_s": t,
                          "page_faults": median(faults[case.name]),
                          **extra.get(case.name, {})})
+    res.notes.append(BLAS.describe())
     res.seconds = time.perf_counter() - t_start
     floor = res.value("numpy one by one", "backward_ms")
     for r in res.rows:

@@ -48,7 +48,7 @@ from .recording import OpNode
 REENTRANT_HANDOFF_DEPTH = 40
 _INF = float("inf")
 DEFAULT_INLINE_THRESHOLD = 131_072
-YIELD_INTERVAL = 0.002
+YIELD_INTERVAL = 0.001
 
 
 @dataclass(frozen=True)
@@ -145,6 +145,7 @@ class Engine:
         outcome = "cancelled"
         tokens = _enter(task)
         try:
+            await self._run_steps(task.setup_steps())
             await self._drain(task)
             if task.error is not None:
                 raise task.error
@@ -177,6 +178,8 @@ class Engine:
         outcome = "failed"
         tokens = _enter(task)
         try:
+            for _ in task.setup_steps():
+                pass
             kernel = self._inline_kernel(task)
             while True:
                 ready = task.run_inline(kernel, _INF, _INF)
@@ -355,7 +358,20 @@ class Engine:
         else:
             with anyio.CancelScope(shield=True):
                 await self._offload(task.write_grads)
-        task.after_commit()
+        try:
+            task.after_commit()
+        finally:
+            with anyio.CancelScope(shield=True):  # bookkeeping after the commit: finish it
+                await self._run_steps(task.release_steps())
+
+    async def _run_steps(self, steps: Any) -> None:
+        """Exhaust a GraphTask step generator, yielding to the loop every yield_interval."""
+        interval = self.yield_interval
+        deadline = time.perf_counter() + interval
+        for _ in steps:
+            if time.perf_counter() >= deadline:
+                await anyio.lowlevel.checkpoint()
+                deadline = time.perf_counter() + interval
 
     async def _run_callbacks(self, task: GraphTask) -> None:
         i = 0

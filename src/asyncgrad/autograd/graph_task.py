@@ -28,8 +28,8 @@ import threading
 import time
 from collections import deque
 from heapq import heappop, heappush
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
-from collections.abc import Callable
 
 import numpy as np
 
@@ -84,6 +84,7 @@ class GraphTask:
         self.nodes_offloaded = 0
         self.wakeup: Any = None  # an anyio.Event while the driver waits for kernels
         self.profiler: Any = _context.profiler.get()
+        self._root: tuple[Node, list[Any]] | None = None  # set by set_roots
 
     # ------------------------------------------------------------------------------------
     # Setup: roots, pruning, dependencies. Iterative walks only (no recursion anywhere).
@@ -100,7 +101,15 @@ class GraphTask:
             root = GraphRoot(tuple(roots), grads)
         if targets is not None:
             self._plan_pruning(root, targets)
-        self._count_dependencies(root)
+        self._root = (root, buf)
+
+    def setup_steps(self) -> Iterator[None]:
+        """Count dependencies and queue the root. A generator that yields every few
+        thousand nodes, so the async driver can let the loop run during the walk of a
+        huge graph (the sync driver just exhausts it)."""
+        assert self._root is not None, "set_roots() first"
+        root, buf = self._root
+        yield from self._count_dependencies(root)
         self._make_ready(root, buf)
 
     def _plan_pruning(self, root: Node, targets: list[Edge]) -> None:
@@ -145,28 +154,21 @@ class GraphTask:
                     break
         self.needed = needed
 
-    def _count_dependencies(self, root: Node) -> None:
+    def _count_dependencies(self, root: Node) -> Iterator[None]:
         deps = self.dependencies
         needed = self.needed
-        stack = [root]
-        if needed is None:
-            while stack:
-                for child, _ in stack.pop().next_edges:
-                    if child is None:
-                        continue
-                    if child in deps:
-                        deps[child] += 1
-                    else:
-                        deps[child] = 1
-                        stack.append(child)
-            return
         targets = self.targets
+        stack = [root]
+        walked = 0
         while stack:
             node = stack.pop()
-            if node is not root and node not in needed:
+            walked += 1
+            if not walked & 4095:
+                yield
+            if needed is not None and node is not root and node not in needed:
                 continue  # a target reached only to capture its gradient
             for child, _ in node.next_edges:
-                if child is None or (child not in needed and child not in targets):
+                if child is None or (needed is not None and child not in needed and child not in targets):
                     continue
                 if child in deps:
                     deps[child] += 1
@@ -405,7 +407,11 @@ class GraphTask:
     def commit(self) -> None:
         """Write the staged gradients, then run post-accumulate-grad hooks and release."""
         self.write_grads()
-        self.after_commit()
+        try:
+            self.after_commit()
+        finally:
+            for _ in self.release_steps():
+                pass
 
     def staged_size(self) -> int:
         """Elements the commit will add (to decide whether it runs on a worker thread)."""
@@ -425,17 +431,23 @@ class GraphTask:
                             _accumulate(var, g, self.create_graph)
 
     def after_commit(self) -> None:
-        """Post-accumulate-grad hooks, in the order the leaves' gradients became ready,
-        then the release of saved tensors (without retain_graph)."""
+        """Post-accumulate-grad hooks, in the order the leaves' gradients became ready."""
         for var in self.staged:
             hooks = var._post_acc_hooks
             if hooks:
                 for hook in tuple(hooks.values()):
                     if hook(var) is not None:
                         raise RuntimeError("Tensor post accumulate grad hooks should return None.")
-        if not self.keep_graph:
-            for node in self.executed:
-                node.release_variables()
+
+    def release_steps(self) -> Iterator[None]:
+        """Free the saved tensors of the nodes that ran (without retain_graph); yields
+        every few thousand nodes, like ``setup_steps``."""
+        executed = self.executed
+        self.executed = []
+        for i, node in enumerate(executed):
+            node.release_variables()
+            if not (i + 1) & 4095:
+                yield
 
     def queue_callback(self, fn: Callable[[], Any]) -> None:
         self.callbacks.append(fn)
