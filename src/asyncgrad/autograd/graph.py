@@ -244,6 +244,19 @@ def _describe(data: np.ndarray) -> str:
 _PLAIN, _LEAF, _NONLEAF, _OUTPUT = 0, 1, 2, 3
 
 
+def _graph_place(value: Tensor, is_output: bool) -> tuple[Any, int]:
+    """What a saved tensor must remember to rebuild its place in the graph: the grad_fn
+    of a non-leaf, the leaf itself, or nothing (an output of the saving node: the node is
+    passed in at unpack time; a tensor outside the graph)."""
+    if is_output:
+        return None, _OUTPUT
+    if value.grad_fn is not None:
+        return value.grad_fn, _NONLEAF
+    if value._requires_grad:
+        return value, _LEAF
+    return None, _PLAIN
+
+
 class SavedTensor:
     """A tensor saved for backward, with the version it had when saved.
 
@@ -261,18 +274,7 @@ class SavedTensor:
         self.version = value._version_counter
         self.saved_version = self.version.value
         self.output_nr = value.output_nr
-        if is_output:
-            self.ref: Any = None
-            self.kind = _OUTPUT
-        elif value.grad_fn is not None:
-            self.ref = value.grad_fn
-            self.kind = _NONLEAF
-        elif value._requires_grad:
-            self.ref = value
-            self.kind = _LEAF
-        else:
-            self.ref = None
-            self.kind = _PLAIN
+        self.ref, self.kind = _graph_place(value, is_output)
 
     def unpack_array(self, node: Node | None = None) -> Any:
         if self.version.value != self.saved_version:
@@ -329,18 +331,7 @@ class HookedSavedTensor:
         self.unpack = unpack
         self.data = None  # nothing is kept but what pack returned
         self.output_nr = value.output_nr
-        if is_output:
-            self.ref: Any = None
-            self.kind = _OUTPUT
-        elif value.grad_fn is not None:
-            self.ref = value.grad_fn
-            self.kind = _NONLEAF
-        elif value._requires_grad:
-            self.ref = value
-            self.kind = _LEAF
-        else:
-            self.ref = None
-            self.kind = _PLAIN
+        self.ref, self.kind = _graph_place(value, is_output)
 
     def unpack_array(self, node: Node | None = None) -> Any:
         out = self.unpack(self.packed)
