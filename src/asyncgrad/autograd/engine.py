@@ -119,7 +119,9 @@ class Engine:
         self.blas_threads = blas_threads
         self._blas_done = False
         self._blas_limits: Any = None
-        self._limiters: dict[Any, anyio.CapacityLimiter] = {}
+        # one CapacityLimiter per event loop run (a RunVar is dropped with its loop)
+        self._limiter_var: anyio.lowlevel.RunVar[anyio.CapacityLimiter] = anyio.lowlevel.RunVar(
+            f"asyncgrad_engine_limiter_{id(self)}")
         self._lock = threading.Lock()
         self._started = self._succeeded = self._failed = self._cancelled = 0
         self._nodes_inline = self._nodes_offloaded = 0
@@ -343,11 +345,12 @@ class Engine:
         return await anyio.to_thread.run_sync(fn, *args, limiter=self._limiter())
 
     def _limiter(self) -> anyio.CapacityLimiter:
-        key = _loop_key()
-        limiter = self._limiters.get(key)
-        if limiter is None:
-            limiter = self._limiters[key] = anyio.CapacityLimiter(self.max_workers)
-        return limiter
+        try:
+            return self._limiter_var.get()
+        except LookupError:
+            limiter = anyio.CapacityLimiter(self.max_workers)
+            self._limiter_var.set(limiter)
+            return limiter
 
     async def _commit(self, task: GraphTask) -> None:
         """Commit on success. Large commits (adding big gradients into ``.grad``) run on
@@ -417,15 +420,6 @@ def _enter(task: GraphTask) -> tuple[Any, Any]:
 def _exit(tokens: tuple[Any, Any]) -> None:
     _context.grad_enabled.reset(tokens[1])
     _context.current_graph_task.reset(tokens[0])
-
-
-def _loop_key() -> Any:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        import trio
-
-        return trio.lowlevel.current_trio_token()
 
 
 def _threadsafe_caller() -> Callable[[Callable[[], Any]], None]:
