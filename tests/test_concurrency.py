@@ -522,3 +522,67 @@ async def test_split_node_unpacks_its_saved_values_once(offload_all):
     await ag.backward(y)
     assert len(unpacks) == 2  # x and w, once each, though two gradients ran in parallel
     assert w.grad.tolist() == [[5.0] * 4] * 3 and x.grad.tolist() == [[3.0] * 4] * 5
+
+
+class _Reenter(ag.autograd.Function):
+    """backward runs a nested backward through the next level (worker thread when offloaded)."""
+
+    @staticmethod
+    def forward(ctx, x, level):
+        ctx.level = level
+        return x * 1.0
+
+    @staticmethod
+    def backward(ctx, g):
+        depths.append((ctx.level, threading.get_ident(),
+                       ag.autograd.current_graph_task_statistics().depth))
+        if ctx.level > 0:
+            leaf = ag.tensor([1.0], requires_grad=True)
+            with ag.enable_grad():
+                y = _Reenter.apply(leaf, ctx.level - 1).sum()
+            ag.backward_sync(y)
+            assert leaf.grad.item() == 1.0
+        return g, None
+
+
+depths: list[tuple[int, int, int]] = []
+
+
+def test_reentrant_200_deep_from_worker_threads_with_one_worker():
+    """Every level's sync backward runs on a worker thread (inline_threshold=0) and calls
+    backward_sync; with max_workers=1 the pool is exhausted at once. Must not deadlock."""
+    prev = get_engine()
+    set_engine(Engine(max_workers=1, inline_threshold=0))
+    depths.clear()
+    try:
+        async def main():
+            x = ag.tensor([2.0], requires_grad=True)
+            await ag.backward(_Reenter.apply(x, 200).sum())
+            return x.grad.item()
+
+        assert anyio.run(main) == 1.0
+    finally:
+        set_engine(prev)
+    assert [d[0] for d in depths] == list(range(200, -1, -1))
+    assert [d[2] for d in depths] == list(range(0, 201))  # each level one deeper
+    assert len({d[1] for d in depths}) > 1  # handed to fresh threads along the way
+
+
+class _AsyncReenter(ag.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2.0
+
+    @staticmethod
+    async def backward(ctx, g):
+        z = ag.tensor([3.0], requires_grad=True)
+        with ag.enable_grad():
+            inner = (z * z).sum()
+        await ag.backward(inner)  # nested GraphTask on the loop, depth + 1
+        return g * 2.0 + z.grad.item()
+
+
+async def test_async_backward_awaiting_a_nested_backward(offload_all):
+    x = ag.tensor([1.0], requires_grad=True)
+    await ag.backward(_AsyncReenter.apply(x).sum())
+    assert x.grad.item() == 2.0 + 6.0
