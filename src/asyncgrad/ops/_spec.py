@@ -39,6 +39,9 @@ class OpSpec:
     save_when: tuple[tuple[int, ...] | None, ...] = ()
     has_aux: bool = False
     variadic: bool = False  # one rule for any number of inputs, called with index=i
+    # work per element relative to an elementwise op: 0 for rules that pass the gradient
+    # on as it is (add, views), so the engine never sends them to a thread
+    cost: float = 1.0
 
     #: whether the engine's fused inline step handles this op (see GraphTask.run_inline)
     fusable: bool = field(init=False, default=True)
@@ -65,6 +68,7 @@ def defop(
     save: str = "",
     has_aux: bool = False,
     variadic: bool = False,
+    cost: float = 1.0,
 ) -> OpSpec:
     """Declare a primitive. ``save`` lists what backward needs: ``x``, ``y``, ``z`` name
     inputs 0, 1, 2 and ``ans`` names the output, e.g. ``save="x ans"``. ``x@1`` saves
@@ -79,4 +83,4 @@ def defop(
         when.append(tuple(int(u) for u in users.split(",")) if users else None)
     return OpSpec(node_name, forward, tuple(vjps), save_inputs=tuple(positions),
                   save_ans="ans" in save.split(), save_when=tuple(when), has_aux=has_aux,
-                  variadic=variadic)
+                  variadic=variadic, cost=cost)

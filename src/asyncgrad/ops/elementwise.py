@@ -52,7 +52,7 @@ def _clamp_rule(m, g, ans, x, *, lo, hi):  # type: ignore[no-untyped-def]
 # name --------------- node name -------- forward ---------- saves -- derivative per input
 add = defop("AddBackward0", np.add,
             lambda m, g, ans, x, y: g,
-            lambda m, g, ans, x, y: g)
+            lambda m, g, ans, x, y: g, cost=0.0)
 sub = defop("SubBackward0", np.subtract,
             lambda m, g, ans, x, y: g,
             lambda m, g, ans, x, y: -g)
@@ -99,7 +99,7 @@ relu = defop("ReluBackward0", lambda x: np.maximum(x, 0),
 erf = defop("ErfBackward0", _erf,
             lambda m, g, ans, x: g * _2_OVER_SQRT_PI * m.exp(-(x * x)), save="x")
 clamp = defop("ClampBackward1", _clamp, _clamp_rule, save="x")
-clone = defop("CloneBackward0", np.copy, lambda m, g, ans, x: g)
+clone = defop("CloneBackward0", np.copy, lambda m, g, ans, x: g, cost=0.0)
 
 # Ops that only appear inside derivative rules under create_graph (PyTorch's names). Their
 # derivative with respect to the mask-defining input is zero, but depending on it keeps

@@ -57,17 +57,17 @@ def _index_add_forward(g, *, index, shape, basic):  # type: ignore[no-untyped-de
 
 # name ------------ node name ------------ forward ------------------- derivative ----------
 view = defop("ViewBackward0", lambda x, *, shape: x.reshape(shape),
-             lambda m, g, ans, x, *, shape: m.reshape(g, shape))
+             lambda m, g, ans, x, *, shape: m.reshape(g, shape), cost=0.0)
 transpose = defop("TransposeBackward0", lambda x, *, d0, d1: np.swapaxes(x, d0, d1),
-                  lambda m, g, ans, x, *, d0, d1: m.transpose(g, d0, d1))
+                  lambda m, g, ans, x, *, d0, d1: m.transpose(g, d0, d1), cost=0.0)
 permute = defop("PermuteBackward0", lambda x, *, dims: np.transpose(x, dims),
-                lambda m, g, ans, x, *, dims: m.permute(g, _invert(dims)))
+                lambda m, g, ans, x, *, dims: m.permute(g, _invert(dims)), cost=0.0)
 squeeze = defop("SqueezeBackward0", lambda x, *, out_shape: x.reshape(out_shape),
-                lambda m, g, ans, x, *, shape: m.reshape(g, shape))
+                lambda m, g, ans, x, *, shape: m.reshape(g, shape), cost=0.0)
 squeeze_dim = replace(squeeze, node_name="SqueezeBackward1")  # PyTorch: squeeze(int)
 squeeze_dims = replace(squeeze, node_name="SqueezeBackward2")  # PyTorch: squeeze(tuple)
 unsqueeze = defop("UnsqueezeBackward0", lambda x, *, dim: np.expand_dims(x, dim),
-                  lambda m, g, ans, x, *, shape: m.reshape(g, shape))
+                  lambda m, g, ans, x, *, shape: m.reshape(g, shape), cost=0.0)
 expand = defop("ExpandBackward0", lambda x, *, shape: np.broadcast_to(x, shape),
                lambda m, g, ans, x: g)  # summed down to the input's shape by the engine
 sum_to = defop("SumBackward1", lambda x, *, shape: _sum_to_array(x, shape),
