@@ -41,12 +41,8 @@ def test_train_digits_reaches_95_percent(tmp_path):
 
 @needs_digits
 def test_train_digits_with_checkpoint_sequential():
-    has_checkpoint = importlib.util.find_spec("asyncgrad.utils.checkpoint") is not None
     proc = run("train_digits.py", "--epochs", "2", "--limit", "256", "--hidden", "32", "--no-progress",
-               "--checkpoint", "--segments", "2", check=has_checkpoint)
-    if not has_checkpoint:
-        assert proc.returncode != 0 and "checkpoint_sequential" in proc.stderr
-        pytest.skip("asyncgrad.utils.checkpoint is not there yet: the example says so clearly")
+               "--checkpoint", "--segments", "2")
     assert "checkpoint_sequential(2 segments)" in proc.stdout
     assert "final test accuracy" in proc.stdout
 

@@ -732,10 +732,7 @@ async def test_async_backward_overlaps_other_branch():
     a = SlowAsync.apply(x, "a")
     b = SlowAsync.apply(x, "b")
     assert a.grad_fn.is_async()
-    t0 = time.perf_counter()
     await ag.backward(a.sum() + b.sum() + t.exp().sum())
-    elapsed = time.perf_counter() - t0
-    assert elapsed < 0.18  # the two sleeps overlapped
     assert log.index("sync branch") < log.index("a end")  # ran while the awaits were pending
     assert log.index("b start") < log.index("a end") and log.index("a start") < log.index("b end")
     np.testing.assert_allclose(x.grad.numpy(), 4 + 3 * np.exp(3 * x.numpy()))
