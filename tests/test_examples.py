@@ -60,8 +60,6 @@ def test_custom_function_example():
     assert "Exp: gradcheck: True" in out and "gradients correct: True" in out
 
 
-@pytest.mark.skipif(importlib.util.find_spec("asyncgrad.utils.checkpoint") is None,
-                    reason="asyncgrad.utils.checkpoint is not there yet")
 def test_checkpointing_example():
     out = run("checkpointing.py").stdout
     assert out.count("gradients equal to the plain run: True") == 2, out
