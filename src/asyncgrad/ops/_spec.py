@@ -42,6 +42,8 @@ class OpSpec:
     # work per element relative to an elementwise op: 0 for rules that pass the gradient
     # on as it is (add, views), so the engine never sends them to a thread
     cost: float = 1.0
+    # a BLAS kernel (matmul): the engine bounds how many run at once (Note [BLAS threads])
+    blas: bool = False
 
     #: whether the engine's fused inline step handles this op (see GraphTask.run_inline)
     fusable: bool = field(init=False, default=True)
@@ -69,6 +71,7 @@ def defop(
     has_aux: bool = False,
     variadic: bool = False,
     cost: float = 1.0,
+    blas: bool = False,
 ) -> OpSpec:
     """Declare a primitive. ``save`` lists what backward needs: ``x``, ``y``, ``z`` name
     inputs 0, 1, 2 and ``ans`` names the output, e.g. ``save="x ans"``. ``x@1`` saves
@@ -83,4 +86,4 @@ def defop(
         when.append(tuple(int(u) for u in users.split(",")) if users else None)
     return OpSpec(node_name, forward, tuple(vjps), save_inputs=tuple(positions),
                   save_ans="ans" in save.split(), save_when=tuple(when), has_aux=has_aux,
-                  variadic=variadic, cost=cost)
+                  variadic=variadic, cost=cost, blas=blas)

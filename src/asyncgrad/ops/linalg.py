@@ -45,16 +45,16 @@ def _linear(x, w, b=None):  # type: ignore[no-untyped-def]
 
 
 # name ------------ node name ------------ forward ------- derivative -------------------
-matmul = defop("MmBackward0", np.matmul, _matmul_rule_x, _matmul_rule_y, save="x y")  # ranks decide the rule
-dot = defop("DotBackward0", np.matmul, _matmul_rule_x, _matmul_rule_y, save="x y")
-mv = defop("MvBackward0", np.matmul, _matmul_rule_x, _matmul_rule_y, save="x y")
-bmm = defop("BmmBackward0", np.matmul, _matmul_rule_x, _matmul_rule_y, save="x y")
+matmul = defop("MmBackward0", np.matmul, _matmul_rule_x, _matmul_rule_y, save="x y", blas=True)  # ranks decide
+dot = defop("DotBackward0", np.matmul, _matmul_rule_x, _matmul_rule_y, save="x y", blas=True)
+mv = defop("MvBackward0", np.matmul, _matmul_rule_x, _matmul_rule_y, save="x y", blas=True)
+bmm = defop("BmmBackward0", np.matmul, _matmul_rule_x, _matmul_rule_y, save="x y", blas=True)
 linear = defop("AddmmBackward0", _linear,
                lambda m, g, ans, x, w, b: m.matmul(g, w),
                lambda m, g, ans, x, w, b: m.matmul(m.transpose(_flat(m, g), 0, 1), _flat(m, x)),
                lambda m, g, ans, x, w, b: g,  # summed over the batch by the engine
-               save="x@1 y@0")
+               save="x@1 y@0", blas=True)
 linear_nobias = defop("MmBackward0", _linear,
                       lambda m, g, ans, x, w: m.matmul(g, w),
                       lambda m, g, ans, x, w: m.matmul(m.transpose(_flat(m, g), 0, 1), _flat(m, x)),
-                      save="x@1 y@0")
+                      save="x@1 y@0", blas=True)
