@@ -41,9 +41,9 @@ class RemovableHandle:
     __slots__ = ("_hooks_ref", "id")
     _ids = itertools.count()
 
-    def __init__(self, hooks: dict[int, Any]) -> None:
+    def __init__(self, hooks: HookDict) -> None:
         self.id = next(RemovableHandle._ids)
-        self._hooks_ref = weakref.ref(hooks) if hasattr(hooks, "__weakref__") else (lambda: hooks)
+        self._hooks_ref = weakref.ref(hooks)  # a handle does not keep its hooks alive
 
     def remove(self) -> None:
         hooks = self._hooks_ref()
@@ -311,10 +311,6 @@ class SavedTensor:
             "gradient, with asyncgrad.autograd.set_detect_anomaly(True, check_nan=False)."
         )
 
-    @property
-    def numel(self) -> int:
-        return int(self.data.size)
-
 
 class HookedSavedTensor:
     """A saved tensor that went through ``saved_tensors_hooks``: ``pack`` ran at save
@@ -350,10 +346,6 @@ class HookedSavedTensor:
             t._acc_ref = weakref.ref(AccumulateGrad.for_leaf(self.ref))
         return t
 
-    @property
-    def numel(self) -> int:
-        return 0
-
 
 _saved_hooks = _context.saved_tensors_hooks
 
@@ -383,18 +375,6 @@ def save_for_backward(value: Tensor, is_output: bool = False) -> SavedTensor | H
     if saved.kind != _LEAF:
         value._saved = saved
     return saved
-
-
-def unpack_saved(saved: Any, tensor_mode: bool, node: Node | None = None) -> Any:
-    """The value of one saved entry: a SavedTensor, a hooked one, a constant or None."""
-    if saved is None:
-        return None
-    t = type(saved)
-    if t is SavedTensor or t is HookedSavedTensor:
-        return saved.unpack_tensor(node) if tensor_mode else saved.unpack_array(node)
-    if tensor_mode and isinstance(saved, np.ndarray):
-        return _tensor_cls._wrap(saved)
-    return saved  # a constant operand
 
 
 class saved_tensors_hooks:
