@@ -8,13 +8,12 @@ as a decorator, on plain functions, generators and ``async def`` functions alike
 
 from __future__ import annotations
 
-import functools
-import inspect
 from contextvars import Token
 from typing import Any, TypeVar
 from collections.abc import Callable
 
 from . import _context
+from ._decorate import decorate
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -37,31 +36,7 @@ class _GradModeBase:
         return type(self)()
 
     def __call__(self, fn: F) -> F:
-        if inspect.iscoroutinefunction(fn):
-            @functools.wraps(fn)
-            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                with self._clone():
-                    return await fn(*args, **kwargs)
-            return async_wrapper  # type: ignore[return-value]
-        if inspect.isgeneratorfunction(fn):
-            @functools.wraps(fn)
-            def gen_wrapper(*args: Any, **kwargs: Any) -> Any:
-                gen = fn(*args, **kwargs)
-                value = None
-                while True:
-                    with self._clone():
-                        try:
-                            item = gen.send(value)
-                        except StopIteration as stop:
-                            return stop.value
-                    value = yield item
-            return gen_wrapper  # type: ignore[return-value]
-
-        @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with self._clone():
-                return fn(*args, **kwargs)
-        return wrapper  # type: ignore[return-value]
+        return decorate(fn, self._clone)
 
 
 class _NoParamDecorator(_GradModeBase):

@@ -23,8 +23,6 @@ walked and no gradient is scanned.
 
 from __future__ import annotations
 
-import functools
-import inspect
 import os
 import sys
 import traceback
@@ -37,6 +35,7 @@ from collections.abc import Callable
 import numpy as np
 
 from .. import _context
+from .._decorate import decorate
 from .graph import AccumulateGrad, Node
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -206,18 +205,7 @@ class _AnomalyModeBase:
         return _AnomalyModeBase(self.enabled, self.check_nan)
 
     def __call__(self, fn: F) -> F:
-        if inspect.iscoroutinefunction(fn):
-            @functools.wraps(fn)
-            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                with self._clone():
-                    return await fn(*args, **kwargs)
-            return async_wrapper  # type: ignore[return-value]
-
-        @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with self._clone():
-                return fn(*args, **kwargs)
-        return wrapper  # type: ignore[return-value]
+        return decorate(fn, self._clone)
 
 
 class detect_anomaly(_AnomalyModeBase):
