@@ -164,8 +164,7 @@ def record(spec: OpSpec, inputs: tuple[Any, ...], out: np.ndarray, aux: Any = No
             key.append(None)
     if not requires:
         return _wrap(out)
-    node = OpNode(spec, tuple(edges), params, aux, _meta(tuple(key)),
-                  out.size if spec.cost == 1.0 else int(out.size * spec.cost))
+    node = OpNode(spec, tuple(edges), params, aux, _meta(tuple(key)), 0)
     result = _nonleaf(out, node, 0, None)
     if spec.save_inputs or spec.save_ans:
         # laid out as the rules' arguments: (ans, input 0, input 1, ...)
@@ -192,10 +191,10 @@ def record(spec: OpSpec, inputs: tuple[Any, ...], out: np.ndarray, aux: Any = No
             saved[0] = entry.data
         node.saved = tuple(saved)
         node.checks = tuple(checks)
-        # elements the kernel reads: the incoming gradient and every saved array
-        node.work = out.size + sum(e.data.size for e in checks if type(e) is SavedTensor)
-        if spec.cost != 1.0:
-            node.work = int(node.work * spec.cost)
+    # elements the kernel reads: the incoming gradient and every saved array, scaled by
+    # the op's cost factor (Note [Inline or offload] in engine.py)
+    work = out.size + sum(e.data.size for e in node.checks if type(e) is SavedTensor)
+    node.work = work if spec.cost == 1.0 else int(work * spec.cost)
     if _anomaly.get() is not None:
         from .anomaly_mode import record_forward_trace
 
