@@ -293,7 +293,7 @@ class GraphTask:
           returns ``(node, inputs)``, already prepared, for the caller to start;
         * ``time.perf_counter()`` passed ``deadline``: returns True (time to yield).
 
-        ``kernel`` is ``engine.run_kernel`` or a tool's wrapper of it; None selects the
+        ``kernel`` is ``kernel.run_kernel`` or a tool's wrapper of it; None selects the
         fused path below for built-in nodes. This loop is most of a small backward's
         cost, so it keeps everything in locals, and for the hot case (a built-in node
         without hooks, in a plain backward, with a defined gradient) it does the work of

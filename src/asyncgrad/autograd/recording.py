@@ -154,7 +154,7 @@ def record(spec: OpSpec, inputs: tuple[Any, ...], out: np.ndarray, aux: Any = No
     for t in inputs:
         if type(t) is Tensor and t._requires_grad:
             requires = True
-            edges.append((t.grad_fn, t.output_nr) if t.grad_fn is not None else t._gradient_edge())
+            edges.append(t._gradient_edge())
             d = t.data
             key.append(d.shape)
             key.append(d.dtype)
