@@ -4,7 +4,6 @@ own: ``async def backward``, cancellation, offloading, saved-tensor hooks."""
 
 import asyncio
 import threading
-import time
 
 import anyio
 import numpy as np
@@ -785,20 +784,23 @@ async def test_cancellation_during_async_backward_leaves_grad_unchanged():
         @staticmethod
         async def backward(ctx, g):
             started.set()
-            await anyio.sleep(ctx.delay)
+            try:
+                await anyio.sleep(ctx.delay)
+            except anyio.get_cancelled_exc_class():
+                cancelled.append(True)  # the cancellation reached the async backward
+                raise
             return g * 2
 
+    cancelled: list[bool] = []
     x = ag.tensor([1.0, 2.0], requires_grad=True)
     x.grad = ag.tensor([5.0, 5.0])
     y = Hang.apply(x)
     y.grad_fn.ctx.delay = 10
     loss = (y * 3).sum() + x.sum()
-    t0 = time.perf_counter()
     with pytest.raises(TimeoutError):
         with anyio.fail_after(0.1):
             await ag.backward(loss)
-    assert time.perf_counter() - t0 < 2
-    assert started.is_set()
+    assert started.is_set() and cancelled == [True]
     np.testing.assert_array_equal(x.grad.numpy(), [5.0, 5.0])
     with pytest.raises(asyncio.TimeoutError):
         await asyncio.wait_for(ag.backward(loss), 0.05)
