@@ -26,10 +26,10 @@ from ..common import (BLAS, ASYNCGRAD, AUTOGRAD, NUMPY, TORCH, Case, Column, Res
 DEFAULT_ROUNDS = 5
 
 
-def _inputs(branches: int, size: int) -> tuple[list[np.ndarray], np.ndarray]:
+def _inputs(branches: int, size: int, dtype: Any = np.float32) -> tuple[list[np.ndarray], np.ndarray]:
     rng = np.random.default_rng(0)
-    xs = [rng.standard_normal(size, dtype=np.float32) for _ in range(branches)]
-    return xs, rng.uniform(0.5, 1.5, size).astype(np.float32)
+    xs = [rng.standard_normal(size).astype(dtype) for _ in range(branches)]
+    return xs, rng.uniform(0.5, 1.5, size).astype(dtype)
 
 
 def _branch(y: Any, c: Any, ops: int, sin: Any, tanh: Any) -> Any:

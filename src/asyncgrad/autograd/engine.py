@@ -65,6 +65,7 @@ class EngineStatistics:
     kernels_in_flight: int
     max_workers: int
     inline_threshold: int
+    thread_hops: int = 0  # kernels sent to worker threads (a worker chain is one)
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,7 @@ class GraphTaskStatistics:
     in_flight: int
     ready: int
     pending: int
+    thread_hops: int = 0
 
 
 async def run_async_kernel(node: Node, inputs: list[Any], math: Any) -> list[Any]:
@@ -128,7 +130,7 @@ class Engine:
             f"asyncgrad_engine_limiter_{id(self)}")
         self._lock = threading.Lock()
         self._started = self._succeeded = self._failed = self._cancelled = 0
-        self._nodes_inline = self._nodes_offloaded = 0
+        self._nodes_inline = self._nodes_offloaded = self._thread_hops = 0
         self._in_flight = 0
 
     # --- public ---------------------------------------------------------------------------
@@ -138,7 +140,7 @@ class Engine:
                 self._started, self._succeeded, self._failed, self._cancelled,
                 self._started - self._succeeded - self._failed - self._cancelled,
                 self._nodes_inline, self._nodes_offloaded, self._in_flight,
-                self.max_workers, self.inline_threshold,
+                self.max_workers, self.inline_threshold, self._thread_hops,
             )
 
     async def execute(self, task: GraphTask) -> None:
@@ -217,8 +219,12 @@ class Engine:
         if first is None:
             return
         async with anyio.create_task_group() as tg:
-            self._start(task, tg, *first)
-            await self._drain_concurrent(task, tg)
+            try:
+                self._start(task, tg, *first)
+                await self._drain_concurrent(task, tg)
+            except BaseException:
+                task.stopping = True  # cancelled: chains on worker threads stop early
+                raise
 
     async def _drain_inline(self, task: GraphTask) -> tuple[Node, list[Any]] | None:
         """Run nodes inline (yielding every ``yield_interval``) until done, or until a
@@ -280,6 +286,11 @@ class Engine:
                         # Note [BLAS threads]: at most cores // BLAS-threads BLAS kernels at once
                         async with self._blas_limiter():
                             outputs = await self._offload_kernel(task, node, inputs)
+                    elif self._chains(task, node):
+                        await self._offload_chain(task, node, inputs)
+                        if task.error is not None:
+                            tg.cancel_scope.cancel()
+                        return
                     else:
                         outputs = await self._offload_kernel(task, node, inputs)
                 finally:
@@ -296,9 +307,40 @@ class Engine:
             if task.wakeup is not None:
                 task.wakeup.set()
 
+    def _chains(self, task: GraphTask, node: Node) -> bool:
+        """Whether ``node`` may head a worker chain (Note [Worker chains] in
+        graph_task.py): a plain backward of built-in nodes, no tool wrapping kernels,
+        and a node that is not split into per-input kernels."""
+        return (type(node) is OpNode and task.captures is None and not task.create_graph
+                and task.profiler is None and _anomaly_mode.get() is None
+                and not self._splits(task, node))
+
+    async def _offload_chain(self, task: GraphTask, head: Node, inputs: list[Any]) -> None:
+        """Run ``head`` and the nodes chained after it on one worker thread, then route
+        their gradients on the loop (Note [Worker chains])."""
+        chain, edges, partials = task.plan_chain(head, self.inline_threshold, self._blas_threads_per_call == 1)
+        task.thread_hops += 1
+        if not chain:
+            outputs = await self._offload(run_kernel, head, inputs, task.math)
+            task.nodes_offloaded += 1
+            if task.error is None:
+                task.finish(head, inputs, outputs)
+            return
+        nodes = [head, *chain]
+        results, error = await self._offload(_run_chain, task, nodes, edges, partials, inputs)
+        task.nodes_offloaded += len(results)
+        if error is not None:
+            task.fail(error, nodes[len(results)])
+            return
+        if task.error is not None or len(results) < len(nodes):  # stopped: drop it all
+            return
+        for k, (node, outputs) in enumerate(zip(nodes, results)):
+            task.finish_chained(node, edges[k] if k < len(edges) else -1, outputs)
+
     async def _offload_kernel(self, task: GraphTask, node: Node, inputs: list[Any]) -> list[Any]:
+        task.thread_hops += 1
         if self._splits(task, node):
-            return await self._offload_per_input(node, inputs, task.math)
+            return await self._offload_per_input(task, node, inputs)
         return await self._offload(kernel_for(task, True), node, inputs, task.math)  # type: ignore[no-any-return]
 
     def _splits(self, task: GraphTask, node: Node) -> bool:
@@ -317,12 +359,14 @@ class Engine:
                 needed += 1
         return needed > 1
 
-    async def _offload_per_input(self, node: Node, inputs: list[Any], math: Any) -> list[Any]:
+    async def _offload_per_input(self, task: GraphTask, node: Node, inputs: list[Any]) -> list[Any]:
+        math = task.math
         outputs: list[Any] = [None] * len(node.next_edges)
         # unpack the saved values once (unpack hooks may be slow: on a worker thread)
         unpacked = await self._offload(node.rule_args, math)  # type: ignore[attr-defined]
 
         async def one(i: int) -> None:
+            task.thread_hops += 1
             outputs[i] = await self._offload(node.apply_edge, i, inputs, math, unpacked)  # type: ignore[attr-defined]
 
         async with anyio.create_task_group() as parts:
@@ -429,6 +473,7 @@ class Engine:
         with self._lock:
             self._nodes_inline += task.nodes_inline
             self._nodes_offloaded += task.nodes_offloaded
+            self._thread_hops += task.thread_hops
             if outcome == "succeeded":
                 self._succeeded += 1
             elif outcome == "failed":
@@ -437,10 +482,33 @@ class Engine:
                 self._cancelled += 1
 
 
+def _run_chain(task: GraphTask, nodes: list[Node], edges: list[int], partials: list[Any],
+               inputs: list[Any]) -> tuple[list[list[Any]], BaseException | None]:
+    """On a worker thread: run a chain of nodes, each fed the gradient its predecessor
+    computed for it (added to what its buffer already held: ``partials``). Returns the
+    outputs of the nodes that ran and the exception of the one that raised, if any (that
+    one is ``nodes[len(outputs)]``); stops early once the GraphTask stops (an error
+    elsewhere, or a cancellation)."""
+    math = task.math
+    results: list[list[Any]] = []
+    for k, node in enumerate(nodes):
+        if k and task.stopping:
+            break
+        try:
+            if k:
+                g = results[-1][edges[k - 1]]
+                held = partials[k - 1]
+                inputs = [held if g is None else g if held is None else held + g]
+            results.append(run_kernel(node, inputs, math))
+        except Exception as e:
+            return results, e
+    return results, None
+
+
 def graph_task_statistics(task: GraphTask) -> GraphTaskStatistics:
     return GraphTaskStatistics(task.id, task.depth, task.nodes_inline, task.nodes_offloaded,
                                task.in_flight, len(task.heap) + len(task.ready_leaves),
-                               len(task.dependencies))
+                               len(task.dependencies), task.thread_hops)
 
 
 def _enter(task: GraphTask) -> tuple[Any, Any]:

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 
 _graph_task_ids = itertools.count(1)
 _COMMIT_LOCK = threading.Lock()
+MAX_LIGHT_RUN = 4  # light nodes in a row inside a worker chain (Note [Worker chains])
 
 
 class GraphTask:
@@ -79,9 +80,11 @@ class GraphTask:
         self.executed: list[Node] = []
         self.callbacks: list[Callable[[], Any]] = []
         self.error: BaseException | None = None
+        self.stopping = False  # set on error or cancellation: worker chains stop early
         self.in_flight = 0
         self.nodes_inline = 0
         self.nodes_offloaded = 0
+        self.thread_hops = 0
         self.wakeup: Any = None  # an anyio.Event while the driver waits for kernels
         self.profiler: Any = _context.profiler.get()
         self._root: tuple[Node, list[Any]] | None = None  # set by set_roots
@@ -284,6 +287,73 @@ class GraphTask:
             if d is not None:  # (None: pruned, nothing needed lies behind this edge)
                 add(child, nr, g, d)
 
+    def plan_chain(self, head: Node, threshold: float,
+                   blas_ok: bool) -> tuple[list[Node], list[int], list[Any]]:
+        """Note [Worker chains]: the nodes that may run on the worker thread right after
+        ``head``, without a hop back to the loop. A thread hop costs ~100 us, as much as
+        a heavy elementwise kernel, so a branch of heavy nodes offloaded one by one spends
+        half its time hopping. A node C can follow its predecessor P on the same worker
+        when nothing but P can make C ready (P's edge is the last one C waits for:
+        ``dependencies[C] == 1``, read before P runs, and only P can change it; what
+        C's other inputs sent earlier is in its buffer, final, and is added to P's
+        gradient on the worker, in the order the loop would add it), when C
+        is a built-in node without hooks (hooks run on the loop), and when P makes no
+        other node ready (a fork goes back to the loop, so both branches can run at
+        once). Light nodes (an add's pass-through gradient) may sit between heavy ones,
+        at most ``MAX_LIGHT_RUN`` in a row: a long run of light nodes is Python holding
+        the GIL against the loop, so the chain ends at its last heavy node. Returns the
+        chained nodes, for each node before them the edge that leads to the next, and
+        each chained node's buffered gradient (or None). Bookkeeping stays on the loop:
+        ``finish_chained`` routes the rest afterwards."""
+        deps = self.dependencies
+        buffers = self.buffers
+        nodes: list[Node] = []
+        edges: list[int] = []
+        partials: list[Any] = []
+        heavy = 0  # the chain up to its last heavy node
+        node = head
+        while len(nodes) - heavy < MAX_LIGHT_RUN and (node._hooks is None or not node._hooks.post):
+            nxt = -1
+            for i, (child, _nr) in enumerate(node.next_edges):
+                if child is not None and deps.get(child) == 1:
+                    if nxt >= 0:
+                        nxt = -1  # a fork
+                        break
+                    nxt = i
+            if nxt < 0:
+                break
+            child, nr = node.next_edges[nxt]
+            if (type(child) is not OpNode or child._hooks is not None or nr != 0
+                    or child.num_outputs != 1 or (child.spec.blas and not blas_ok)):
+                break
+            edges.append(nxt)
+            nodes.append(child)
+            buf = buffers.get(child)
+            partials.append(None if buf is None else buf[0])
+            if child.work >= threshold:
+                heavy = len(nodes)
+            node = child
+        return nodes[:heavy], edges[:heavy], partials[:heavy]
+
+    def finish_chained(self, node: Node, skip: int, outputs: list[Any]) -> None:
+        """``finish`` for a node (without post-hooks) that ran in a worker chain: the
+        gradient of edge ``skip`` (-1: none, the chain's last node) already fed the next
+        node of the chain, so that dependency is settled instead of routed."""
+        deps = self.dependencies
+        if not self.keep_graph:
+            self.executed.append(node)
+        add = self._add_gradient
+        for i, ((child, nr), g) in enumerate(zip(node.next_edges, outputs)):
+            if child is None:
+                continue
+            if i == skip:
+                del deps[child]
+                self.buffers.pop(child, None)
+                continue
+            d = deps.get(child)
+            if d is not None:
+                add(child, nr, g, d)
+
     def run_inline(self, kernel: Callable[[Node, list[Any], Any], list[Any]] | None,
                    threshold: float, deadline: float) -> tuple[Node, list[Any]] | bool | None:
         """Run ready nodes inline, in ready-queue order, until one of:
@@ -400,6 +470,7 @@ class GraphTask:
                 anomaly.annotate_error(error, node)
         if self.error is None:
             self.error = error
+        self.stopping = True
 
     # ------------------------------------------------------------------------------------
     # Commit (see Note [Commit on success]).
