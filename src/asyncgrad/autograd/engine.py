@@ -48,7 +48,7 @@ from .recording import OpNode
 REENTRANT_HANDOFF_DEPTH = 40
 _INF = float("inf")
 DEFAULT_INLINE_THRESHOLD = 131_072
-YIELD_INTERVAL = 0.001
+YIELD_INTERVAL = 0.0005
 
 
 @dataclass(frozen=True)

@@ -107,7 +107,7 @@ class GraphTask:
         self._root = (root, buf)
 
     def setup_steps(self) -> Iterator[None]:
-        """Count dependencies and queue the root. A generator that yields every few
+        """Count dependencies and queue the root. A generator that yields every
         thousand nodes, so the async driver can let the loop run during the walk of a
         huge graph (the sync driver just exhausts it)."""
         assert self._root is not None, "set_roots() first"
@@ -166,7 +166,7 @@ class GraphTask:
         while stack:
             node = stack.pop()
             walked += 1
-            if not walked & 4095:
+            if not walked & 1023:
                 yield
             if needed is not None and node is not root and node not in needed:
                 continue  # a target reached only to capture its gradient
@@ -512,12 +512,12 @@ class GraphTask:
 
     def release_steps(self) -> Iterator[None]:
         """Free the saved tensors of the nodes that ran (without retain_graph); yields
-        every few thousand nodes, like ``setup_steps``."""
+        every thousand nodes, like ``setup_steps``."""
         executed = self.executed
         self.executed = []
         for i, node in enumerate(executed):
             node.release_variables()
-            if not (i + 1) & 4095:
+            if not (i + 1) & 1023:
                 yield
 
     def queue_callback(self, fn: Callable[[], Any]) -> None:
