@@ -52,15 +52,17 @@ def _branchy_loss(x, w):
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-async def test_chained_gradients_equal_the_inline_engine_bit_for_bit(engines, seed):
+async def test_chained_gradients_equal_the_inline_engine(engines, seed):
+    """Equal up to rounding: ``w`` sums gradients from branches that finish in either
+    order when offloaded (exactness on integer data: test_deferred_sums.py)."""
     offload, inline = engines
     x1, w1 = _leaves(seed)
     x2, w2 = _leaves(seed)
     await _backward_with(offload, _branchy_loss(x1, w1))
     await _backward_with(inline, _branchy_loss(x2, w2))
-    np.testing.assert_array_equal(x1.grad.numpy(), x2.grad.numpy())
-    np.testing.assert_array_equal(w1.grad.numpy(), w2.grad.numpy())
-    assert inline.statistics().thread_hops == 0
+    np.testing.assert_allclose(x1.grad.numpy(), x2.grad.numpy(), rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(w1.grad.numpy(), w2.grad.numpy(), rtol=1e-12, atol=1e-15)
+    assert offload.statistics().thread_hops > 0 and inline.statistics().thread_hops == 0
 
 
 async def test_a_branch_of_heavy_nodes_takes_one_thread_hop(engines):

@@ -42,6 +42,7 @@ import anyio.to_thread
 from .. import _context
 from .graph import Node
 from .graph_task import GraphTask, validate_outputs
+from .input_buffer import LazyBuffer, combine, resolve, value
 from .kernel import _anomaly_mode, run_kernel
 from .recording import OpNode
 
@@ -321,7 +322,7 @@ class Engine:
         chain, edges, partials = task.plan_chain(head, self.inline_threshold, self._blas_threads_per_call == 1)
         task.thread_hops += 1
         if not chain:
-            outputs = await self._offload(run_kernel, head, inputs, task.math)
+            outputs = await self._offload(_resolved_kernel, run_kernel, head, inputs, task.math)
             task.nodes_offloaded += 1
             if task.error is None:
                 task.finish(head, inputs, outputs)
@@ -340,8 +341,14 @@ class Engine:
     async def _offload_kernel(self, task: GraphTask, node: Node, inputs: list[Any]) -> list[Any]:
         task.thread_hops += 1
         if self._splits(task, node):
+            if type(inputs) is LazyBuffer:
+                task.thread_hops += 1
+                inputs = await self._offload(resolve, inputs)
             return await self._offload_per_input(task, node, inputs)
-        return await self._offload(kernel_for(task, True), node, inputs, task.math)  # type: ignore[no-any-return]
+        kernel = kernel_for(task, True)
+        if type(inputs) is LazyBuffer:  # add up the deferred sums on the worker too
+            return await self._offload(_resolved_kernel, kernel, node, inputs, task.math)  # type: ignore[no-any-return]
+        return await self._offload(kernel, node, inputs, task.math)  # type: ignore[no-any-return]
 
     def _splits(self, task: GraphTask, node: Node) -> bool:
         """Whether to compute a node's input gradients as separate parallel kernels: a
@@ -482,6 +489,12 @@ class Engine:
                 self._cancelled += 1
 
 
+def _resolved_kernel(kernel: Callable[[Node, list[Any], Any], list[Any]], node: Node,
+                     inputs: list[Any], math: Any) -> list[Any]:
+    """``kernel`` after adding up a LazyBuffer's pending sums (Note [Deferred sums])."""
+    return kernel(node, resolve(inputs), math)
+
+
 def _run_chain(task: GraphTask, nodes: list[Node], edges: list[int], partials: list[Any],
                inputs: list[Any]) -> tuple[list[list[Any]], BaseException | None]:
     """On a worker thread: run a chain of nodes, each fed the gradient its predecessor
@@ -495,10 +508,10 @@ def _run_chain(task: GraphTask, nodes: list[Node], edges: list[int], partials: l
         if k and task.stopping:
             break
         try:
-            if k:
-                g = results[-1][edges[k - 1]]
-                held = partials[k - 1]
-                inputs = [held if g is None else g if held is None else held + g]
+            if k:  # what the buffer held, plus the predecessor's gradient
+                inputs = [value(combine(partials[k - 1], results[-1][edges[k - 1]]))]
+            elif type(inputs) is LazyBuffer:
+                inputs = resolve(inputs)
             results.append(run_kernel(node, inputs, math))
         except Exception as e:
             return results, e

@@ -38,6 +38,7 @@ from .._tensor_math import TENSOR_MATH
 from ..ops._array_math import ARRAY_MATH
 from .graph import ACCUMULATE_GRAD_SEQUENCE_NR, AccumulateGrad, Edge, GraphRoot, Node, SavedTensor
 from .recording import OpNode
+from .input_buffer import LazyBuffer, PendingSum, combine, resolve
 from .kernel import run_kernel
 from .validation import _fix_gradient, validate_one, validate_outputs  # noqa: F401  (re-exported)
 
@@ -188,8 +189,9 @@ class GraphTask:
 
     def _add_gradient(self, child: Node, nr: int, g: Any, d: int) -> None:
         """Route ``g`` (or None) to input ``nr`` of ``child``, which had ``d`` edges
-        left to hear from: sum it into the child's buffer, and queue the child when this
-        was its last one. (run_inline inlines this for speed.)"""
+        left to hear from: sum it into the child's buffer (large sums deferred, Note
+        [Deferred sums] in input_buffer.py), and queue the child when this was its last
+        one. (run_inline inlines this for speed.)"""
         buffers = self.buffers
         if d == 1:
             del self.dependencies[child]
@@ -198,8 +200,7 @@ class GraphTask:
                 buf = [None] * child.num_outputs
                 buf[nr] = g
             elif g is not None:
-                old = buf[nr]
-                buf[nr] = g if old is None else old + g
+                buf = _add_to_buffer(buf, nr, g)
             self._make_ready(child, buf)
             return
         self.dependencies[child] = d - 1
@@ -207,8 +208,9 @@ class GraphTask:
             buf = buffers.get(child)
             if buf is None:
                 buf = buffers[child] = [None] * child.num_outputs
-            old = buf[nr]
-            buf[nr] = g if old is None else old + g
+                buf[nr] = g
+            else:
+                buffers[child] = _add_to_buffer(buf, nr, g)
 
     # ------------------------------------------------------------------------------------
     # The per-node steps, shared by the async and the synchronous drivers.
@@ -242,6 +244,8 @@ class GraphTask:
     def _stage_leaf(self, node: AccumulateGrad, buf: list[Any]) -> None:
         var = node.variable
         g = buf[0]
+        if type(g) is PendingSum and (var._hooks or self.captures is not None or node._hooks is not None):
+            g = g.total()  # hooks and captures see the sum (else write_grads adds it)
         if var._hooks:
             from .hooks import run_leaf_tensor_hooks
 
@@ -258,7 +262,7 @@ class GraphTask:
             g = run_pre_hooks(self, node, hooks.pre, [g])[0]
         staged = self.staged
         prev = staged.get(var)
-        staged[var] = g if prev is None else (prev if g is None else prev + g)
+        staged[var] = combine(prev, g)
         if hooks is not None and hooks.post:
             from .hooks import run_post_hooks
 
@@ -394,6 +398,8 @@ class GraphTask:
                 else:
                     return None
                 if not (plain and type(node) is OpNode and node._hooks is None):
+                    if type(buf) is LazyBuffer and (type(node) is not AccumulateGrad or not plain):
+                        buf = resolve(buf)  # (in a plain backward a leaf's sum waits for the commit)
                     inputs = self.prepare(node, buf)
                     if inputs is None:
                         continue
@@ -402,7 +408,9 @@ class GraphTask:
                     self.finish(node, inputs, run(node, inputs, math))
                 else:
                     if node.work >= threshold:
-                        return node, buf
+                        return node, buf  # (a LazyBuffer is added up on the worker)
+                    if type(buf) is LazyBuffer:
+                        buf = resolve(buf)
                     g = buf[0]
                     spec = node.spec
                     saved = node.saved
@@ -440,8 +448,7 @@ class GraphTask:
                                 if old is None:
                                     old = [gi]
                                 elif gi is not None:
-                                    prev = old[0]
-                                    old[0] = gi if prev is None else prev + gi
+                                    old = _add_to_buffer(old, 0, gi)
                                 seq = child.sequence_nr
                                 if seq == acc_nr:
                                     leaves.append((child, old))
@@ -486,7 +493,7 @@ class GraphTask:
 
     def staged_size(self) -> int:
         """Elements the commit will add (to decide whether it runs on a worker thread)."""
-        return sum(getattr(g, "size", 0) for g in self.staged.values() if g is not None)
+        return sum(getattr(g, "size", 0) for g in self.staged.values() if g is not None)  # (PendingSum too)
 
     def write_grads(self) -> None:
         """Accumulate every staged gradient into ``.grad``, all under the one commit lock
@@ -498,6 +505,8 @@ class GraphTask:
                 for stage in (self.staged, self.retained):
                     for var in list(stage):
                         g = stage[var]
+                        if type(g) is PendingSum:
+                            g = g.total()
                         if g is not None:
                             _accumulate(var, g, self.create_graph)
 
@@ -528,6 +537,16 @@ class GraphTask:
         from .engine import graph_task_statistics
 
         return graph_task_statistics(self)
+
+
+def _add_to_buffer(buf: list[Any], nr: int, g: Any) -> list[Any]:
+    """Add ``g`` into slot ``nr`` of ``buf``; returns the buffer, re-typed LazyBuffer
+    when the sum was deferred (Note [Deferred sums])."""
+    total = combine(buf[nr], g)
+    buf[nr] = total
+    if type(total) is PendingSum and type(buf) is not LazyBuffer:
+        return LazyBuffer(buf)
+    return buf
 
 
 def _owned(arr: Any, refs: int) -> bool:
