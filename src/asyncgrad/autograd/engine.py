@@ -3,9 +3,10 @@
 Note [Inline or offload]: a node whose ``work`` (elements its kernel touches) is below
 ``inline_threshold`` runs inline on the event loop: a thread hop costs ~100 us, a tiny
 node ~1 us. Larger kernels run on worker threads (numpy releases the GIL), bounded by a
-``CapacityLimiter(max_workers)`` per event loop, so independent branches overlap. Inline
-work yields to the loop at least every ``yield_interval`` seconds, so the loop stays
-responsive whatever the graph.
+``CapacityLimiter(max_workers)`` per event loop, so independent branches overlap; a
+large node takes the large nodes that only it feeds along on the same hop (Note [Worker
+chains] in graph_task.py). Inline work yields to the loop at least every
+``yield_interval`` seconds, so the loop stays responsive whatever the graph.
 
 Note [Reentrant backwards]: a backward started while a node of another backward runs
 (a hook, a custom Function's backward, a callback) is *nested*: depth + 1, and its
@@ -37,7 +38,6 @@ from collections.abc import Callable, Coroutine
 
 import anyio
 import anyio.lowlevel
-import anyio.to_thread
 
 from .. import _context
 from .graph import Node
@@ -45,11 +45,13 @@ from .graph_task import GraphTask, validate_outputs
 from .input_buffer import LazyBuffer, combine, resolve, value
 from .kernel import _anomaly_mode, run_kernel
 from .recording import OpNode
+from .workers import WorkerPool, shared_pool
 
 REENTRANT_HANDOFF_DEPTH = 40
 _INF = float("inf")
 DEFAULT_INLINE_THRESHOLD = 131_072
 YIELD_INTERVAL = 0.0005
+WORKER_NICE = 10
 
 
 @dataclass(frozen=True)
@@ -106,18 +108,23 @@ def kernel_for(task: GraphTask, offloaded: bool) -> Callable[[Node, list[Any], A
 
 
 class Engine:
-    """Runs backward passes. ``max_workers`` bounds kernel threads (per event loop),
+    """Runs backward passes. ``max_workers`` bounds the engine's kernel threads,
     ``inline_threshold`` (elements) decides which nodes run inline, ``executor``
-    replaces anyio's worker threads with any ``concurrent.futures.Executor``."""
+    replaces the engine's own worker threads with any ``concurrent.futures.Executor``,
+    ``worker_nice`` lowers those threads' scheduling priority (Note [Worker threads
+    yield the CPU to the loop] in workers.py)."""
 
     def __init__(self, *, max_workers: int | None = None, inline_threshold: int | None = None,
                  executor: Executor | None = None, yield_interval: float = YIELD_INTERVAL,
-                 blas_threads: int | None = None, tune_malloc: bool = True) -> None:
+                 blas_threads: int | None = None, tune_malloc: bool = True,
+                 worker_nice: int = WORKER_NICE) -> None:
         if max_workers is not None and max_workers < 1:
             raise ValueError(f"max_workers must be at least 1, got {max_workers}")
         self.max_workers = max_workers or os.cpu_count() or 1
         self.inline_threshold = DEFAULT_INLINE_THRESHOLD if inline_threshold is None else inline_threshold
         self.executor = executor
+        self.worker_nice = worker_nice
+        self._pool: WorkerPool | None = None
         self.yield_interval = yield_interval
         self.blas_threads = blas_threads
         self.tune_malloc = tune_malloc
@@ -126,9 +133,6 @@ class Engine:
         self._blas_threads_per_call = 1
         self._blas_limiter_var: anyio.lowlevel.RunVar[anyio.CapacityLimiter] = anyio.lowlevel.RunVar(
             f"asyncgrad_engine_blas_limiter_{id(self)}")
-        # one CapacityLimiter per event loop run (a RunVar is dropped with its loop)
-        self._limiter_var: anyio.lowlevel.RunVar[anyio.CapacityLimiter] = anyio.lowlevel.RunVar(
-            f"asyncgrad_engine_limiter_{id(self)}")
         self._lock = threading.Lock()
         self._started = self._succeeded = self._failed = self._cancelled = 0
         self._nodes_inline = self._nodes_offloaded = self._thread_hops = 0
@@ -158,6 +162,9 @@ class Engine:
             await self._drain(task)
             if task.error is not None:
                 raise task.error
+            if task.dependencies:  # an invariant: a finished GraphTask ran every node
+                raise RuntimeError(f"asyncgrad: internal error: graph task {task.id} ended with "
+                                   f"{len(task.dependencies)} nodes that never became ready")
             await self._commit(task)
             await self._run_callbacks(task)
             outcome = "succeeded"
@@ -254,6 +261,8 @@ class Engine:
                 await anyio.lowlevel.checkpoint()
             elif ready is None:
                 if task.in_flight == 0:  # (a nested task only runs inside an in-flight node)
+                    if task.stopping and task.error is None:
+                        await _let_pending_cancellation_land()
                     return
                 task.wakeup = anyio.Event()
                 await task.wakeup.wait()
@@ -303,6 +312,9 @@ class Engine:
         except Exception as e:
             task.fail(e, node)
             tg.cancel_scope.cancel()
+        except BaseException:  # cancelled: this node's gradients are dropped, so the
+            task.stopping = True  # GraphTask can no longer complete
+            raise
         finally:
             task.in_flight -= 1
             if task.wakeup is not None:
@@ -421,17 +433,15 @@ class Engine:
             return limiter
 
     async def _offload(self, fn: Callable[..., Any], *args: Any) -> Any:
-        if self.executor is not None:
-            return await _run_in_executor(self.executor, fn, args)
-        return await anyio.to_thread.run_sync(fn, *args, limiter=self._limiter())
+        return await _run_in_executor(self.executor or self._pool or self._start_pool(), fn, args)
 
-    def _limiter(self) -> anyio.CapacityLimiter:
-        try:
-            return self._limiter_var.get()
-        except LookupError:
-            limiter = anyio.CapacityLimiter(self.max_workers)
-            self._limiter_var.set(limiter)
-            return limiter
+    def _start_pool(self) -> WorkerPool:
+        """The worker threads: a pool of ``max_workers`` threads shared by every event
+        loop and thread that uses the engine (and by engines with the same settings),
+        so ``max_workers`` bounds them all (Note [Worker threads yield the CPU to the
+        loop] in workers.py)."""
+        self._pool = shared_pool(self.max_workers, self.worker_nice)
+        return self._pool
 
     async def _commit(self, task: GraphTask) -> None:
         """Commit on success. Large commits (adding big gradients into ``.grad``) run on
@@ -495,6 +505,17 @@ def _resolved_kernel(kernel: Callable[[Node, list[Any], Any], list[Any]], node: 
     return kernel(node, resolve(inputs), math)
 
 
+async def _let_pending_cancellation_land() -> None:
+    """A kernel's task was cancelled and its gradients dropped, so the GraphTask cannot
+    complete. The cancellation that did it covers the driver too (it is the task
+    group's, or an enclosing scope's), but may not have reached it yet (anyio delivers
+    it only to a task that is waiting): a checkpoint lets it land. The driver must never
+    go on to commit a GraphTask with nodes that did not run."""
+    for _ in range(100):
+        await anyio.lowlevel.checkpoint()
+    raise RuntimeError("asyncgrad: a kernel of this backward was cancelled, but the backward was not")
+
+
 def _run_chain(task: GraphTask, nodes: list[Node], edges: list[int], partials: list[Any],
                inputs: list[Any]) -> tuple[list[list[Any]], BaseException | None]:
     """On a worker thread: run a chain of nodes, each fed the gradient its predecessor
@@ -509,7 +530,12 @@ def _run_chain(task: GraphTask, nodes: list[Node], edges: list[int], partials: l
             break
         try:
             if k:  # what the buffer held, plus the predecessor's gradient
-                inputs = [value(combine(partials[k - 1], results[-1][edges[k - 1]]))]
+                prev = results[-1]
+                inputs = [value(combine(partials[k - 1], prev[edges[k - 1]]))]
+                # dropped from the results (finish_chained skips that edge), so a long
+                # chain holds one gradient at a time, not one per node
+                prev[edges[k - 1]] = None
+                del prev
             elif type(inputs) is LazyBuffer:
                 inputs = resolve(inputs)
             results.append(run_kernel(node, inputs, math))
@@ -578,15 +604,21 @@ def _threadsafe_caller() -> Callable[[Callable[[], Any]], None]:
 
 
 async def _run_in_executor(executor: Executor, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
-    """Run ``fn`` on ``executor`` and wait for it even if cancelled meanwhile."""
+    """Run ``fn`` on ``executor`` in a copy of this context. If cancelled meanwhile, a
+    call that has not started is withdrawn; one that has is waited for (a thread
+    cannot be interrupted), then the cancellation goes on."""
     ctx = contextvars.copy_context()
     done = anyio.Event()
     call_soon = _threadsafe_caller()
     future = executor.submit(ctx.run, fn, *args)
     future.add_done_callback(lambda _: call_soon(done.set))
-    with anyio.CancelScope(shield=True):
+    try:
         await done.wait()
-    await anyio.lowlevel.checkpoint_if_cancelled()
+    except anyio.get_cancelled_exc_class():
+        if not future.cancel():
+            with anyio.CancelScope(shield=True):
+                await done.wait()
+        raise
     return future.result()
 
 

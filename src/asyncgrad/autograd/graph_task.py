@@ -3,8 +3,8 @@
 Note [GraphTask bookkeeping lives on one thread]: every field here is read and written
 by the thread that drives the GraphTask (the event loop's thread, or the caller's thread
 for a synchronous drain). Kernels that run on worker threads get their inputs and
-return their outputs; they never touch these dicts. That is what lets the per-node path
-run without locks.
+return their outputs; they never touch these dicts (a worker chain only reads the
+``stopping`` flag). That is what lets the per-node path run without locks.
 
 Note [Ready-queue order]: ready nodes run in order of ``sequence_nr``, highest first (the
 node created last in forward), as in PyTorch. AccumulateGrad nodes are kept in their own

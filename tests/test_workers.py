@@ -1,0 +1,180 @@
+"""The engine's worker threads (autograd/workers.py): bounded, most-recently-idle first,
+lowered priority, idle threads exit, queued calls can be withdrawn."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from concurrent.futures import wait
+
+import numpy as np
+import pytest
+
+import asyncgrad as ag
+from asyncgrad.autograd import Engine, get_engine, set_engine
+from asyncgrad.autograd.workers import WorkerPool, shared_pool
+
+
+def _poll(condition, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def test_at_most_max_workers_run_at_once_and_the_rest_wait_in_order():
+    pool = WorkerPool(2)
+    running = 0
+    peak = 0
+    order: list[int] = []
+    lock = threading.Lock()
+    gate = threading.Event()
+
+    def job(i: int) -> int:
+        nonlocal running, peak
+        with lock:
+            running += 1
+            peak = max(peak, running)
+            order.append(i)
+        gate.wait(5)
+        with lock:
+            running -= 1
+        return i * i
+
+    futures = [pool.submit(job, i) for i in range(10)]
+    assert _poll(lambda: running == 2)
+    assert pool.threads == 2
+    gate.set()
+    wait(futures, timeout=5)
+    assert [f.result() for f in futures] == [i * i for i in range(10)]
+    assert peak == 2
+    assert sorted(order) == list(range(10))
+
+
+def test_waiting_calls_start_first_in_first_out():
+    pool = WorkerPool(1)
+    gate = threading.Event()
+    order: list[int] = []
+    first = pool.submit(gate.wait, 5)
+    futures = [pool.submit(order.append, i) for i in range(8)]
+    gate.set()
+    wait([first, *futures], timeout=5)
+    assert order == list(range(8))
+
+
+def test_calls_one_after_another_run_on_the_thread_that_went_idle_last():
+    pool = WorkerPool(4)
+    names = [pool.submit(lambda: threading.current_thread().name).result(timeout=5) for _ in range(20)]
+    assert len(set(names)) == 1
+    assert pool.threads == 1
+
+
+def test_exceptions_reach_the_future_and_the_thread_survives():
+    pool = WorkerPool(1)
+
+    def boom() -> None:
+        raise ValueError("kernel failed")
+
+    with pytest.raises(ValueError, match="kernel failed"):
+        pool.submit(boom).result(timeout=5)
+    assert pool.submit(lambda a, b=1: a + b, 2, b=3).result(timeout=5) == 5
+
+
+def test_a_call_cancelled_while_waiting_never_runs():
+    pool = WorkerPool(1)
+    gate = threading.Event()
+    ran: list[str] = []
+    first = pool.submit(lambda: (gate.wait(5), ran.append("first")))
+    second = pool.submit(lambda: ran.append("second"))
+    assert second.cancel()
+    gate.set()
+    first.result(timeout=5)
+    assert pool.submit(lambda: ran.append("third")).result(timeout=5) is None
+    assert ran == ["first", "third"]
+
+
+def test_idle_threads_exit_after_the_idle_timeout():
+    pool = WorkerPool(2, idle_timeout=0.05)
+    wait([pool.submit(time.sleep, 0.01) for _ in range(2)], timeout=5)
+    assert _poll(lambda: pool.threads == 0)
+    assert pool.submit(lambda: 7).result(timeout=5) == 7  # and new ones start on demand
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread niceness is Linux's")
+@pytest.mark.parametrize("nice", [0, 10])
+def test_worker_threads_run_at_lowered_priority(nice):
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    pool = WorkerPool(1, nice=nice)
+    seen = pool.submit(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id())).result(timeout=5)
+    assert seen == min(19, base + nice)
+    assert os.getpriority(os.PRIO_PROCESS, 0) == base  # the caller's own is unchanged
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread niceness is Linux's")
+async def test_engine_kernels_run_on_its_niced_threads():
+    prev = get_engine()
+    engine = Engine(inline_threshold=0, worker_nice=5)
+    set_engine(engine)
+    seen: list[tuple[str, int]] = []
+
+    def unpack(t):
+        seen.append((threading.current_thread().name, os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+        return t
+
+    try:
+        x = ag.tensor(np.linspace(0, 1, 8), requires_grad=True)
+        with ag.autograd.graph.saved_tensors_hooks(lambda t: t, unpack):
+            y = x.sin().exp().sum()
+        await ag.backward(y)
+    finally:
+        set_engine(prev)
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    assert seen and all(name.startswith("asyncgrad-worker") and nice == min(19, base + 5) for name, nice in seen)
+
+
+def test_engines_with_the_same_settings_share_one_bounded_pool():
+    assert shared_pool(2, 10) is shared_pool(2, 10)
+    assert shared_pool(2, 10) is not shared_pool(1, 10)
+    engine = Engine(max_workers=2, inline_threshold=0)
+    peak = 0
+    lock = threading.Lock()
+    active = 0
+
+    def unpack(t):
+        nonlocal peak, active
+        with lock:
+            active += 1
+            peak = max(peak, active)
+        time.sleep(0.002)
+        with lock:
+            active -= 1
+        return t
+
+    def run_one_loop() -> None:
+        import asyncio
+
+        async def main() -> None:
+            set_engine(engine)  # (process-wide; every thread sets the same one)
+            for _ in range(3):
+                x = ag.tensor(np.linspace(0, 1, 8), requires_grad=True)
+                with ag.autograd.graph.saved_tensors_hooks(lambda t: t, unpack):
+                    y = (x.sin() * x.cos()).exp().sum()
+                await ag.backward(y)
+
+        asyncio.run(main())
+
+    prev = get_engine()
+    try:
+        threads = [threading.Thread(target=run_one_loop) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+    finally:
+        set_engine(prev)
+    assert 1 <= peak <= 2  # four event loops, one engine: never more than max_workers kernels
+    assert engine.statistics().graph_tasks_succeeded == 12
