@@ -2,8 +2,8 @@
 
 Every piece of "current" state lives in a :class:`contextvars.ContextVar`, never in a
 module global or a thread-local: two asyncio tasks interleaving on one loop each see
-their own values, and work offloaded with ``anyio.to_thread.run_sync`` runs in a copy of
-the offloading task's context, so it sees the same grad mode, graph task and hooks.
+their own values, and work sent to a worker thread runs in a copy of the offloading
+task's context, so it sees the same grad mode, graph task and hooks.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 Note [Inline or offload]: a node whose ``work`` (elements its kernel touches) is below
 ``inline_threshold`` runs inline on the event loop: a thread hop costs ~100 us, a tiny
-node ~1 us. Larger kernels run on worker threads (numpy releases the GIL), bounded by a
-``CapacityLimiter(max_workers)`` per event loop, so independent branches overlap; a
+node ~1 us. Larger kernels run on the engine's worker threads (numpy releases the GIL),
+at most ``max_workers`` of them (workers.py), so independent branches overlap; a
 large node takes the large nodes that only it feeds along on the same hop (Note [Worker
 chains] in graph_task.py). Inline work yields to the loop at least every
 ``yield_interval`` seconds, so the loop stays responsive whatever the graph.

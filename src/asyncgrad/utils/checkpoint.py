@@ -64,7 +64,6 @@ from contextlib import contextmanager
 from typing import Any
 from collections.abc import Callable, Iterator
 
-import anyio.to_thread
 
 from .. import _context
 from ..grad_mode import enable_grad
@@ -300,7 +299,7 @@ class CheckpointFunctionBackward(Node):
         parent = _context.current_graph_task.get()
         engine = parent.engine if parent is not None else get_engine()
         if self.work >= engine.inline_threshold:
-            task = await anyio.to_thread.run_sync(self._recompute, grads, m, engine)
+            task = await engine._offload(self._recompute, grads, m, engine)  # the engine's worker threads
         else:
             task = self._recompute(grads, m, engine)
         if task is None:
