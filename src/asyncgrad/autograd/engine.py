@@ -41,7 +41,7 @@ import anyio.lowlevel
 
 from .. import _context
 from .graph import Node
-from .graph_task import GraphTask, validate_outputs
+from .graph_task import RELEASE_STEP, GraphTask, validate_outputs
 from .input_buffer import LazyBuffer, combine, resolve, value
 from .kernel import _anomaly_mode, run_kernel
 from .recording import OpNode
@@ -455,8 +455,12 @@ class Engine:
         try:
             task.after_commit()
         finally:
-            with anyio.CancelScope(shield=True):  # bookkeeping after the commit: finish it
-                await self._run_steps(task.release_steps())
+            if len(task.executed) <= RELEASE_STEP:  # one step: nothing to wait for
+                for _ in task.release_steps():
+                    pass
+            else:
+                with anyio.CancelScope(shield=True):  # bookkeeping after the commit: finish it
+                    await self._run_steps(task.release_steps())
 
     async def _run_steps(self, steps: Any) -> None:
         """Exhaust a GraphTask step generator, yielding to the loop every yield_interval."""

@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 
 _graph_task_ids = itertools.count(1)
 _COMMIT_LOCK = threading.Lock()
+RELEASE_STEP = 1024  # nodes whose saved tensors are freed between two chances to yield
 MAX_LIGHT_RUN = 4  # light nodes in a row inside a worker chain (Note [Worker chains])
 
 
@@ -526,7 +527,7 @@ class GraphTask:
         self.executed = []
         for i, node in enumerate(executed):
             node.release_variables()
-            if not (i + 1) & 1023:
+            if not (i + 1) % RELEASE_STEP:
                 yield
 
     def queue_callback(self, fn: Callable[[], Any]) -> None:
