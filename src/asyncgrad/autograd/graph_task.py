@@ -500,14 +500,18 @@ class GraphTask:
         """Accumulate every staged gradient into ``.grad``, all under the one commit lock
         (thread-safe: may run on a worker thread)."""
         if self.staged or self.retained:
+            staged = self.staged
+            for var in list(staged):  # deferred sums first, outside the lock
+                g = staged[var]
+                if type(g) is PendingSum:
+                    staged[var] = g.total()
+            g = None  # (no extra reference for _owned to count)
             with _COMMIT_LOCK:
                 # (keys, then a lookup: a dict items() iterator would keep one more
                 # reference to the last value and defeat _owned's reference count)
-                for stage in (self.staged, self.retained):
+                for stage in (staged, self.retained):
                     for var in list(stage):
                         g = stage[var]
-                        if type(g) is PendingSum:
-                            g = g.total()
                         if g is not None:
                             _accumulate(var, g, self.create_graph)
 
