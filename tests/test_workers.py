@@ -178,3 +178,56 @@ def test_engines_with_the_same_settings_share_one_bounded_pool():
         set_engine(prev)
     assert 1 <= peak <= 2  # four event loops, one engine: never more than max_workers kernels
     assert engine.statistics().graph_tasks_succeeded == 12
+
+
+def test_blas_kernels_from_several_loops_share_one_bound():
+    """BLAS kernels run threads of their own, so the engine bounds how many run at once
+    process-wide (cores // BLAS threads per call), not per event loop."""
+    engine = Engine(inline_threshold=0)
+    lock = threading.Lock()
+    active = 0
+    peak = 0
+
+    def unpack(packed):
+        nonlocal active, peak
+        kind, t = packed
+        if kind != "matmul":
+            return t
+        with lock:
+            active += 1
+            peak = max(peak, active)
+        time.sleep(0.003)
+        with lock:
+            active -= 1
+        return t
+
+    def run_one_loop() -> None:
+        import asyncio
+
+        async def main() -> None:
+            for _ in range(3):
+                a = ag.tensor(np.ones((4, 4)), requires_grad=True)
+                b = ag.tensor(np.ones((4, 4)))
+
+                def pack(t, b=b):
+                    return ("matmul" if t is b else "other", t)  # only the matmul saves b
+
+                with ag.autograd.graph.saved_tensors_hooks(pack, unpack):
+                    y = (a @ b).sum()
+                await ag.backward(y)
+
+        asyncio.run(main())
+
+    prev = get_engine()
+    set_engine(engine)
+    try:
+        threads = [threading.Thread(target=run_one_loop) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+    finally:
+        set_engine(prev)
+    slots = min(engine.max_workers, max(1, (os.cpu_count() or 1) // engine._blas_threads_per_call))
+    assert engine.statistics().graph_tasks_succeeded == 12
+    assert 1 <= peak <= slots

@@ -125,6 +125,7 @@ class Engine:
         self.executor = executor
         self.worker_nice = worker_nice
         self._pool: WorkerPool | None = None
+        self._blas_gate: threading.BoundedSemaphore | None = None
         self.yield_interval = yield_interval
         self.blas_threads = blas_threads
         self.tune_malloc = tune_malloc
@@ -295,7 +296,7 @@ class Engine:
                     if type(node) is OpNode and node.spec.blas:
                         # Note [BLAS threads]: at most cores // BLAS-threads BLAS kernels at once
                         async with self._blas_limiter():
-                            outputs = await self._offload_kernel(task, node, inputs)
+                            outputs = await self._offload_kernel(task, node, inputs, blas=True)
                     elif self._chains(task, node):
                         await self._offload_chain(task, node, inputs)
                         if task.error is not None:
@@ -350,7 +351,8 @@ class Engine:
         for k, (node, outputs) in enumerate(zip(nodes, results)):
             task.finish_chained(node, edges[k] if k < len(edges) else -1, outputs)
 
-    async def _offload_kernel(self, task: GraphTask, node: Node, inputs: list[Any]) -> list[Any]:
+    async def _offload_kernel(self, task: GraphTask, node: Node, inputs: list[Any],
+                              blas: bool = False) -> list[Any]:
         task.thread_hops += 1
         if self._splits(task, node):
             if type(inputs) is LazyBuffer:
@@ -358,9 +360,10 @@ class Engine:
                 inputs = await self._offload(resolve, inputs)
             return await self._offload_per_input(task, node, inputs)
         kernel = kernel_for(task, True)
+        offload = self._offload_blas if blas else self._offload
         if type(inputs) is LazyBuffer:  # add up the deferred sums on the worker too
-            return await self._offload(_resolved_kernel, kernel, node, inputs, task.math)  # type: ignore[no-any-return]
-        return await self._offload(kernel, node, inputs, task.math)  # type: ignore[no-any-return]
+            return await offload(_resolved_kernel, kernel, node, inputs, task.math)  # type: ignore[no-any-return]
+        return await offload(kernel, node, inputs, task.math)  # type: ignore[no-any-return]
 
     def _splits(self, task: GraphTask, node: Node) -> bool:
         """Whether to compute a node's input gradients as separate parallel kernels: a
@@ -399,29 +402,34 @@ class Engine:
         BLAS kernels on worker threads at once multiply those threads and oversubscribe
         the cores (measured here: 964 vs 8,707 small-MLP passes/s). So the engine runs at
         most ``cores // BLAS-threads-per-call`` BLAS kernels (matmul, linear) at once,
-        through a second per-loop limiter, and splits a BLAS node's input gradients into
-        parallel kernels only when BLAS is single-threaded. BLAS's own setting is left
+        counted over every loop using the engine (a per-loop limiter and shared slots),
+        and splits a BLAS node's input gradients into parallel kernels only when BLAS is
+        single-threaded. BLAS's own setting is left
         alone by default: for one large backward, one kernel with BLAS's two threads beats
         two single-threaded kernels (7.6 vs 8.3-9.4 ms for a 256x1024x1024 linear layer
         here). ``Engine(blas_threads=n)`` sets BLAS to ``n`` threads per call process-wide
         through threadpoolctl (``1`` favours many concurrent backward calls: inter-op
         parallelism instead of BLAS's own)."""
-        if self._blas_done:
-            return
-        self._blas_done = True
+        # Under the lock, and marked done only at the end: several event loops (threads)
+        # may start their first backward at once, and none may go on with the default.
+        with self._lock:
+            if self._blas_done:
+                return
+            self._blas_threads_per_call = self._blas_threads_per_call_now()
+            self._blas_done = True
+
+    def _blas_threads_per_call_now(self) -> int:
         cores = os.cpu_count() or 1
         n = self.blas_threads
         try:
             from threadpoolctl import threadpool_info, threadpool_limits
         except ImportError:  # optional: without it, assume BLAS uses every core
-            self._blas_threads_per_call = cores if not n else n
-            return
+            return cores if not n else n
         if n:
             self._blas_limits = threadpool_limits(limits=n, user_api="blas")
-            self._blas_threads_per_call = n
-        else:
-            counts = [lib.get("num_threads", 1) for lib in threadpool_info() if lib.get("user_api") == "blas"]
-            self._blas_threads_per_call = max(counts, default=1)
+            return n
+        counts = [lib.get("num_threads", 1) for lib in threadpool_info() if lib.get("user_api") == "blas"]
+        return max(counts, default=1)
 
     def _blas_limiter(self) -> anyio.CapacityLimiter:
         try:
@@ -434,6 +442,25 @@ class Engine:
 
     async def _offload(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await _run_in_executor(self.executor or self._pool or self._start_pool(), fn, args)
+
+    async def _offload_blas(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``_offload`` for a BLAS kernel, which on its worker thread first takes one of
+        ``cores // BLAS-threads`` slots shared by every event loop using the engine, so
+        several loops (threads) cannot oversubscribe the cores with BLAS's threads either
+        (Note [BLAS threads]; the per-loop limiter orders a loop's own BLAS kernels, so a
+        worker waits on a slot only when another loop holds it). Measured: 4 loops each
+        running MLP backwards made 20.5-21 backwards/s in all with a per-loop bound only,
+        22-23 with the shared slots, against ~29 for one loop. (A separate pool of BLAS
+        threads bounds them as well, but then kernels alternate between two threads, and
+        the loop's lag grew back from 1.1 to 3.9 ms: see workers.py.)"""
+        gate = self._blas_gate
+        if gate is None:
+            with self._lock:
+                if self._blas_gate is None:
+                    slots = max(1, (os.cpu_count() or 1) // max(1, self._blas_threads_per_call))
+                    self._blas_gate = threading.BoundedSemaphore(min(slots, self.max_workers))
+                gate = self._blas_gate
+        return await self._offload(_gated, gate, fn, *args)
 
     def _start_pool(self) -> WorkerPool:
         """The worker threads: a pool of ``max_workers`` threads shared by every event
@@ -501,6 +528,12 @@ class Engine:
                 self._failed += 1
             else:
                 self._cancelled += 1
+
+
+def _gated(gate: threading.BoundedSemaphore, fn: Callable[..., Any], *args: Any) -> Any:
+    """On a worker thread: ``fn(*args)`` holding one of ``gate``'s slots."""
+    with gate:
+        return fn(*args)
 
 
 def _resolved_kernel(kernel: Callable[[Node, list[Any], Any], list[Any]], node: Node,
