@@ -131,17 +131,16 @@ class WorkerPool(Executor):
             job = worker.job
 
 
-_shared: dict[tuple[str, int, int], WorkerPool] = {}
+_shared: dict[tuple[int, int], WorkerPool] = {}
 _shared_lock = threading.Lock()
 
 
-def shared_pool(max_workers: int, nice: int, name: str = "asyncgrad-worker") -> WorkerPool:
-    """The process's pool ``name`` of ``max_workers`` threads at niceness ``nice``."""
-    key = (name, max_workers, nice)
+def shared_pool(max_workers: int, nice: int) -> WorkerPool:
+    """The process's pool of ``max_workers`` threads at niceness ``nice``."""
     with _shared_lock:
-        pool = _shared.get(key)
+        pool = _shared.get((max_workers, nice))
         if pool is None:
-            pool = _shared[key] = WorkerPool(max_workers, nice=nice, name=name)
+            pool = _shared[(max_workers, nice)] = WorkerPool(max_workers, nice=nice)
         return pool
 
 
