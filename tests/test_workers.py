@@ -136,47 +136,62 @@ async def test_engine_kernels_run_on_its_niced_threads():
     assert seen and all(name.startswith("asyncgrad-worker") and nice == min(19, base + 5) for name, nice in seen)
 
 
-def test_engines_with_the_same_settings_share_one_bounded_pool():
-    assert shared_pool(2, 10) is shared_pool(2, 10)
-    assert shared_pool(2, 10) is not shared_pool(1, 10)
-    engine = Engine(max_workers=2, inline_threshold=0)
-    peak = 0
-    lock = threading.Lock()
-    active = 0
+class _Concurrency:
+    """Counts calls in flight (from any thread) and the most seen at once."""
 
-    def unpack(t):
-        nonlocal peak, active
-        with lock:
-            active += 1
-            peak = max(peak, active)
-        time.sleep(0.002)
-        with lock:
-            active -= 1
-        return t
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.active = 0
+        self.peak = 0
 
-    def run_one_loop() -> None:
-        import asyncio
+    def hold(self, seconds: float) -> None:
+        with self.lock:
+            self.active += 1
+            self.peak = max(self.peak, self.active)
+        time.sleep(seconds)  # (widens the window for overlap; nothing is timed)
+        with self.lock:
+            self.active -= 1
 
-        async def main() -> None:
-            set_engine(engine)  # (process-wide; every thread sets the same one)
-            for _ in range(3):
-                x = ag.tensor(np.linspace(0, 1, 8), requires_grad=True)
-                with ag.autograd.graph.saved_tensors_hooks(lambda t: t, unpack):
-                    y = (x.sin() * x.cos()).exp().sum()
-                await ag.backward(y)
 
-        asyncio.run(main())
+def _backwards_on_loop_threads(engine: Engine, one_backward, loops: int = 4, each: int = 3) -> None:
+    """``each`` awaited ``one_backward()`` calls on each of ``loops`` threads, every
+    thread running its own event loop, with ``engine`` as the default engine."""
+    import asyncio
+
+    async def main() -> None:
+        for _ in range(each):
+            await one_backward()
 
     prev = get_engine()
+    set_engine(engine)
     try:
-        threads = [threading.Thread(target=run_one_loop) for _ in range(4)]
+        threads = [threading.Thread(target=asyncio.run, args=(main(),)) for _ in range(loops)]
         for t in threads:
             t.start()
         for t in threads:
             t.join(30)
     finally:
         set_engine(prev)
-    assert 1 <= peak <= 2  # four event loops, one engine: never more than max_workers kernels
+
+
+def test_engines_with_the_same_settings_share_one_bounded_pool():
+    assert shared_pool(2, 10) is shared_pool(2, 10)
+    assert shared_pool(2, 10) is not shared_pool(1, 10)
+    engine = Engine(max_workers=2, inline_threshold=0)
+    kernels = _Concurrency()
+
+    def unpack(t):
+        kernels.hold(0.002)
+        return t
+
+    async def one_backward() -> None:
+        x = ag.tensor(np.linspace(0, 1, 8), requires_grad=True)
+        with ag.autograd.graph.saved_tensors_hooks(lambda t: t, unpack):
+            y = (x.sin() * x.cos()).exp().sum()
+        await ag.backward(y)
+
+    _backwards_on_loop_threads(engine, one_backward)
+    assert 1 <= kernels.peak <= 2  # four event loops, one engine: never more than max_workers kernels
     assert engine.statistics().graph_tasks_succeeded == 12
 
 
@@ -184,50 +199,26 @@ def test_blas_kernels_from_several_loops_share_one_bound():
     """BLAS kernels run threads of their own, so the engine bounds how many run at once
     process-wide (cores // BLAS threads per call), not per event loop."""
     engine = Engine(inline_threshold=0)
-    lock = threading.Lock()
-    active = 0
-    peak = 0
+    matmuls = _Concurrency()
 
     def unpack(packed):
-        nonlocal active, peak
         kind, t = packed
-        if kind != "matmul":
-            return t
-        with lock:
-            active += 1
-            peak = max(peak, active)
-        time.sleep(0.003)
-        with lock:
-            active -= 1
+        if kind == "matmul":
+            matmuls.hold(0.003)
         return t
 
-    def run_one_loop() -> None:
-        import asyncio
+    async def one_backward() -> None:
+        a = ag.tensor(np.ones((4, 4)), requires_grad=True)
+        b = ag.tensor(np.ones((4, 4)))
 
-        async def main() -> None:
-            for _ in range(3):
-                a = ag.tensor(np.ones((4, 4)), requires_grad=True)
-                b = ag.tensor(np.ones((4, 4)))
+        def pack(t):
+            return ("matmul" if t is b else "other", t)  # only the matmul saves b
 
-                def pack(t, b=b):
-                    return ("matmul" if t is b else "other", t)  # only the matmul saves b
+        with ag.autograd.graph.saved_tensors_hooks(pack, unpack):
+            y = (a @ b).sum()
+        await ag.backward(y)
 
-                with ag.autograd.graph.saved_tensors_hooks(pack, unpack):
-                    y = (a @ b).sum()
-                await ag.backward(y)
-
-        asyncio.run(main())
-
-    prev = get_engine()
-    set_engine(engine)
-    try:
-        threads = [threading.Thread(target=run_one_loop) for _ in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(30)
-    finally:
-        set_engine(prev)
+    _backwards_on_loop_threads(engine, one_backward)
     slots = min(engine.max_workers, max(1, (os.cpu_count() or 1) // engine._blas_threads_per_call))
     assert engine.statistics().graph_tasks_succeeded == 12
-    assert 1 <= peak <= slots
+    assert 1 <= matmuls.peak <= slots

@@ -333,13 +333,13 @@ class Engine:
         """Run ``head`` and the nodes chained after it on one worker thread, then route
         their gradients on the loop (Note [Worker chains])."""
         chain, edges, partials = task.plan_chain(head, self.inline_threshold, self._blas_threads_per_call == 1)
-        task.thread_hops += 1
         if not chain:
-            outputs = await self._offload(_resolved_kernel, run_kernel, head, inputs, task.math)
+            outputs = await self._offload_kernel(task, head, inputs)
             task.nodes_offloaded += 1
             if task.error is None:
                 task.finish(head, inputs, outputs)
             return
+        task.thread_hops += 1
         nodes = [head, *chain]
         results, error = await self._offload(_run_chain, task, nodes, edges, partials, inputs)
         task.nodes_offloaded += len(results)

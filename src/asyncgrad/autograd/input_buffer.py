@@ -35,9 +35,9 @@ class PendingSum(list):  # type: ignore[type-arg]
 
     def total(self) -> Any:
         """The sum, left to right, as ``((a + b) + c) + ...`` eagerly would be."""
-        out = _value(self[0]) + _value(self[1])
+        out = value(self[0]) + value(self[1])
         for term in self[2:]:
-            v = _value(term)
+            v = value(term)
             if type(out) is np.ndarray and type(v) is np.ndarray and v.shape == out.shape \
                     and np.result_type(out, v) == out.dtype:
                 np.add(out, v, out=out)  # ``out`` is our own fresh array
@@ -50,10 +50,6 @@ class LazyBuffer(list):  # type: ignore[type-arg]
     """An input buffer with at least one ``PendingSum`` slot."""
 
     __slots__ = ()
-
-
-def _value(g: Any) -> Any:
-    return g.total() if type(g) is PendingSum else g
 
 
 def combine(old: Any, g: Any) -> Any:
@@ -69,16 +65,16 @@ def combine(old: Any, g: Any) -> Any:
     if type(old) is np.ndarray and (type(g) is np.ndarray or type(g) is PendingSum) \
             and old.size >= LAZY_SUM_MIN:
         return PendingSum((old, g))
-    return old + _value(g)
+    return old + value(g)
 
 
 def resolve(buf: list[Any]) -> list[Any]:
     """A plain buffer with every pending sum added (a plain buffer is returned as is)."""
     if type(buf) is not LazyBuffer:
         return buf
-    return [_value(g) for g in buf]
+    return [value(g) for g in buf]
 
 
 def value(g: Any) -> Any:
     """One slot's gradient, its pending sum added."""
-    return _value(g)
+    return g.total() if type(g) is PendingSum else g

@@ -64,7 +64,6 @@ from contextlib import contextmanager
 from typing import Any
 from collections.abc import Callable, Iterator
 
-
 from .. import _context
 from ..grad_mode import enable_grad
 from ..random import get_rng_state, set_rng_state
