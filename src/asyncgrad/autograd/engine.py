@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import os
+import sys
 import threading
 import time
 from concurrent.futures import Executor
@@ -667,9 +668,15 @@ def _in_event_loop_thread() -> bool:
         return True
     except RuntimeError:
         pass
-    import sniffio
-
-    return sniffio.thread_local.name is not None
+    # trio is an optional back end: only a thread running it can have imported it already.
+    trio = sys.modules.get("trio")
+    if trio is None:
+        return False
+    try:
+        trio.lowlevel.current_trio_token()
+        return True
+    except RuntimeError:
+        return False
 
 
 def block_on(fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> Any:
