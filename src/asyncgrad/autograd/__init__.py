@@ -9,6 +9,7 @@ from .engine import (
     current_graph_task_statistics,
     get_engine,
     queue_callback,
+    queue_pre_commit,
     set_engine,
 )
 from . import graph
@@ -21,7 +22,7 @@ from .function import Function, FunctionCtx, once_differentiable
 __all__ = [
     "Engine", "EngineStatistics", "GraphTaskStatistics", "backward", "backward_sync",
     "current_graph_task_id", "current_graph_task_statistics", "get_engine", "grad", "grad_sync",
-    "graph", "queue_callback",
+    "graph", "queue_callback", "queue_pre_commit",
     "set_engine", "GradcheckError", "gradcheck", "gradgradcheck",
     "Function", "FunctionCtx", "function", "once_differentiable",
     "detect_anomaly", "is_anomaly_check_nan_enabled", "is_anomaly_enabled", "profiler", "set_detect_anomaly",

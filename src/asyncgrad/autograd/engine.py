@@ -167,6 +167,8 @@ class Engine:
             if task.dependencies:  # an invariant: a finished GraphTask ran every node
                 raise RuntimeError(f"asyncgrad: internal error: graph task {task.id} ended with "
                                    f"{len(task.dependencies)} nodes that never became ready")
+            if task.pre_commits:
+                await self._run_pre_commits(task)
             await self._commit(task)
             await self._run_callbacks(task)
             outcome = "succeeded"
@@ -211,13 +213,11 @@ class Engine:
                 except BaseException as e:
                     task.fail(e, node)
                     raise
+            if task.pre_commits:
+                _call_each(task.pre_commits, _await_blocking, task.pre_commit_view())
+                task.end_pre_commit()
             task.commit()
-            i = 0
-            while i < len(task.callbacks):
-                result = task.callbacks[i]()
-                if asyncio.iscoroutine(result):
-                    block_on(lambda r=result: r)
-                i += 1
+            _call_each(task.callbacks, _await_blocking)
             outcome = "succeeded"
         finally:
             _exit(tokens)
@@ -503,9 +503,21 @@ class Engine:
         i = 0
         while i < len(task.callbacks):  # a callback may queue more
             result = task.callbacks[i]()
-            if asyncio.iscoroutine(result) or hasattr(result, "__await__"):
+            if _is_awaitable(result):
                 await result
             i += 1
+
+    async def _run_pre_commits(self, task: GraphTask) -> None:
+        """Note [Pre-commit]: after every node finished, before the commit. Not shielded:
+        a cancellation or an error here commits nothing."""
+        view = task.pre_commit_view()
+        i = 0
+        while i < len(task.pre_commits):  # a function may queue more
+            result = task.pre_commits[i](view)
+            if _is_awaitable(result):
+                await result
+            i += 1
+        task.end_pre_commit()
 
     # --- bookkeeping ----------------------------------------------------------------------
     def _begin(self, task: GraphTask, parent: GraphTask | None) -> None:
@@ -529,6 +541,28 @@ class Engine:
                 self._failed += 1
             else:
                 self._cancelled += 1
+
+
+def _is_awaitable(result: Any) -> bool:
+    return asyncio.iscoroutine(result) or hasattr(result, "__await__")
+
+
+def _await_blocking(result: Any) -> None:
+    """From the sync driver: run an awaitable that a callback returned to completion."""
+    if _is_awaitable(result):
+        async def wait() -> None:
+            await result
+
+        block_on(wait)
+
+
+def _call_each(fns: list[Callable[..., Any]], finish: Callable[[Any], None], *args: Any) -> None:
+    """Call ``fns`` in order, including any appended while iterating (a callback may
+    queue more), passing each result to ``finish``."""
+    i = 0
+    while i < len(fns):
+        finish(fns[i](*args))
+        i += 1
 
 
 def _gated(gate: threading.BoundedSemaphore, fn: Callable[..., Any], *args: Any) -> Any:
@@ -737,6 +771,21 @@ def queue_callback(fn: Callable[[], Any]) -> None:
     if task is None:
         raise RuntimeError("Final callbacks can only be installed during backward pass.")
     task.queue_callback(fn)
+
+
+def queue_pre_commit(fn: Callable[[dict[Any, Any]], Any]) -> None:
+    """Run ``fn(staged)`` (sync or async) after every node of the current backward has
+    finished and before its commit (Note [Pre-commit] in graph_task.py). ``staged`` maps
+    each tensor whose ``.grad`` will change to its staged gradient (a Tensor); ``fn`` may
+    replace entries with Tensors of the same shape. Only valid while a backward runs.
+
+    Errors: if ``fn`` raises, nothing is committed and the exception propagates from
+    the backward call. Cancellation: an ``async`` ``fn`` may be cancelled with the
+    backward; nothing is committed then either."""
+    task = _context.current_graph_task.get()
+    if task is None:
+        raise RuntimeError("Pre-commit functions can only be installed during backward pass.")
+    task.pre_commits.append(fn)
 
 
 def current_graph_task_statistics() -> GraphTaskStatistics | None:

@@ -18,6 +18,13 @@ and written into ``.grad`` only after every node finished without error, under o
 process-wide lock, so a backward that fails or is cancelled leaves every ``.grad``
 exactly as it was, and concurrent backward calls each commit atomically. Saved tensors
 are released at the same point, so a failed or cancelled backward can be retried.
+
+Note [Pre-commit]: ``queue_pre_commit(fn)`` adds a step between "every node finished"
+and the commit. The functions see each tensor whose ``.grad`` will change with its
+staged gradient, may replace those gradients (same shape), and may raise or be
+cancelled: the commit has not started, so nothing is written and nothing freed.
+Distributed data parallelism averages gradients across processes here and lets every
+process commit, or none.
 """
 
 from __future__ import annotations
@@ -81,6 +88,8 @@ class GraphTask:
         self.retained: dict[Tensor, Any] = {}
         self.executed: list[Node] = []
         self.callbacks: list[Callable[[], Any]] = []
+        self.pre_commits: list[Callable[[dict[Tensor, Tensor]], Any]] = []  # queue_pre_commit
+        self._pre_commit: tuple[dict[Tensor, Tensor], dict[Tensor, Tensor]] | None = None
         self.error: BaseException | None = None
         self.stopping = False  # set on error or cancellation: worker chains stop early
         self.in_flight = 0
@@ -536,6 +545,42 @@ class GraphTask:
 
     def queue_callback(self, fn: Callable[[], Any]) -> None:
         self.callbacks.append(fn)
+
+    def pre_commit_view(self) -> dict[Tensor, Tensor]:
+        """Note [Pre-commit]: every tensor whose ``.grad`` the commit will change, mapped
+        to its staged gradient as a Tensor. Deferred sums are added here, so the
+        functions see (and may replace) final values; ``end_pre_commit`` takes back
+        what they replaced."""
+        view: dict[Tensor, Tensor] = {}
+        for stage in (self.staged, self.retained):
+            for var in stage:
+                g = stage[var]
+                if g is None:
+                    continue
+                if type(g) is PendingSum:
+                    stage[var] = g = g.total()
+                view[var] = g if isinstance(g, Tensor) else Tensor._wrap(g)
+        self._pre_commit = (view, dict(view))
+        return view
+
+    def end_pre_commit(self) -> None:
+        """Restage the entries the pre-commit functions replaced, each checked like a
+        node's output (a Tensor of its variable's shape)."""
+        assert self._pre_commit is not None
+        view, original = self._pre_commit
+        self._pre_commit = None  # (drop our wrappers: _owned may then steal the arrays)
+        for stage in (self.staged, self.retained):
+            for var in stage:
+                g = view.get(var)
+                if g is None or g is original.get(var):
+                    continue
+                if not isinstance(g, Tensor):
+                    raise TypeError(f"a pre-commit function staged a {type(g).__name__} for a tensor of "
+                                    f"shape {tuple(var.shape)}; expected a Tensor")
+                if tuple(g.shape) != tuple(var.shape):
+                    raise RuntimeError(f"a pre-commit function staged a gradient of shape {tuple(g.shape)} "
+                                       f"for a tensor of shape {tuple(var.shape)}")
+                stage[var] = g if self.create_graph else g.numpy()
 
     def statistics(self) -> Any:
         """A frozen snapshot (``GraphTaskStatistics``) of this backward's progress."""
