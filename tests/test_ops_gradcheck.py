@@ -216,6 +216,25 @@ CASES: list[Case] = [
     ("view_inplace_f_order_base", lambda a: _f_order_base(a), lambda: (rn(3, 4),)),
     # compositions that reuse a tensor on several paths
     ("composite", lambda a, b: ((a * b).sin() + a.exp() / (1 + b * b)).sum(0), lambda: (rn(2, 3), rn(3))),
+    # views added for PyTorch parity (issue 13)
+    ("narrow", lambda a: a.narrow(1, 1, 2), lambda: (rn(2, 4),)),
+    ("narrow_neg_start", lambda a: ag.narrow(a, -1, -3, 2), lambda: (rn(2, 4),)),
+    ("view_as", lambda a, b: a.view_as(b) * b, lambda: (rn(2, 3), rn(3, 2))),
+    ("select", lambda a: a.select(1, -1), lambda: (rn(2, 3, 2),)),
+    ("unbind", lambda a: a.unbind(1)[0] * a.unbind(1)[2], lambda: (rn(2, 3),)),
+    ("unbind_all_used", lambda a: ag.stack(a.unbind(0), 1), lambda: (rn(3, 2),)),
+    ("split_size", lambda a: a.split(2, 1)[1] * 2 + a.split(2, 1)[0], lambda: (rn(2, 4),)),
+    ("split_uneven", lambda a: ag.cat(a.split(2)[::-1]), lambda: (rn(5, 2),)),
+    ("split_sections", lambda a: a.split([1, 3], 1)[1].sum(1) * a.split([1, 3], 1)[0][:, 0],
+     lambda: (rn(2, 4),)),
+    ("chunk", lambda a: a.chunk(3, -1)[2] * a.chunk(3, -1)[0], lambda: (rn(2, 6),)),
+    ("diagonal", lambda a: a.diagonal(), lambda: (rn(3, 4),)),
+    ("diagonal_offset", lambda a: a.diagonal(1) * a.diagonal(-1)[:2], lambda: (rn(3, 3),)),
+    ("diagonal_dims", lambda a: ag.diagonal(a, -1, 2, 0), lambda: (rn(3, 2, 4),)),
+    ("contiguous", lambda a: a.T.contiguous().view(6), lambda: (rn(2, 3),)),
+    ("view_inplace_narrow", lambda a, b: _inplace(a, lambda y: y.narrow(1, 1, 2).mul_(b)), lambda: (rn(2, 3), rn(2))),
+    ("view_inplace_select", lambda a, b: _inplace(a, lambda y: y.select(1, 0).add_(b * b)), lambda: (rn(2, 3), rn(2))),
+    ("view_inplace_diagonal", lambda a, b: _inplace(a, lambda y: y.diagonal().mul_(b)), lambda: (rn(3, 3), rn(3))),
 ]
 
 

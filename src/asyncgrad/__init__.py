@@ -18,6 +18,9 @@ from .functional import (
     relu, reshape, sigmoid, sin, softmax, sqrt, squeeze, stack, sub, sum, swapaxes, tanh,
     transpose, unsqueeze, var, where,
 )
+from .functional import (  # added for PyTorch parity (issue 13)
+    chunk, diagonal, narrow, select, split, unbind,
+)
 from .grad_mode import (
     enable_grad, inference_mode, is_grad_enabled, is_inference_mode_enabled, no_grad, set_grad_enabled,
 )
@@ -42,4 +45,7 @@ __all__ = [
     "set_default_dtype", "set_grad_enabled", "set_rng_state", "sigmoid", "sin", "softmax",
     "sqrt", "squeeze", "stack", "sub", "sum", "swapaxes", "tanh", "tensor", "transpose",
     "unsqueeze", "utils", "var", "viz", "where", "zeros", "zeros_like",
+]
+__all__ += [
+    "chunk", "diagonal", "narrow", "select", "split", "unbind",
 ]

@@ -24,6 +24,7 @@ from .ops._spec import OpSpec
 from .tensor import MinMax, Tensor
 
 _py_max = builtins.max
+_py_min = builtins.min
 
 
 # --- operands ------------------------------------------------------------------------------
@@ -435,8 +436,6 @@ def reshape(x: Tensor, shape: Sequence[int]) -> Tensor:
     return _view(x, S.view, out, {"shape": x.shape})
 
 
-view = reshape
-
 
 def flatten(x: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
     x = _tensor(x)
@@ -697,6 +696,159 @@ def mse_loss(input: Tensor, target: Any, reduction: str = "mean") -> Tensor:
     td = t.data if isinstance(t, Tensor) else t
     return record(N.mse_loss, (input, t), N._mse(input.data, td, reduction=reduction),
                   params={"reduction": reduction})
+
+
+# --- more views (PyTorch parity) -------------------------------------------------------------
+def _infer_shape(shape: tuple[int, ...], size: int) -> tuple[int, ...]:
+    """``shape`` with its one ``-1`` resolved, or PyTorch's error when it cannot hold ``size``."""
+    if builtins.sum(1 for s in shape if s == -1) > 1:
+        raise RuntimeError("only one dimension can be inferred")
+    known = int(np.prod([s for s in shape if s != -1], dtype=np.int64))
+    if -1 in shape:
+        if known == 0 or size % known:
+            raise RuntimeError(f"shape '{list(shape)}' is invalid for input of size {size}")
+        return tuple(size // known if s == -1 else s for s in shape)
+    if known != size or any(s < 0 for s in shape):
+        raise RuntimeError(f"shape '{list(shape)}' is invalid for input of size {size}")
+    return shape
+
+
+def view(x: Tensor, shape: Sequence[int]) -> Tensor:
+    """The same memory with a new shape; raises (as PyTorch) when the layout of ``x``
+    makes that impossible without a copy, where ``reshape`` would copy."""
+    x = _tensor(x)
+    shape = _infer_shape(tuple(int(s) for s in shape), x.data.size)
+    try:
+        out = np.reshape(x.data, shape, copy=False)
+    except ValueError:
+        raise RuntimeError(
+            "view size is not compatible with input tensor's size and stride (at least one dimension "
+            "spans across two contiguous subspaces). Use .reshape(...) instead."
+        ) from None
+    return _view(x, S.view, out, {"shape": x.shape})
+
+
+def view_as(x: Tensor, other: Tensor) -> Tensor:
+    """``x.view(other.shape)``."""
+    return view(x, other.shape)
+
+
+def contiguous(x: Tensor) -> Tensor:
+    """``x`` itself when its memory is C-contiguous, else a C-contiguous copy in the graph
+    (CloneBackward0), as PyTorch."""
+    x = _tensor(x)
+    if x.data.flags.c_contiguous:
+        return x
+    return record(S.contiguous, (x,), S.contiguous.forward(x.data))
+
+
+def _slice_view(x: Tensor, spec: OpSpec, index: tuple[Any, ...], **params: Any) -> Tensor:
+    """The basic-index view ``x[index]`` recorded with ``spec`` (always an ndarray view:
+    the trailing Ellipsis keeps an all-int index from returning a numpy scalar)."""
+    out = x.data[(*index, Ellipsis)]
+    return _view(x, spec, out, {"index": index, "shape": x.shape, **params})
+
+
+def _dim_for(op: str, x: Tensor, dim: int) -> int:
+    if x.ndim == 0:
+        raise IndexError(f"{op}() cannot be applied to a 0-dim tensor.")
+    return _dim(dim, x.ndim)
+
+
+def narrow(x: Tensor, dim: int, start: int, length: int) -> Tensor:
+    """The view of ``length`` elements of ``dim`` from ``start`` (SliceBackward0)."""
+    x = _tensor(x)
+    d = _dim_for("narrow", x, dim)
+    n = x.shape[d]
+    start, length = int(start), int(length)
+    if not -n <= start <= n:
+        raise IndexError(f"start out of range (expected to be in range of [{-n}, {n}], but got {start})")
+    if start < 0:
+        start += n
+    if length < 0:
+        raise RuntimeError("narrow(): length must be non-negative.")
+    if start + length > n:
+        raise RuntimeError(f"start ({start}) + length ({length}) exceeds dimension size ({n}).")
+    return getitem(x, (slice(None),) * d + (slice(start, start + length),))
+
+
+def select(x: Tensor, dim: int, index: int) -> Tensor:
+    """The view at ``index`` of ``dim``, which is removed (SelectBackward0)."""
+    x = _tensor(x)
+    d = _dim_for("select", x, dim)
+    n = x.shape[d]
+    i = int(index)
+    if not -n <= i < n:
+        raise IndexError(f"select(): index {i} out of range for tensor of size {list(x.shape)} at dimension {dim}")
+    return getitem(x, (slice(None),) * d + (i % n,))
+
+
+def unbind(x: Tensor, dim: int = 0) -> tuple[Tensor, ...]:
+    """Every index of ``dim`` as a view with that dim removed. As in PyTorch, these views
+    cannot be modified in place while they require grad."""
+    x = _tensor(x)
+    d = _dim_for("unbind", x, dim)
+    head = (slice(None),) * d
+    return tuple(_slice_view(x, S.unbind, (*head, i), output=i) for i in range(x.shape[d]))
+
+
+def _split_views(x: Tensor, d: int, sizes: Sequence[int], spec: OpSpec) -> tuple[Tensor, ...]:
+    head = (slice(None),) * d
+    out = []
+    start = 0
+    for i, n in enumerate(sizes):
+        out.append(_slice_view(x, spec, (*head, slice(start, start + n)), output=i))
+        start += n
+    return tuple(out)
+
+
+def split(x: Tensor, split_size_or_sections: int | Sequence[int], dim: int = 0) -> tuple[Tensor, ...]:
+    """Views of consecutive pieces along ``dim``: of ``split_size`` each (the last may be
+    smaller) or of the given sizes, which must add up to the dim's size."""
+    x = _tensor(x)
+    d = _dim_for("split", x, dim)
+    n = x.shape[d]
+    if isinstance(split_size_or_sections, (int, np.integer)):
+        size = int(split_size_or_sections)
+        if size < 0:
+            raise RuntimeError(f"split expects split_size be non-negative, but got split_size={size}")
+        if size == 0:
+            if n:
+                raise RuntimeError(
+                    f"split_size can only be 0 if dimension size is 0, but got dimension size of {n}")
+            return _split_views(x, d, [0], S.split)
+        return _split_views(x, d, [_py_min(size, n - s) for s in range(0, _py_max(n, 1), size)], S.split)
+    sizes = [int(s) for s in split_size_or_sections]
+    if builtins.sum(sizes) != n or any(s < 0 for s in sizes):
+        raise RuntimeError(
+            f"split_with_sizes expects split_sizes to sum exactly to {n} (input tensor's size at "
+            f"dimension {dim}), but got split_sizes={sizes}"
+        )
+    return _split_views(x, d, sizes, S.split_with_sizes)
+
+
+def chunk(x: Tensor, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
+    """``split`` into ``chunks`` pieces of ``ceil(size / chunks)`` (so possibly fewer pieces)."""
+    x = _tensor(x)
+    if int(chunks) <= 0:
+        raise RuntimeError(f"chunk expects `chunks` to be greater than 0, got: {chunks}")
+    d = _dim_for("chunk", x, dim)
+    n = x.shape[d]
+    return split(x, _py_max(-(-n // int(chunks)), 1) if n else 0, d)
+
+
+def diagonal(x: Tensor, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Tensor:
+    """The view of the diagonal of the ``(dim1, dim2)`` planes, appended as the last dim."""
+    x = _tensor(x)
+    if x.ndim < 2:
+        raise RuntimeError(f"diagonal(): expected a tensor with at least 2 dimensions, got {x.ndim}")
+    d1, d2 = _dim(dim1, x.ndim), _dim(dim2, x.ndim)
+    if d1 == d2:
+        raise RuntimeError(f"diagonal dimensions cannot be identical {dim1}, {dim2}")
+    params = {"offset": int(offset), "dim1": d1, "dim2": d2}
+    out = S.diagonal.forward(x.data, **params)
+    return _view(x, S.diagonal, out, {"index": S.diagonal_index(x.shape, **params), "shape": x.shape})
+
 
 
 __all__ = [n for n in dir() if not n.startswith("_") and n not in ("annotations", "builtins")]

@@ -331,6 +331,8 @@ class Tensor:
         if self._requires_grad and self.grad_fn is None:
             raise RuntimeError("a leaf Variable that requires grad is being used in an in-place operation.")
         base = self._base
+        if base is not None and self.grad_fn is not None:
+            _check_multi_output_view(self)
         if base is not None and base._requires_grad and base.grad_fn is None:
             raise RuntimeError(
                 "a view of a leaf Variable that requires grad is being used in an in-place operation."
@@ -516,7 +518,7 @@ class Tensor:
     def softmax(self, dim: int) -> Tensor: return F.softmax(self, dim)
     def log_softmax(self, dim: int) -> Tensor: return F.log_softmax(self, dim)
     def reshape(self, *shape: Any) -> Tensor: return F.reshape(self, _shape_args(shape))
-    def view(self, *shape: Any) -> Tensor: return F.reshape(self, _shape_args(shape))
+    def view(self, *shape: Any) -> Tensor: return F.view(self, _shape_args(shape))
     def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor: return F.flatten(self, start_dim, end_dim)
     def transpose(self, dim0: int, dim1: int) -> Tensor: return F.transpose(self, dim0, dim1)
     def t(self) -> Tensor: return F.transpose(self, 0, 1) if self.ndim == 2 else self
@@ -527,6 +529,16 @@ class Tensor:
     def expand_as(self, other: Tensor) -> Tensor: return F.expand(self, other.shape)
     def broadcast_to(self, shape: Any) -> Tensor: return F.broadcast_to(self, shape)
     def clone(self) -> Tensor: return F.clone(self)
+    def view_as(self, other: Tensor) -> Tensor: return F.view_as(self, other)
+    def contiguous(self) -> Tensor: return F.contiguous(self)
+    def is_contiguous(self) -> bool: return bool(self.data.flags.c_contiguous)
+    def narrow(self, dim: int, start: int, length: int) -> Tensor: return F.narrow(self, dim, start, length)
+    def select(self, dim: int, index: int) -> Tensor: return F.select(self, dim, index)
+    def unbind(self, dim: int = 0) -> tuple[Tensor, ...]: return F.unbind(self, dim)
+    def split(self, split_size: Any, dim: int = 0) -> tuple[Tensor, ...]: return F.split(self, split_size, dim)
+    def chunk(self, chunks: int, dim: int = 0) -> tuple[Tensor, ...]: return F.chunk(self, chunks, dim)
+    def diagonal(self, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Tensor:
+        return F.diagonal(self, offset, dim1, dim2)
     def float(self) -> Tensor: return F.to_dtype(self, np.float32)
     def double(self) -> Tensor: return F.to_dtype(self, np.float64)
     def long(self) -> Tensor: return F.to_dtype(self, np.int64)
@@ -576,6 +588,21 @@ def _init(t: Tensor, arr: np.ndarray, node: Node | None, output_nr: int,
     t._acc_ref = None
     t._saved = None
     t._views = None
+
+
+def _check_multi_output_view(view: Tensor) -> None:
+    """PyTorch forbids in-place changes through one of several views returned together
+    (unbind, split, chunk): their shared backward could not account for it."""
+    spec = getattr(view.grad_fn, "spec", None)
+    if spec is not None and spec.node_name in MULTI_OUTPUT_VIEWS:
+        assert view.grad_fn is not None
+        params = view.grad_fn.params  # type: ignore[attr-defined]
+        raise RuntimeError(
+            f"Output {params['output']} of {spec.node_name[:-len('Backward0')]} is a view and is being "
+            "modified inplace. This view is the output of a function that returns multiple views. Such "
+            "functions do not allow the output views to be modified inplace. You should replace the "
+            "inplace operation by an out-of-place one."
+        )
 
 
 def _forget_view(base_ref: weakref.ref[Tensor], key: int, _ref: Any) -> None:
@@ -665,3 +692,4 @@ class MinMax(NamedTuple):
 # Imported last: the graph and the functional layer both need the Tensor class above.
 from .autograd.graph import AccumulateGrad, HookDict  # noqa: E402
 from . import functional as F  # noqa: E402  (methods above delegate to it)
+from .ops.shape import MULTI_OUTPUT_VIEWS  # noqa: E402

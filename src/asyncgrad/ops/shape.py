@@ -88,3 +88,50 @@ index_put = defop("IndexPutBackward0", _index_put,
 copy_slices = replace(index_put, node_name="CopySlices")  # x[basic index] = v; in-place through a view
 cat = defop("CatBackward0", _cat_forward, _cat_rule, variadic=True)
 stack = defop("StackBackward0", _stack_forward, _stack_rule, variadic=True)
+
+
+# --- views added for PyTorch parity -------------------------------------------------------
+def _multi_view_rule(m, g, ans, x, *, index, shape, output):  # type: ignore[no-untyped-def]
+    # ``output`` (the view's position among its siblings) only names it in errors
+    return m.index_add(g, index, shape, True)
+
+
+def diagonal_index(shape: tuple[int, ...], offset: int, dim1: int, dim2: int) -> tuple[np.ndarray, ...]:
+    """The advanced index that picks ``diagonal(x, offset, dim1, dim2)`` out of ``x``:
+    the other dims in order, then the diagonal as the last dim (PyTorch's layout)."""
+    rest = [k for k in range(len(shape)) if k not in (dim1, dim2)]
+    n = max(0, min(shape[dim1] - max(-offset, 0), shape[dim2] - max(offset, 0)))
+    out_ndim = len(rest) + 1
+    index: list[np.ndarray] = [np.empty(0, dtype=np.int64)] * len(shape)
+    for pos, k in enumerate(rest):
+        index[k] = np.arange(shape[k]).reshape([-1 if j == pos else 1 for j in range(out_ndim)])
+    diag = np.arange(n).reshape([1] * (out_ndim - 1) + [-1])
+    index[dim1] = diag + max(-offset, 0)
+    index[dim2] = diag + max(offset, 0)
+    return tuple(index)
+
+
+def _diagonal_view(x, *, offset, dim1, dim2):  # type: ignore[no-untyped-def]
+    """A writable strided view of the diagonal (numpy's ``diagonal`` is read-only, and
+    in-place ops through the view must reach ``x``)."""
+    from numpy.lib.stride_tricks import as_strided
+
+    y = np.moveaxis(x, (dim1, dim2), (-2, -1))
+    y = y[..., :, max(offset, 0):] if offset >= 0 else y[..., -offset:, :]
+    n = max(0, min(y.shape[-2], y.shape[-1]))
+    return as_strided(y, shape=y.shape[:-2] + (n,), strides=y.strides[:-2] + (y.strides[-2] + y.strides[-1],))
+
+
+def _take_rule(m, g, ans, x, *, index, shape):  # type: ignore[no-untyped-def]
+    # ``index`` is a full advanced index without duplicates, so assignment is a scatter-add
+    return m.index_add(g, index, shape, True)
+
+
+# One of several views returned together (unbind, split, chunk). PyTorch forbids in-place
+# changes through them, so they carry their own node names (see Tensor._check_inplace).
+unbind = defop("UnbindBackward0", lambda x, *, index: x[index], _multi_view_rule)
+split = replace(unbind, node_name="SplitBackward0")
+split_with_sizes = replace(unbind, node_name="SplitWithSizesBackward0")
+MULTI_OUTPUT_VIEWS = frozenset({"UnbindBackward0", "SplitBackward0", "SplitWithSizesBackward0"})
+diagonal = defop("DiagonalBackward0", _diagonal_view, _take_rule)
+contiguous = defop("CloneBackward0", np.ascontiguousarray, lambda m, g, ans, x: g, cost=0.0)
