@@ -19,7 +19,8 @@ from .functional import (
     transpose, unsqueeze, var, where,
 )
 from .functional import (  # added for PyTorch parity (issue 13)
-    chunk, diagonal, narrow, select, split, unbind,
+    chunk, diagonal, eq, ge, gt, le, lt, masked_fill, median, nanmedian, narrow, ne, norm, prod,
+    relu_, select, split, std, std_mean, topk, tril, triu, unbind, var_mean,
 )
 from .grad_mode import (
     enable_grad, inference_mode, is_grad_enabled, is_inference_mode_enabled, no_grad, set_grad_enabled,
@@ -29,6 +30,7 @@ from . import autograd
 from . import utils
 from .autograd import backward, backward_sync, grad, grad_sync
 from . import nn, optim
+from . import return_types
 from . import viz
 
 __version__ = "0.1.0"
@@ -47,5 +49,7 @@ __all__ = [
     "unsqueeze", "utils", "var", "viz", "where", "zeros", "zeros_like",
 ]
 __all__ += [
-    "chunk", "diagonal", "narrow", "select", "split", "unbind",
+    "chunk", "diagonal", "eq", "ge", "gt", "le", "lt", "masked_fill", "median", "nanmedian", "narrow",
+    "ne", "norm", "prod", "relu_", "return_types", "select", "split", "std", "std_mean", "topk", "tril",
+    "triu", "unbind", "var_mean",
 ]

@@ -51,6 +51,10 @@ class TensorMath:
         return F.mean(x, dim, keepdim)
 
     @staticmethod
+    def prod_others(x: Tensor, dim: tuple[int, ...] | None) -> Tensor:
+        return F.prod_others(x, dim)
+
+    @staticmethod
     def zeros_like(x: Tensor) -> Tensor:
         return Tensor._wrap(np.zeros_like(x.data))
 

@@ -851,4 +851,234 @@ def diagonal(x: Tensor, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Tensor
 
 
 
+# --- more ops (PyTorch parity) ---------------------------------------------------------------
+def repeat(x: Tensor, sizes: Sequence[int]) -> Tensor:
+    """Tile ``x`` ``sizes[i]`` times along each dim (``x`` gains leading dims when
+    ``sizes`` is longer), as ``Tensor.repeat``."""
+    x = _tensor(x)
+    reps = tuple(int(s) for s in sizes)
+    if len(reps) < x.ndim:
+        raise RuntimeError(
+            "Number of dimensions of repeat dims can not be smaller than number of dimensions of tensor")
+    if any(r < 0 for r in reps):
+        raise RuntimeError(f"Trying to create tensor with negative dimension: {list(reps)}")
+    return record(S.repeat, (x,), S.repeat.forward(x.data, reps=reps), params={"reps": reps, "shape": x.shape})
+
+
+def prod(x: Tensor, dim: int | None = None, keepdim: bool = False, *, dtype: Any = None) -> Tensor:
+    """The product over ``dim`` (all elements when None); integer inputs give int64.
+    Gradients are exact where the input holds zeros (PyTorch's prod_backward)."""
+    x = _tensor(x)
+    if dtype is not None:
+        x = to_dtype(x, dtype)
+    if dim is not None and not isinstance(dim, (int, np.integer)):
+        raise TypeError(f"prod(): argument 'dim' must be int, not {type(dim).__name__}")
+    dims = _reduction_dims(dim, x.ndim)
+    spec = R.prod_all if dims is None else R.prod
+    out = R._prod(x.data, dim=dims, keepdim=keepdim)
+    return record(spec, (x,), out, params={"dim": dims, "keepdim": keepdim, "shape": x.shape})
+
+
+def prod_others(x: Tensor, dim: tuple[int, ...] | None) -> Tensor:
+    """For each element, the product of the others along ``dim`` (prod's derivative)."""
+    return record(R.prod_others, (x,), R._prod_others(x.data, dim=dim), params={"dim": dim})
+
+
+def masked_fill(x: Tensor, mask: Any, value: Any) -> Tensor:
+    """``x`` with ``value`` where the bool ``mask`` (broadcast) is True. ``value`` is a
+    number or a 0-d tensor, which gets the gradient of the filled positions."""
+    x = _tensor(x)
+    m = mask.data if isinstance(mask, Tensor) else np.asarray(mask)
+    if m.dtype != np.bool_:
+        raise RuntimeError(f"masked_fill_ only supports boolean masks, but got mask with dtype {m.dtype}")
+    if isinstance(value, Tensor):
+        if value.ndim != 0:
+            raise RuntimeError(
+                f"masked_fill_ only supports a 0-dimensional value tensor, but got tensor with "
+                f"{value.ndim} dimension(s).")
+        v: Any = value if value.dtype == x.dtype else to_dtype(value, x.dtype)
+        vd = v.data
+    else:
+        v = vd = np.asarray(value, dtype=x.data.dtype)
+    try:
+        out = E.masked_fill.forward(x.data, vd, mask=m)
+    except ValueError:
+        _raise_broadcast_error(x.shape, m.shape)
+    return record(E.masked_fill, (x, v), out, params={"mask": m})
+
+
+def _tri(spec: OpSpec, name: str, x: Tensor, diagonal: int) -> Tensor:
+    x = _tensor(x)
+    if x.ndim < 2:
+        raise RuntimeError(f"{name}: input tensor must have at least 2 dimensions")
+    return record(spec, (x,), spec.forward(x.data, k=int(diagonal)), params={"k": int(diagonal)})
+
+
+def tril(x: Tensor, diagonal: int = 0) -> Tensor:
+    """The lower triangle of the last two dims (elements above ``diagonal`` zeroed)."""
+    return _tri(E.tril, "tril", x, diagonal)
+
+
+def triu(x: Tensor, diagonal: int = 0) -> Tensor:
+    """The upper triangle of the last two dims (elements below ``diagonal`` zeroed)."""
+    return _tri(E.triu, "triu", x, diagonal)
+
+
+def _pick(spec: OpSpec, x: Tensor, d: int, idx: np.ndarray, keepdim: bool) -> tuple[Tensor, Tensor]:
+    """The values of ``x`` at indices ``idx`` along dim ``d`` (laid out as the output),
+    recorded so that the gradient goes to those elements, and the indices as int64."""
+    index = R.along_index(x.shape, d, idx, keepdim)
+    values = record(spec, (x,), x.data[index], params={"index": index, "shape": x.shape})
+    return values, Tensor._wrap(np.asarray(idx, dtype=np.int64))
+
+
+def topk(x: Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = True) -> Any:
+    """The ``k`` largest (or smallest) elements along ``dim``: ``(values, indices)``,
+    in order (NaN counts as the largest, as in PyTorch)."""
+    from .return_types import topk as result
+
+    x = _tensor(x)
+    d = _dim(dim, x.ndim)
+    data = x.data if x.ndim else x.data.reshape(1)
+    n = data.shape[d]
+    if not 0 <= int(k) <= n:
+        raise RuntimeError("selected index k out of range")
+    order = np.argsort(data, axis=d, kind="stable")  # ascending, NaNs last
+    order = np.flip(order, d) if largest else order
+    idx = np.take(order, np.arange(int(k)), axis=d)
+    if x.ndim == 0:
+        values, indices = _pick(R.topk, x.reshape(1), 0, idx, True)
+        return result(values.reshape(()), indices.reshape(()))
+    return result(*_pick(R.topk, x, d, idx, True))
+
+
+def _median(x: Tensor, dim: int | None, keepdim: bool, skip_nan: bool) -> Any:
+    from .return_types import median as result, nanmedian as nan_result
+
+    x = _tensor(x)
+    if dim is None:
+        spec = R.nanmedian_all if skip_nan else R.median_all
+        ans, weights = spec.forward(x.data)
+        return record(spec, (x,), ans, aux=weights)
+    d = _dim(dim, x.ndim)
+    if x.ndim == 0:
+        values, indices = _median(x.reshape(1), 0, False, skip_nan)
+        return (nan_result if skip_nan else result)(values.reshape(()), indices.reshape(()))
+    if x.shape[d] == 0:
+        raise IndexError(f"median(): Expected reduction dim {d} to have non-zero size.")
+    idx = R.median_position(x.data, d, skip_nan)
+    if not keepdim:
+        idx = np.squeeze(idx, d)
+    values, indices = _pick(R.nanmedian_dim if skip_nan else R.median_dim, x, d, idx, keepdim)
+    return (nan_result if skip_nan else result)(values, indices)
+
+
+def median(x: Tensor, dim: int | None = None, keepdim: bool = False) -> Any:
+    """The lower median (NaN if any element is NaN); with ``dim``, ``(values, indices)``."""
+    return _median(x, dim, keepdim, skip_nan=False)
+
+
+def nanmedian(x: Tensor, dim: int | None = None, keepdim: bool = False) -> Any:
+    """``median`` ignoring NaNs (NaN only where every element is)."""
+    return _median(x, dim, keepdim, skip_nan=True)
+
+
+def std(x: Tensor, dim: Any = None, *, correction: int = 1, keepdim: bool = False,
+        unbiased: bool | None = None) -> Tensor:
+    """Standard deviation with Bessel's correction by default; zero gradient where it is 0."""
+    return _moment(R.std, x, dim, correction, keepdim, unbiased)
+
+
+def _moment(spec: OpSpec, x: Tensor, dim: Any, correction: int, keepdim: bool,
+            unbiased: bool | None) -> Tensor:
+    x = _tensor(x)
+    if unbiased is not None:
+        correction = 1 if unbiased else 0
+    dims = _reduction_dims(dim, x.ndim)
+    params = {"dim": dims, "keepdim": keepdim, "correction": correction}
+    return record(spec, (x,), spec.forward(x.data, **params), params={**params, "shape": x.shape})
+
+
+def _with_mean(x: Tensor, moment: Tensor, dim: Any, keepdim: bool, spec: OpSpec) -> tuple[Tensor, Tensor]:
+    x = _tensor(x)
+    dims = _reduction_dims(dim, x.ndim)
+    mean_out = R._mean(x.data, dim=dims, keepdim=keepdim)
+    return moment, record(spec, (x,), mean_out, params={"dim": dims, "keepdim": keepdim, "shape": x.shape})
+
+
+def var_mean(x: Tensor, dim: Any = None, *, correction: int = 1, keepdim: bool = False,
+             unbiased: bool | None = None) -> tuple[Tensor, Tensor]:
+    """``(var, mean)`` over ``dim`` in one call."""
+    v = _moment(R.var_of_var_mean, x, dim, correction, keepdim, unbiased)
+    return _with_mean(x, v, dim, keepdim, R.mean_of_var_mean)
+
+
+def std_mean(x: Tensor, dim: Any = None, *, correction: int = 1, keepdim: bool = False,
+             unbiased: bool | None = None) -> tuple[Tensor, Tensor]:
+    """``(std, mean)`` over ``dim`` in one call."""
+    s = _moment(R.std_of_std_mean, x, dim, correction, keepdim, unbiased)
+    return _with_mean(x, s, dim, keepdim, R.mean_of_std_mean)
+
+
+def norm(x: Tensor, p: Any = "fro", dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Tensor:
+    """The vector ``p``-norm over ``dim`` (all elements when None), as ``torch.norm``:
+    ``"fro"`` is the 2-norm, ``inf``/``-inf`` the largest/smallest magnitude, 0 counts
+    non-zeros. The gradient is zero where the norm is zero."""
+    x = _tensor(x)
+    if dtype is not None:
+        x = to_dtype(x, dtype)
+    if isinstance(p, str):
+        if p == "nuc":
+            raise NotImplementedError("asyncgrad has no nuclear norm (p='nuc'); it needs an SVD")
+        if p != "fro":
+            raise RuntimeError(f"linalg.matrix_norm: Order {p} not supported.")
+        p = 2
+    if x.data.dtype.kind not in "fc":
+        raise RuntimeError(
+            f"linalg.vector_norm: Expected a floating point or complex tensor as input. Got {x.data.dtype}")
+    p = float(p)
+    dims = _reduction_dims(dim, x.ndim)
+    params = {"p": p, "dim": dims, "keepdim": keepdim}
+    if np.isinf(p):
+        ans, weights = R.norm_inf.forward(x.data, **params)
+        return record(R.norm_inf, (x,), ans, aux=weights, params={**params, "shape": x.shape})
+    return record(R.norm, (x,), R.norm.forward(x.data, **params), params={**params, "shape": x.shape})
+
+
+def eq(x: Any, y: Any) -> Tensor:
+    """``x == y`` elementwise (a bool tensor outside the graph)."""
+    return compare(np.equal, x, y)
+
+
+def ne(x: Any, y: Any) -> Tensor:
+    """``x != y`` elementwise."""
+    return compare(np.not_equal, x, y)
+
+
+def lt(x: Any, y: Any) -> Tensor:
+    """``x < y`` elementwise."""
+    return compare(np.less, x, y)
+
+
+def le(x: Any, y: Any) -> Tensor:
+    """``x <= y`` elementwise."""
+    return compare(np.less_equal, x, y)
+
+
+def gt(x: Any, y: Any) -> Tensor:
+    """``x > y`` elementwise."""
+    return compare(np.greater, x, y)
+
+
+def ge(x: Any, y: Any) -> Tensor:
+    """``x >= y`` elementwise."""
+    return compare(np.greater_equal, x, y)
+
+
+def relu_(x: Tensor) -> Tensor:
+    """``relu`` in place (ReluBackward0 on a non-leaf, as PyTorch)."""
+    return x.relu_()
+
+
+
 __all__ = [n for n in dir() if not n.startswith("_") and n not in ("annotations", "builtins")]

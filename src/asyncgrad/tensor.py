@@ -539,6 +539,28 @@ class Tensor:
     def chunk(self, chunks: int, dim: int = 0) -> tuple[Tensor, ...]: return F.chunk(self, chunks, dim)
     def diagonal(self, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Tensor:
         return F.diagonal(self, offset, dim1, dim2)
+    def repeat(self, *sizes: Any) -> Tensor: return F.repeat(self, _shape_args(sizes))
+    def prod(self, dim: int | None = None, keepdim: bool = False, *, dtype: Any = None) -> Tensor:
+        return F.prod(self, dim, keepdim, dtype=dtype)
+    def masked_fill(self, mask: Any, value: Any) -> Tensor: return F.masked_fill(self, mask, value)
+    def tril(self, diagonal: int = 0) -> Tensor: return F.tril(self, diagonal)
+    def triu(self, diagonal: int = 0) -> Tensor: return F.triu(self, diagonal)
+    def topk(self, k: int, dim: int = -1, largest: bool = True, sorted: bool = True) -> Any:
+        return F.topk(self, k, dim, largest, sorted)
+    def median(self, dim: int | None = None, keepdim: bool = False) -> Any: return F.median(self, dim, keepdim)
+    def nanmedian(self, dim: int | None = None, keepdim: bool = False) -> Any:
+        return F.nanmedian(self, dim, keepdim)
+    def std(self, dim: Any = None, *, correction: int = 1, keepdim: bool = False,
+            unbiased: bool | None = None) -> Tensor:
+        return F.std(self, dim, correction=correction, keepdim=keepdim, unbiased=unbiased)
+    def norm(self, p: Any = "fro", dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Tensor:
+        return F.norm(self, p, dim, keepdim, dtype=dtype)
+    def eq(self, other: Any) -> Tensor: return F.eq(self, other)
+    def ne(self, other: Any) -> Tensor: return F.ne(self, other)
+    def lt(self, other: Any) -> Tensor: return F.lt(self, other)
+    def le(self, other: Any) -> Tensor: return F.le(self, other)
+    def gt(self, other: Any) -> Tensor: return F.gt(self, other)
+    def ge(self, other: Any) -> Tensor: return F.ge(self, other)
     def float(self) -> Tensor: return F.to_dtype(self, np.float32)
     def double(self) -> Tensor: return F.to_dtype(self, np.float64)
     def long(self) -> Tensor: return F.to_dtype(self, np.int64)
@@ -571,6 +593,9 @@ class Tensor:
     def zero_(self) -> Tensor: return self._apply_inplace(F.zero)
     def fill_(self, value: Any) -> Tensor: return self._apply_inplace(F.fill, value)
     def copy_(self, src: Any) -> Tensor: return self._apply_inplace(F.copy_from, src)
+    def masked_fill_(self, mask: Any, value: Any) -> Tensor: return self._apply_inplace(F.masked_fill, mask, value)
+    def tril_(self, diagonal: int = 0) -> Tensor: return self._apply_inplace(F.tril, diagonal)
+    def triu_(self, diagonal: int = 0) -> Tensor: return self._apply_inplace(F.triu, diagonal)
 
 
 def _init(t: Tensor, arr: np.ndarray, node: Node | None, output_nr: int,

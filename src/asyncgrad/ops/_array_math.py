@@ -73,6 +73,13 @@ class ArrayMath:
         return x[index]
 
     @staticmethod
+    def prod_others(x: np.ndarray, dim: tuple[int, ...] | None) -> np.ndarray:
+        """For each element, the product of the others along ``dim`` (prod's derivative)."""
+        from .reductions import _prod_others
+
+        return _prod_others(x, dim=dim)  # type: ignore[no-any-return]
+
+    @staticmethod
     def take_along(x: np.ndarray, index: np.ndarray, dim: int) -> np.ndarray:
         return np.take_along_axis(x, index, dim)
 

@@ -135,3 +135,13 @@ split_with_sizes = replace(unbind, node_name="SplitWithSizesBackward0")
 MULTI_OUTPUT_VIEWS = frozenset({"UnbindBackward0", "SplitBackward0", "SplitWithSizesBackward0"})
 diagonal = defop("DiagonalBackward0", _diagonal_view, _take_rule)
 contiguous = defop("CloneBackward0", np.ascontiguousarray, lambda m, g, ans, x: g, cost=0.0)
+
+
+def _repeat_rule(m, g, ans, x, *, reps, shape):  # type: ignore[no-untyped-def]
+    # the output is laid out as (r0, s0, r1, s1, ...): sum over every r axis
+    padded = (1,) * (len(reps) - len(shape)) + tuple(shape)
+    g = m.reshape(g, tuple(v for r, s in zip(reps, padded) for v in (r, s)))
+    return m.reshape(m.sum(g, tuple(range(0, 2 * len(reps), 2))), shape)
+
+
+repeat = defop("RepeatBackward0", lambda x, *, reps: np.tile(x, reps), _repeat_rule)
