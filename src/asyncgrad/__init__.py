@@ -12,6 +12,8 @@ from .creation import (
     arange, empty, eye, from_numpy, full, full_like, linspace, ones, ones_like, rand, randint,
     randn, randperm, tensor, zeros, zeros_like,
 )
+from .creation import rand_like, randn_like
+from .sampling import bernoulli, multinomial
 from .functional import (
     abs, add, broadcast_to, cat, clamp, clip, clone, concat, cos, div, erf, exp, flatten,
     log, log_softmax, matmul, max, maximum, mean, min, minimum, mm, mul, neg, permute, pow,
@@ -51,5 +53,5 @@ __all__ = [
 __all__ += [
     "chunk", "diagonal", "eq", "ge", "gt", "le", "lt", "masked_fill", "median", "nanmedian", "narrow",
     "ne", "norm", "prod", "relu_", "return_types", "select", "split", "std", "std_mean", "topk", "tril",
-    "triu", "unbind", "var_mean",
+    "triu", "unbind", "var_mean", "bernoulli", "multinomial", "rand_like", "randn_like",
 ]

@@ -119,3 +119,39 @@ def randint(low: int, high: int | None = None, size: Any = (), *,
 def randperm(n: int, *, generator: Generator | None = None) -> Tensor:
     gen = generator or default_generator
     return Tensor._wrap(gen.rng.permutation(n).astype(np.int64))
+
+
+def _random_like(op: str, t: Tensor, dtype: Any, requires_grad: bool, generator: Generator | None,
+                 draw: Any) -> Tensor:
+    d = np.dtype(dtype) if dtype is not None else t.dtype
+    if d.kind != "f":
+        raise NotImplementedError(f"{op}() samples floating point values only, got dtype {d}; pass a floating dtype=")
+    gen = generator or default_generator
+    with gen._lock:  # one generator may serve tasks on several threads
+        arr = draw(gen.rng, t.shape).astype(d)
+    return _finish(arr, requires_grad)
+
+
+def randn_like(t: Tensor, *, dtype: Any = None, requires_grad: bool = False,
+               generator: Generator | None = None) -> Tensor:
+    """Standard normal samples with the shape (and, unless given, the dtype) of ``t``."""
+    return _random_like("randn_like", t, dtype, requires_grad, generator, lambda rng, s: rng.standard_normal(s))
+
+
+def rand_like(t: Tensor, *, dtype: Any = None, requires_grad: bool = False,
+              generator: Generator | None = None) -> Tensor:
+    """Uniform samples in [0, 1) with the shape (and, unless given, the dtype) of ``t``."""
+    return _random_like("rand_like", t, dtype, requires_grad, generator, lambda rng, s: rng.random(s))
+
+
+def new_tensor(t: Tensor, data: Any, *, dtype: Any = None, requires_grad: bool = False) -> Tensor:
+    """A new leaf holding a copy of ``data``, with ``t``'s dtype unless ``dtype`` is given."""
+    if isinstance(data, Tensor):
+        data = data.data
+    return _finish(np.array(data, dtype=dtype or t.dtype, copy=True), requires_grad)
+
+
+def new_full(t: Tensor, size: Any, fill_value: Any, *, dtype: Any = None, requires_grad: bool = False) -> Tensor:
+    """A new leaf of ``size`` filled with ``fill_value``, with ``t``'s dtype by default."""
+    size = (size,) if isinstance(size, int) else tuple(size)
+    return _finish(np.full(_shape(size), fill_value, dtype=dtype or t.dtype), requires_grad)

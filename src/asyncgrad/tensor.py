@@ -597,6 +597,30 @@ class Tensor:
     def tril_(self, diagonal: int = 0) -> Tensor: return self._apply_inplace(F.tril, diagonal)
     def triu_(self, diagonal: int = 0) -> Tensor: return self._apply_inplace(F.triu, diagonal)
 
+    # random fills and sampling (see asyncgrad.sampling)
+    def uniform_(self, a: _Float = 0.0, b: _Float = 1.0, *, generator: Any = None) -> Tensor:
+        return sampling.uniform_(self, a, b, generator=generator)
+    def normal_(self, mean: _Float = 0.0, std: _Float = 1.0, *, generator: Any = None) -> Tensor:
+        return sampling.normal_(self, mean, std, generator=generator)
+    def bernoulli_(self, p: Any = 0.5, *, generator: Any = None) -> Tensor:
+        return sampling.bernoulli_(self, p, generator=generator)
+    def bernoulli(self, p: _Float | None = None, *, generator: Any = None) -> Tensor:
+        return sampling.bernoulli(self, p, generator=generator)
+    def multinomial(self, num_samples: int, replacement: bool = False, *, generator: Any = None) -> Tensor:
+        return sampling.multinomial(self, num_samples, replacement, generator=generator)
+
+    # factories with this tensor's dtype (see asyncgrad.creation)
+    def new_tensor(self, data: Any, *, dtype: Any = None, requires_grad: bool = False) -> Tensor:
+        return creation.new_tensor(self, data, dtype=dtype, requires_grad=requires_grad)
+    def new_full(self, size: Any, fill_value: Any, *, dtype: Any = None, requires_grad: bool = False) -> Tensor:
+        return creation.new_full(self, size, fill_value, dtype=dtype, requires_grad=requires_grad)
+    def new_zeros(self, *size: Any, dtype: Any = None, requires_grad: bool = False) -> Tensor:
+        return creation.new_full(self, _shape_args(size), 0, dtype=dtype, requires_grad=requires_grad)
+    def new_ones(self, *size: Any, dtype: Any = None, requires_grad: bool = False) -> Tensor:
+        return creation.new_full(self, _shape_args(size), 1, dtype=dtype, requires_grad=requires_grad)
+    def new_empty(self, *size: Any, dtype: Any = None, requires_grad: bool = False) -> Tensor:
+        return creation._finish(np.empty(_shape_args(size), dtype=dtype or self.dtype), requires_grad)
+
 
 def _init(t: Tensor, arr: np.ndarray, node: Node | None, output_nr: int,
           version: VersionCounter | None) -> None:
@@ -718,3 +742,4 @@ class MinMax(NamedTuple):
 from .autograd.graph import AccumulateGrad, HookDict  # noqa: E402
 from . import functional as F  # noqa: E402  (methods above delegate to it)
 from .ops.shape import MULTI_OUTPUT_VIEWS  # noqa: E402
+from . import creation, sampling  # noqa: E402

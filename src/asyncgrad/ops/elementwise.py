@@ -132,7 +132,7 @@ triu = defop("TriuBackward0", lambda x, *, k: np.triu(x, k),
 uniform = defop("UniformBackward0", None, lambda m, g, ans, x: m.zeros_like(g))  # type: ignore[arg-type]
 normal = replace(uniform, node_name="NormalBackward0")
 bernoulli = replace(uniform, node_name="BernoulliBackward0")
-bernoulli_scalar = replace(uniform, node_name="BernoulliBackward1")  # bernoulli_(float p)
-bernoulli_tensor = defop("BernoulliBackward2", None,  # type: ignore[arg-type]
+bernoulli_scalar = replace(uniform, node_name="BernoulliBackward2")  # bernoulli_(float p)
+bernoulli_tensor = defop("BernoulliBackward1", None,  # type: ignore[arg-type]
                          lambda m, g, ans, x, p: m.zeros_like(g),
                          lambda m, g, ans, x, p: m.zeros_like(g))  # summed down to p's shape
