@@ -14,6 +14,7 @@ from .creation import (
 )
 from .creation import rand_like, randn_like
 from .sampling import bernoulli, multinomial
+from ._device import device
 from .functional import (
     abs, add, broadcast_to, cat, clamp, clip, clone, concat, cos, div, erf, exp, flatten,
     log, log_softmax, matmul, max, maximum, mean, min, minimum, mm, mul, neg, permute, pow,
@@ -53,5 +54,5 @@ __all__ = [
 __all__ += [
     "chunk", "diagonal", "eq", "ge", "gt", "le", "lt", "masked_fill", "median", "nanmedian", "narrow",
     "ne", "norm", "prod", "relu_", "return_types", "select", "split", "std", "std_mean", "topk", "tril",
-    "triu", "unbind", "var_mean", "bernoulli", "multinomial", "rand_like", "randn_like",
+    "triu", "unbind", "var_mean", "bernoulli", "multinomial", "rand_like", "randn_like", "device",
 ]

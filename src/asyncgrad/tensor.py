@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from . import _context
+from . import _context, _device
 from ._dtype import as_array, is_floating
 
 if TYPE_CHECKING:
@@ -101,6 +101,19 @@ class Tensor:
     @property
     def ndim(self) -> int:
         return self.data.ndim
+
+    @property
+    def device(self) -> _device.device:
+        """Always the CPU: asyncgrad computes with numpy (see asyncgrad._device)."""
+        return _device.CPU
+
+    @property
+    def is_cpu(self) -> bool:
+        return True
+
+    @property
+    def is_cuda(self) -> bool:
+        return False
 
     def dim(self) -> int:
         return self.data.ndim
@@ -564,7 +577,19 @@ class Tensor:
     def float(self) -> Tensor: return F.to_dtype(self, np.float32)
     def double(self) -> Tensor: return F.to_dtype(self, np.float64)
     def long(self) -> Tensor: return F.to_dtype(self, np.int64)
-    def to(self, dtype: Any) -> Tensor: return F.to_dtype(self, dtype)
+    def to(self, *args: Any, **kwargs: Any) -> Tensor:
+        """``to(dtype)``, ``to(device, dtype=None)``, ``to(other)``, as PyTorch; the device
+        must be the CPU (a no-op). Returns self unless the dtype changes or ``copy=True``."""
+        dtype, copy = _device.parse_to(args, kwargs, Tensor)
+        out = self if dtype is None else F.to_dtype(self, dtype)
+        return F.clone(out) if copy and out is self else out
+    def cpu(self) -> Tensor: return self
+    def type(self, dtype: Any = None, non_blocking: bool = False) -> Any:
+        """With no argument, the type name (``"asyncgrad.FloatTensor"`` for float32, as
+        PyTorch's ``"torch.FloatTensor"``); else this tensor cast to that type or dtype."""
+        if dtype is None:
+            return _device.type_name(self.data.dtype)
+        return F.to_dtype(self, _device.dtype_of_type(dtype))
     def type_as(self, other: Tensor) -> Tensor: return F.to_dtype(self, other.dtype)
     def argmax(self, dim: Any = None, keepdim: bool = False) -> Tensor:
         return Tensor._wrap(np.asarray(np.argmax(self.data, axis=dim, keepdims=keepdim)))
