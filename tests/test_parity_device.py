@@ -1,7 +1,10 @@
 """Devices for PyTorch parity (issue 13): ``Tensor.device``, ``cpu()``, ``to(...)`` in all
-of PyTorch's forms, ``Module.to``/``cpu``, ``Tensor.type()`` and ``ag.device``."""
+of PyTorch's forms, ``Module.to``/``cpu``, ``Tensor.type()``, ``ag.device`` and the
+factories' ``device=`` keyword."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import pytest
@@ -92,3 +95,33 @@ def test_module_to_and_cpu() -> None:
     assert w.dtype == np.float64
     out = m(ag.ones(4, 2, dtype=ag.float64))
     assert out.dtype == np.float64 and out.device == "cpu"
+
+
+FACTORIES = [
+    ("tensor", lambda d: ag.tensor([1.0], device=d)), ("zeros", lambda d: ag.zeros(2, device=d)),
+    ("ones", lambda d: ag.ones(2, device=d)), ("full", lambda d: ag.full((2,), 3.0, device=d)),
+    ("empty", lambda d: ag.empty(2, device=d)), ("zeros_like", lambda d: ag.zeros_like(ag.ones(1), device=d)),
+    ("ones_like", lambda d: ag.ones_like(ag.ones(1), device=d)),
+    ("full_like", lambda d: ag.full_like(ag.ones(1), 2.0, device=d)), ("arange", lambda d: ag.arange(3, device=d)),
+    ("linspace", lambda d: ag.linspace(0, 1, 3, device=d)), ("eye", lambda d: ag.eye(2, device=d)),
+    ("randn", lambda d: ag.randn(2, device=d)), ("rand", lambda d: ag.rand(2, device=d)),
+    ("randint", lambda d: ag.randint(0, 5, (2,), device=d)), ("randperm", lambda d: ag.randperm(3, device=d)),
+    ("randn_like", lambda d: ag.randn_like(ag.ones(2), device=d)),
+    ("rand_like", lambda d: ag.rand_like(ag.ones(2), device=d)),
+    ("new_tensor", lambda d: ag.ones(1).new_tensor([2.0], device=d)),
+    ("new_zeros", lambda d: ag.ones(1).new_zeros(2, device=d)),
+    ("new_ones", lambda d: ag.ones(1).new_ones(2, device=d)),
+    ("new_empty", lambda d: ag.ones(1).new_empty(2, device=d)),
+    ("new_full", lambda d: ag.ones(1).new_full((2,), 1.0, device=d)),
+]
+
+
+@pytest.mark.parametrize("name,make", FACTORIES, ids=[f[0] for f in FACTORIES])
+def test_factories_accept_the_cpu_device_and_refuse_others(name: str, make: Any) -> None:
+    x = ag.ones(1)
+    for d in (None, "cpu", ag.device("cpu"), x.device):
+        assert make(d).device == "cpu"
+    state = ag.get_rng_state()
+    with pytest.raises(RuntimeError, match="on the CPU only; it cannot put tensors on device 'cuda'"):
+        make("cuda")
+    assert ag.get_rng_state() == state  # refused before drawing anything

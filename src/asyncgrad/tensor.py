@@ -635,15 +635,18 @@ class Tensor:
         return sampling.multinomial(self, num_samples, replacement, generator=generator)
 
     # factories with this tensor's dtype (see asyncgrad.creation)
-    def new_tensor(self, data: Any, *, dtype: Any = None, requires_grad: bool = False) -> Tensor:
-        return creation.new_tensor(self, data, dtype=dtype, requires_grad=requires_grad)
-    def new_full(self, size: Any, fill_value: Any, *, dtype: Any = None, requires_grad: bool = False) -> Tensor:
-        return creation.new_full(self, size, fill_value, dtype=dtype, requires_grad=requires_grad)
-    def new_zeros(self, *size: Any, dtype: Any = None, requires_grad: bool = False) -> Tensor:
-        return creation.new_full(self, _shape_args(size), 0, dtype=dtype, requires_grad=requires_grad)
-    def new_ones(self, *size: Any, dtype: Any = None, requires_grad: bool = False) -> Tensor:
-        return creation.new_full(self, _shape_args(size), 1, dtype=dtype, requires_grad=requires_grad)
-    def new_empty(self, *size: Any, dtype: Any = None, requires_grad: bool = False) -> Tensor:
+    def new_tensor(self, data: Any, *, dtype: Any = None, requires_grad: bool = False,
+                   device: Any = None) -> Tensor:
+        return creation.new_tensor(self, data, dtype=dtype, requires_grad=requires_grad, device=device)
+    def new_full(self, size: Any, fill_value: Any, *, dtype: Any = None, requires_grad: bool = False,
+                 device: Any = None) -> Tensor:
+        return creation.new_full(self, size, fill_value, dtype=dtype, requires_grad=requires_grad, device=device)
+    def new_zeros(self, *size: Any, dtype: Any = None, requires_grad: bool = False, device: Any = None) -> Tensor:
+        return creation.new_full(self, _shape_args(size), 0, dtype=dtype, requires_grad=requires_grad, device=device)
+    def new_ones(self, *size: Any, dtype: Any = None, requires_grad: bool = False, device: Any = None) -> Tensor:
+        return creation.new_full(self, _shape_args(size), 1, dtype=dtype, requires_grad=requires_grad, device=device)
+    def new_empty(self, *size: Any, dtype: Any = None, requires_grad: bool = False, device: Any = None) -> Tensor:
+        creation._check_device(device)
         return creation._finish(np.empty(_shape_args(size), dtype=dtype or self.dtype), requires_grad)
 
 
