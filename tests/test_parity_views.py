@@ -82,6 +82,11 @@ def test_view_of_non_contiguous_raises_as_pytorch_and_reshape_copies() -> None:
     y = ag.tensor(arr(4, 6))[:, ::2]
     w = y.view(2, 2, 3)
     assert np.shares_memory(w.numpy(), y.numpy())
+    # an expanded tensor: splitting the expanded dim is a view, flattening it is not
+    e = ag.ones(3, 1).expand(3, 4)
+    assert e.view(3, 2, 2).shape == (3, 2, 2)
+    with pytest.raises(RuntimeError, match="view size is not compatible"):
+        e.view(12)
     with pytest.raises(RuntimeError, match=r"shape '\[5\]' is invalid for input of size 6"):
         x.view(5)
     with pytest.raises(RuntimeError, match="only one dimension can be inferred"):

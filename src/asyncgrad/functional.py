@@ -717,14 +717,17 @@ def view(x: Tensor, shape: Sequence[int]) -> Tensor:
     """The same memory with a new shape; raises (as PyTorch) when the layout of ``x``
     makes that impossible without a copy, where ``reshape`` would copy."""
     x = _tensor(x)
-    shape = _infer_shape(tuple(int(s) for s in shape), x.data.size)
+    shape = tuple(int(s) for s in shape)
     try:
-        out = np.reshape(x.data, shape, copy=False)
+        out = x.data.reshape(shape)  # numpy copies when it cannot make a view
     except ValueError:
+        _infer_shape(shape, x.data.size)  # raises PyTorch's message for a shape that cannot fit
+        raise RuntimeError(f"shape '{list(shape)}' is invalid for input of size {x.data.size}") from None
+    if out.size and out is not x.data and not np.may_share_memory(out, x.data):
         raise RuntimeError(
             "view size is not compatible with input tensor's size and stride (at least one dimension "
             "spans across two contiguous subspaces). Use .reshape(...) instead."
-        ) from None
+        )
     return _view(x, S.view, out, {"shape": x.shape})
 
 
