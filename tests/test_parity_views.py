@@ -228,3 +228,18 @@ def test_inplace_through_views_matches_torch() -> None:
     tg = torch.autograd.grad(run(torch, ta, tb), [ta, tb])
     for g, t in zip(ga, tg):
         np.testing.assert_allclose(g.numpy(), t.numpy())
+
+
+def test_split_chunk_narrow_shapes_match_torch_over_many_sizes() -> None:
+    torch = pytest.importorskip("torch")
+    for n in range(0, 8):
+        a = np.arange(n * 2.0).reshape(n, 2)
+        x, t = ag.tensor(a), torch.tensor(a)
+        for k in range(1, 9):
+            assert [p.shape for p in x.split(k)] == [tuple(p.shape) for p in t.split(k)], (n, k)
+            assert [p.shape for p in x.chunk(k)] == [tuple(p.shape) for p in t.chunk(k)], (n, k)
+            for p, q in zip(x.chunk(k), t.chunk(k)):
+                np.testing.assert_array_equal(p.numpy(), q.numpy())
+        for start in range(-n, n + 1):
+            for length in range(0, n - (start + n if start < 0 else start) + 1):
+                np.testing.assert_array_equal(x.narrow(0, start, length).numpy(), t.narrow(0, start, length).numpy())

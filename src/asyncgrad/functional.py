@@ -837,7 +837,9 @@ def chunk(x: Tensor, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
         raise RuntimeError(f"chunk expects `chunks` to be greater than 0, got: {chunks}")
     d = _dim_for("chunk", x, dim)
     n = x.shape[d]
-    return split(x, _py_max(-(-n // int(chunks)), 1) if n else 0, d)
+    if n == 0:  # as PyTorch: ``chunks`` empty pieces
+        return _split_views(x, d, [0] * int(chunks), S.split_with_sizes)
+    return split(x, -(-n // int(chunks)), d)
 
 
 def diagonal(x: Tensor, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Tensor:
