@@ -22,6 +22,7 @@ from .ops import reductions as R
 from .ops import shape as S
 from .ops._spec import OpSpec
 from .tensor import MinMax, Tensor
+from . import return_types
 
 _py_max = builtins.max
 _py_min = builtins.min
@@ -940,8 +941,7 @@ def _pick(spec: OpSpec, x: Tensor, d: int, idx: np.ndarray, keepdim: bool) -> tu
 def topk(x: Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = True) -> Any:
     """The ``k`` largest (or smallest) elements along ``dim``: ``(values, indices)``,
     in order (NaN counts as the largest, as in PyTorch)."""
-    from .return_types import topk as result
-
+    result = return_types.topk
     x = _tensor(x)
     d = _dim(dim, x.ndim)
     data = x.data if x.ndim else x.data.reshape(1)
@@ -958,8 +958,7 @@ def topk(x: Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = 
 
 
 def _median(x: Tensor, dim: int | None, keepdim: bool, skip_nan: bool) -> Any:
-    from .return_types import median as result, nanmedian as nan_result
-
+    result, nan_result = return_types.median, return_types.nanmedian
     x = _tensor(x)
     if dim is None:
         spec = R.nanmedian_all if skip_nan else R.median_all

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 
+from .._device import parse_to
 from .._dtype import as_array, get_default_dtype
 from ..autograd.graph import HookDict, RemovableHandle
 from ..grad_mode import no_grad
@@ -317,10 +318,7 @@ class Module:
         floating parameters and buffers to ``dtype`` in place (the same Tensor objects
         keep their identity; gradients are dropped). The device must be the CPU, where
         everything already is, so moving there is a no-op."""
-        from .. import _device
-        from ..tensor import Tensor
-
-        dtype, _ = _device.parse_to(args, kwargs, Tensor)
+        dtype, _ = parse_to(args, kwargs, Tensor)
         if dtype is None:
             return self
         if dtype.kind not in "fc":
