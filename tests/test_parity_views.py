@@ -243,3 +243,44 @@ def test_split_chunk_narrow_shapes_match_torch_over_many_sizes() -> None:
         for start in range(-n, n + 1):
             for length in range(0, n - (start + n if start < 0 else start) + 1):
                 np.testing.assert_array_equal(x.narrow(0, start, length).numpy(), t.narrow(0, start, length).numpy())
+
+
+@pytest.mark.parametrize("make,slices,name", [
+    (lambda y: y.unbind(1), lambda y: [y[:, 0], y[:, 1], y[:, 2]], "UnbindBackward0"),
+    (lambda y: y.split(2, 1), lambda y: [y[:, :2], y[:, 2:]], "SplitBackward0"),
+    (lambda y: y.split([1, 2], 1), lambda y: [y[:, :1], y[:, 1:]], "SplitWithSizesBackward0"),
+    (lambda y: y.chunk(2, 1), lambda y: [y[:, :2], y[:, 2:]], "SplitBackward0"),
+])
+def test_multi_output_views_share_one_node_as_pytorch(make: Callable[[ag.Tensor], Any],
+                                                      slices: Callable[[ag.Tensor], Any], name: str) -> None:
+    a = ag.tensor(arr(2, 3), requires_grad=True)
+    y = a * 1.0
+    parts = make(y)
+    node = parts[0].grad_fn
+    assert node is not None and node.name() == name
+    assert all(p.grad_fn is node for p in parts) and [p.output_nr for p in parts] == list(range(len(parts)))
+    assert node.next_functions == ((y.grad_fn, 0),)
+    # only some outputs used: the others count as zeros; hooks and retain_grad work per output
+    seen: list[np.ndarray] = []
+    parts[-1].register_hook(lambda g: seen.append(g.numpy().copy()))
+    parts[0].retain_grad()
+
+    def loss_of(ps: Any) -> ag.Tensor:
+        return (ps[0] * 3.0).sum() + (ps[-1] * ps[-1]).sum()
+
+    (g,) = ag.grad_sync(loss_of(parts), [a], retain_graph=True)
+    (expect,) = ag.grad_sync(loss_of(slices(a * 1.0)), [a])
+    np.testing.assert_allclose(g.numpy(), expect.numpy())
+    assert len(seen) == 1 and seen[0].shape == parts[-1].shape
+    ag.backward_sync(loss_of(parts))
+    np.testing.assert_array_equal(parts[0].grad.numpy(), np.full(parts[0].shape, 3.0))
+
+
+def test_multi_output_views_without_grad_record_nothing() -> None:
+    x = ag.tensor(arr(3, 2))
+    assert all(p.grad_fn is None and not p.requires_grad for p in x.unbind())
+    a = ag.tensor(arr(3, 2), requires_grad=True)
+    with ag.no_grad():
+        parts = (a * 1.0).split(1)
+    assert all(p.grad_fn is None for p in parts)
+    parts[0].mul_(2.0)  # allowed: nothing recorded

@@ -30,6 +30,8 @@ class TensorMath:
     transpose = staticmethod(F.transpose)
     unsqueeze = staticmethod(F.unsqueeze)
     getitem = staticmethod(F.getitem)
+    stack = staticmethod(F.stack)
+    cat = staticmethod(F.cat)
 
     @staticmethod
     def constant(value: Any) -> Any:

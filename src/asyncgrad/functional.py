@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ._dtype import as_array, get_default_dtype
-from .autograd.recording import record
+from .autograd.recording import record, record_views
 from .ops import elementwise as E
 from .ops import linalg as L
 from .ops import nn as N
@@ -746,11 +746,21 @@ def contiguous(x: Tensor) -> Tensor:
     return record(S.contiguous, (x,), S.contiguous.forward(x.data))
 
 
-def _slice_view(x: Tensor, spec: OpSpec, index: tuple[Any, ...], **params: Any) -> Tensor:
-    """The basic-index view ``x[index]`` recorded with ``spec`` (always an ndarray view:
-    the trailing Ellipsis keeps an all-int index from returning a numpy scalar)."""
-    out = x.data[(*index, Ellipsis)]
-    return _view(x, spec, out, {"index": index, "shape": x.shape, **params})
+def _multi_view(x: Tensor, node_name: str, dim: int, indices: Sequence[Any]) -> tuple[Tensor, ...]:
+    """The views ``x[..., i, ...]`` (``i`` at ``dim``) for each of ``indices``, sharing one
+    node with a slot per view, as PyTorch's unbind/split; each shares ``x``'s memory and
+    version counter like any view."""
+    head = (slice(None),) * dim
+    outs = [x.data[(*head, i, Ellipsis)] for i in indices]
+    params = {"dim": dim, "shapes": tuple(o.shape for o in outs), "dtype": x.data.dtype}
+    views = record_views(node_name, S.MULTI_OUTPUT_VIEWS[node_name], x, outs, params)
+    base = x if x._base is None else x._base
+    for t in views:
+        t._version_counter = x._version_counter
+        t._base = base
+        if t.grad_fn is not None and base.grad_fn is not None:
+            base._register_view(t)  # in-place ops on the base re-point this view's grad_fn
+    return tuple(views)
 
 
 def _dim_for(op: str, x: Tensor, dim: int) -> int:
@@ -792,18 +802,12 @@ def unbind(x: Tensor, dim: int = 0) -> tuple[Tensor, ...]:
     cannot be modified in place while they require grad."""
     x = _tensor(x)
     d = _dim_for("unbind", x, dim)
-    head = (slice(None),) * d
-    return tuple(_slice_view(x, S.unbind, (*head, i), output=i) for i in range(x.shape[d]))
+    return _multi_view(x, "UnbindBackward0", d, range(x.shape[d]))
 
 
-def _split_views(x: Tensor, d: int, sizes: Sequence[int], spec: OpSpec) -> tuple[Tensor, ...]:
-    head = (slice(None),) * d
-    out = []
-    start = 0
-    for i, n in enumerate(sizes):
-        out.append(_slice_view(x, spec, (*head, slice(start, start + n)), output=i))
-        start += n
-    return tuple(out)
+def _split_views(x: Tensor, d: int, sizes: Sequence[int], node_name: str) -> tuple[Tensor, ...]:
+    bounds = np.cumsum([0, *sizes])
+    return _multi_view(x, node_name, d, [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])])
 
 
 def split(x: Tensor, split_size_or_sections: int | Sequence[int], dim: int = 0) -> tuple[Tensor, ...]:
@@ -820,15 +824,16 @@ def split(x: Tensor, split_size_or_sections: int | Sequence[int], dim: int = 0) 
             if n:
                 raise RuntimeError(
                     f"split_size can only be 0 if dimension size is 0, but got dimension size of {n}")
-            return _split_views(x, d, [0], S.split)
-        return _split_views(x, d, [_py_min(size, n - s) for s in range(0, _py_max(n, 1), size)], S.split)
+            return _split_views(x, d, [0], "SplitBackward0")
+        sizes = [_py_min(size, n - s) for s in range(0, _py_max(n, 1), size)]
+        return _split_views(x, d, sizes, "SplitBackward0")
     sizes = [int(s) for s in split_size_or_sections]
     if builtins.sum(sizes) != n or any(s < 0 for s in sizes):
         raise RuntimeError(
             f"split_with_sizes expects split_sizes to sum exactly to {n} (input tensor's size at "
             f"dimension {dim}), but got split_sizes={sizes}"
         )
-    return _split_views(x, d, sizes, S.split_with_sizes)
+    return _split_views(x, d, sizes, "SplitWithSizesBackward0")
 
 
 def chunk(x: Tensor, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
@@ -839,7 +844,7 @@ def chunk(x: Tensor, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
     d = _dim_for("chunk", x, dim)
     n = x.shape[d]
     if n == 0:  # as PyTorch: ``chunks`` empty pieces
-        return _split_views(x, d, [0] * int(chunks), S.split_with_sizes)
+        return _split_views(x, d, [0] * int(chunks), "SplitWithSizesBackward0")
     return split(x, -(-n // int(chunks)), d)
 
 

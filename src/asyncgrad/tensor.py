@@ -670,12 +670,10 @@ def _init(t: Tensor, arr: np.ndarray, node: Node | None, output_nr: int,
 def _check_multi_output_view(view: Tensor) -> None:
     """PyTorch forbids in-place changes through one of several views returned together
     (unbind, split, chunk): their shared backward could not account for it."""
-    spec = getattr(view.grad_fn, "spec", None)
-    if spec is not None and spec.node_name in MULTI_OUTPUT_VIEWS:
-        assert view.grad_fn is not None
-        params = view.grad_fn.params  # type: ignore[attr-defined]
+    name = view.grad_fn.name() if view.grad_fn is not None else ""
+    if name in MULTI_OUTPUT_VIEWS:  # the view's grad_fn is still the node that made it
         raise RuntimeError(
-            f"Output {params['output']} of {spec.node_name[:-len('Backward0')]} is a view and is being "
+            f"Output {view.output_nr} of {name[:-len('Backward0')]} is a view and is being "
             "modified inplace. This view is the output of a function that returns multiple views. Such "
             "functions do not allow the output views to be modified inplace. You should replace the "
             "inplace operation by an out-of-place one."

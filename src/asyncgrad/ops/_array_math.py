@@ -38,6 +38,8 @@ class ArrayMath:
     sum_to = staticmethod(sum_to)
     index_add = staticmethod(_index_add)
     zeros_like = staticmethod(np.zeros_like)
+    stack = staticmethod(np.stack)
+    cat = staticmethod(np.concatenate)
 
     @staticmethod
     def constant(value: Any) -> Any:

@@ -91,11 +91,6 @@ stack = defop("StackBackward0", _stack_forward, _stack_rule, variadic=True)
 
 
 # --- views added for PyTorch parity -------------------------------------------------------
-def _multi_view_rule(m, g, ans, x, *, index, shape, output):  # type: ignore[no-untyped-def]
-    # ``output`` (the view's position among its siblings) only names it in errors
-    return m.index_add(g, index, shape, True)
-
-
 def diagonal_index(shape: tuple[int, ...], offset: int, dim1: int, dim2: int) -> tuple[np.ndarray, ...]:
     """The advanced index that picks ``diagonal(x, offset, dim1, dim2)`` out of ``x``:
     the other dims in order, then the diagonal as the last dim (PyTorch's layout)."""
@@ -127,12 +122,29 @@ def _take_rule(m, g, ans, x, *, index, shape):  # type: ignore[no-untyped-def]
     return m.index_add(g, index, shape, True)
 
 
-# One of several views returned together (unbind, split, chunk). PyTorch forbids in-place
-# changes through them, so they carry their own node names (see Tensor._check_inplace).
-unbind = defop("UnbindBackward0", lambda x, *, index: x[index], _multi_view_rule)
-split = replace(unbind, node_name="SplitBackward0")
-split_with_sizes = replace(unbind, node_name="SplitWithSizesBackward0")
-MULTI_OUTPUT_VIEWS = frozenset({"UnbindBackward0", "SplitBackward0", "SplitWithSizesBackward0"})
+def _pieces(m, grads, shapes, dtype):  # type: ignore[no-untyped-def]
+    # an output that got no gradient contributes zeros (PyTorch's undefined grads)
+    return [m.constant(np.zeros(sh, dtype)) if g is None else g for g, sh in zip(grads, shapes)]
+
+
+def unbind_backward(m, grads, *, dim, shapes, dtype):  # type: ignore[no-untyped-def]
+    """The gradient of ``unbind``'s input from those of all its outputs, in one node."""
+    return m.stack(_pieces(m, grads, shapes, dtype), dim)
+
+
+def split_backward(m, grads, *, dim, shapes, dtype):  # type: ignore[no-untyped-def]
+    """The gradient of ``split``'s / ``chunk``'s input from those of all its outputs."""
+    return m.cat(_pieces(m, grads, shapes, dtype), dim)
+
+
+# Several views returned together (unbind, split, chunk) share one node with one gradient
+# slot per view, as PyTorch's: rule(m, grads, **params) -> the input's gradient. PyTorch
+# forbids in-place changes through such views (see Tensor._check_inplace).
+MULTI_OUTPUT_VIEWS = {
+    "UnbindBackward0": unbind_backward,
+    "SplitBackward0": split_backward,
+    "SplitWithSizesBackward0": split_backward,
+}
 diagonal = defop("DiagonalBackward0", _diagonal_view, _take_rule)
 contiguous = defop("CloneBackward0", np.ascontiguousarray, lambda m, g, ans, x: g, cost=0.0)
 
