@@ -213,6 +213,11 @@ def lib(x: Any) -> Any:
     return ag if isinstance(x, ag.Tensor) else __import__("torch")
 
 
+def nnf(x: Any) -> Any:
+    """``nn.functional`` of ``x``'s library."""
+    return NF if isinstance(x, ag.Tensor) else __import__("torch").nn.functional
+
+
 NAN_ROWS = np.array([[0.3, np.nan, -0.5, 1.0], [0.1, 0.9, 0.4, -0.2]])
 ORACLE: list[tuple[str, Callable[..., Any], list[Any]]] = [
     ("repeat", lambda x: x.repeat(2, 1, 3), [(2, 2)]),
@@ -244,6 +249,9 @@ ORACLE: list[tuple[str, Callable[..., Any], list[Any]]] = [
     ("norm_inf", lambda x: x.norm(INF, 1), [(3, 2)]),
     ("norm_neg_inf", lambda x: x.norm(-INF), [(3, 2)]),
     ("norm_fro_dims", lambda x: x.norm("fro", (0, 2)), [(2, 3, 2)]),
+    ("relu_inplace", lambda x: nnf(x).relu(x * 1.0, inplace=True), [(2, 3)]),
+    ("masked_fill_", lambda x: (x * 1.0).masked_fill_(x > 0.3, -2.0) * x, [(2, 3)]),
+    ("tril_", lambda x: (x * 1.0).tril_(-1) * x, [(3, 3)]),
     ("sdpa", "sdpa", [(2, 3, 4), (2, 5, 4), (2, 5, 6)]),
     ("sdpa_causal", "sdpa_causal", [(2, 2, 4, 3), (2, 2, 4, 3), (2, 2, 4, 2)]),
     ("sdpa_bool_mask", "sdpa_bool", [(3, 2), (4, 2), (4, 3)]),
