@@ -14,6 +14,7 @@ import pytest
 
 import asyncgrad as ag
 import asyncgrad.functional as AF
+import asyncgrad.nn.functional as NF
 from asyncgrad.autograd import gradcheck, gradgradcheck
 
 
@@ -45,6 +46,7 @@ def distinct(*shape: int, offset: float = 0.0) -> ag.Tensor:
 
 
 MASK = np.array([[True, False, True], [False, False, True]])
+SDPA_MASK = np.array([[True, False, True, True], [False, False, False, False], [True, True, False, False]])
 IDX = np.array([0, 2, 0, 1])  # with a duplicate
 
 def _inplace(a: ag.Tensor, op: Callable[[ag.Tensor], Any]) -> ag.Tensor:
@@ -216,6 +218,68 @@ CASES: list[Case] = [
     ("view_inplace_f_order_base", lambda a: _f_order_base(a), lambda: (rn(3, 4),)),
     # compositions that reuse a tensor on several paths
     ("composite", lambda a, b: ((a * b).sin() + a.exp() / (1 + b * b)).sum(0), lambda: (rn(2, 3), rn(3))),
+    # views added for PyTorch parity (issue 13)
+    ("narrow", lambda a: a.narrow(1, 1, 2), lambda: (rn(2, 4),)),
+    ("narrow_neg_start", lambda a: ag.narrow(a, -1, -3, 2), lambda: (rn(2, 4),)),
+    ("view_as", lambda a, b: a.view_as(b) * b, lambda: (rn(2, 3), rn(3, 2))),
+    ("select", lambda a: a.select(1, -1), lambda: (rn(2, 3, 2),)),
+    ("unbind", lambda a: a.unbind(1)[0] * a.unbind(1)[2], lambda: (rn(2, 3),)),
+    ("unbind_all_used", lambda a: ag.stack(a.unbind(0), 1), lambda: (rn(3, 2),)),
+    ("split_size", lambda a: a.split(2, 1)[1] * 2 + a.split(2, 1)[0], lambda: (rn(2, 4),)),
+    ("split_uneven", lambda a: ag.cat(a.split(2)[::-1]), lambda: (rn(5, 2),)),
+    ("split_sections", lambda a: a.split([1, 3], 1)[1].sum(1) * a.split([1, 3], 1)[0][:, 0],
+     lambda: (rn(2, 4),)),
+    ("chunk", lambda a: a.chunk(3, -1)[2] * a.chunk(3, -1)[0], lambda: (rn(2, 6),)),
+    ("diagonal", lambda a: a.diagonal(), lambda: (rn(3, 4),)),
+    ("diagonal_offset", lambda a: a.diagonal(1) * a.diagonal(-1)[:2], lambda: (rn(3, 3),)),
+    ("diagonal_dims", lambda a: ag.diagonal(a, -1, 2, 0), lambda: (rn(3, 2, 4),)),
+    ("contiguous", lambda a: a.T.contiguous().view(6), lambda: (rn(2, 3),)),
+    ("view_inplace_narrow", lambda a, b: _inplace(a, lambda y: y.narrow(1, 1, 2).mul_(b)), lambda: (rn(2, 3), rn(2))),
+    ("view_inplace_select", lambda a, b: _inplace(a, lambda y: y.select(1, 0).add_(b * b)), lambda: (rn(2, 3), rn(2))),
+    ("view_inplace_diagonal", lambda a, b: _inplace(a, lambda y: y.diagonal().mul_(b)), lambda: (rn(3, 3), rn(3))),
+    # ops added for PyTorch parity (issue 13)
+    ("repeat", lambda a: a.repeat(2, 3), lambda: (rn(2, 2),)),
+    ("repeat_new_dims", lambda a: a.repeat(2, 1, 2), lambda: (rn(3),)),
+    ("prod", lambda a: a.prod(), lambda: (rn(2, 3),)),
+    ("prod_dim", lambda a: a.prod(1), lambda: (rn(2, 3),)),
+    ("prod_dim_keepdim", lambda a: ag.prod(a, 0, keepdim=True), lambda: (rn(3, 2),)),
+    ("prod_one_zero", lambda a: a.prod(), lambda: (_t([[1.5, 0.0, -0.7], [0.8, 1.2, 2.0]]),)),
+    ("prod_two_zeros", lambda a: a.prod(), lambda: (_t([1.5, 0.0, -0.7, 0.0]),)),
+    ("prod_dim_zeros", lambda a: a.prod(-1), lambda: (_t([[1.5, 0.0, -0.7], [0.0, 0.0, 2.0], [0.5, 1.1, 2.0]]),)),
+    ("masked_fill", lambda a: a.masked_fill(MASK, 2.0), lambda: (rn(2, 3),)),
+    ("masked_fill_bcast", lambda a: ag.masked_fill(a, MASK[0], -1.0), lambda: (rn(2, 3),)),
+    ("masked_fill_tensor_value", lambda a, v: a.masked_fill(MASK, v), lambda: (rn(2, 3), _t(0.7))),
+    ("masked_fill_", lambda a, v: _inplace(a, lambda y: y.masked_fill_(MASK, v * v)), lambda: (rn(2, 3), _t(0.7))),
+    ("tril", lambda a: a.tril(), lambda: (rn(3, 4),)),
+    ("tril_offset_batched", lambda a: ag.tril(a, -1), lambda: (rn(2, 3, 3),)),
+    ("triu", lambda a: a.triu(1), lambda: (rn(3, 4),)),
+    ("triu_", lambda a: _inplace(a, lambda y: y.triu_()), lambda: (rn(3, 3),)),
+    ("topk", lambda a: a.topk(2).values, lambda: (distinct(2, 4),)),
+    ("topk_smallest_dim0", lambda a: ag.topk(a, 2, 0, largest=False)[0], lambda: (distinct(3, 2),)),
+    ("median", lambda a: a.median(), lambda: (distinct(2, 3),)),
+    ("median_dim", lambda a: a.median(1).values, lambda: (distinct(3, 4),)),
+    ("median_dim_keepdim", lambda a: a.median(0, keepdim=True)[0], lambda: (distinct(3, 2),)),
+    ("nanmedian", lambda a: a.nanmedian(), lambda: (_t([0.3, np.nan, -0.5, 1.2]),)),
+    ("nanmedian_dim", lambda a: a.nanmedian(1).values, lambda: (_t([[0.3, np.nan, -0.5], [0.1, 0.9, 0.4]]),)),
+    ("std", lambda a: a.std(), lambda: (rn(2, 3),)),
+    ("std_dim_c0", lambda a: a.std(1, correction=0, keepdim=True), lambda: (rn(2, 3),)),
+    ("var_mean", lambda a: ag.var_mean(a, 1)[0] * ag.var_mean(a, 1)[1], lambda: (rn(2, 3),)),
+    ("std_mean", lambda a: ag.std_mean(a)[0] + ag.std_mean(a)[1] ** 2, lambda: (rn(2, 3),)),
+    ("norm", lambda a: a.norm(), lambda: (rn(2, 3),)),
+    ("norm_dim", lambda a: ag.norm(a, dim=1), lambda: (rn(2, 3),)),
+    ("norm_1", lambda a: a.norm(1, dim=0, keepdim=True), lambda: (away(2, 3),)),
+    ("norm_3", lambda a: a.norm(3), lambda: (away(2, 3),)),
+    ("norm_inf", lambda a: a.norm(float("inf"), 1), lambda: (distinct(2, 3),)),
+    ("norm_neg_inf", lambda a: a.norm(-float("inf")), lambda: (distinct(2, 3, offset=3.0),)),
+    ("norm_fro_dims", lambda a: a.norm("fro", (0, 2)), lambda: (rn(2, 3, 2),)),
+    ("relu_inplace", lambda a: _inplace(a, lambda y: NF.relu(y, inplace=True)), lambda: (away(2, 3),)),
+    ("sdpa", lambda q, k, v: NF.scaled_dot_product_attention(q, k, v), lambda: (rn(2, 3, 4), rn(2, 5, 4), rn(2, 5, 2))),
+    ("sdpa_causal_scale", lambda q, k, v: NF.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3),
+     lambda: (rn(1, 2, 4, 3), rn(1, 2, 4, 3), rn(1, 2, 4, 2))),
+    ("sdpa_bool_mask", lambda q, k, v: NF.scaled_dot_product_attention(q, k, v, attn_mask=SDPA_MASK),
+     lambda: (rn(3, 2), rn(4, 2), rn(4, 3))),
+    ("sdpa_float_mask", lambda q, k, v, m: NF.scaled_dot_product_attention(q, k, v, attn_mask=m),
+     lambda: (rn(3, 2), rn(4, 2), rn(4, 3), rn(3, 4))),
 ]
 
 

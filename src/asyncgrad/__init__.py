@@ -12,11 +12,18 @@ from .creation import (
     arange, empty, eye, from_numpy, full, full_like, linspace, ones, ones_like, rand, randint,
     randn, randperm, tensor, zeros, zeros_like,
 )
+from .creation import rand_like, randn_like
+from .sampling import bernoulli, multinomial
+from ._device import device
 from .functional import (
     abs, add, broadcast_to, cat, clamp, clip, clone, concat, cos, div, erf, exp, flatten,
     log, log_softmax, matmul, max, maximum, mean, min, minimum, mm, mul, neg, permute, pow,
     relu, reshape, sigmoid, sin, softmax, sqrt, squeeze, stack, sub, sum, swapaxes, tanh,
     transpose, unsqueeze, var, where,
+)
+from .functional import (  # added for PyTorch parity (issue 13)
+    chunk, diagonal, eq, ge, gt, le, lt, masked_fill, median, nanmedian, narrow, ne, norm, prod,
+    relu_, select, split, std, std_mean, topk, tril, triu, unbind, var_mean,
 )
 from .grad_mode import (
     enable_grad, inference_mode, is_grad_enabled, is_inference_mode_enabled, no_grad, set_grad_enabled,
@@ -26,6 +33,7 @@ from . import autograd
 from . import utils
 from .autograd import backward, backward_sync, grad, grad_sync
 from . import nn, optim
+from . import return_types
 from . import viz
 
 __version__ = "0.1.0"
@@ -42,4 +50,9 @@ __all__ = [
     "set_default_dtype", "set_grad_enabled", "set_rng_state", "sigmoid", "sin", "softmax",
     "sqrt", "squeeze", "stack", "sub", "sum", "swapaxes", "tanh", "tensor", "transpose",
     "unsqueeze", "utils", "var", "viz", "where", "zeros", "zeros_like",
+]
+__all__ += [
+    "chunk", "diagonal", "eq", "ge", "gt", "le", "lt", "masked_fill", "median", "nanmedian", "narrow",
+    "ne", "norm", "prod", "relu_", "return_types", "select", "split", "std", "std_mean", "topk", "tril",
+    "triu", "unbind", "var_mean", "bernoulli", "multinomial", "rand_like", "randn_like", "device",
 ]

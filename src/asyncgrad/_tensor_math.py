@@ -30,6 +30,8 @@ class TensorMath:
     transpose = staticmethod(F.transpose)
     unsqueeze = staticmethod(F.unsqueeze)
     getitem = staticmethod(F.getitem)
+    stack = staticmethod(F.stack)
+    cat = staticmethod(F.cat)
 
     @staticmethod
     def constant(value: Any) -> Any:
@@ -49,6 +51,10 @@ class TensorMath:
     @staticmethod
     def mean(x: Tensor, dim: Any = None, keepdim: bool = False) -> Tensor:
         return F.mean(x, dim, keepdim)
+
+    @staticmethod
+    def prod_others(x: Tensor, dim: tuple[int, ...] | None) -> Tensor:
+        return F.prod_others(x, dim)
 
     @staticmethod
     def zeros_like(x: Tensor) -> Tensor:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ._dtype import as_array, get_default_dtype
-from .autograd.recording import record
+from .autograd.recording import record, record_views
 from .ops import elementwise as E
 from .ops import linalg as L
 from .ops import nn as N
@@ -22,8 +22,10 @@ from .ops import reductions as R
 from .ops import shape as S
 from .ops._spec import OpSpec
 from .tensor import MinMax, Tensor
+from . import return_types
 
 _py_max = builtins.max
+_py_min = builtins.min
 
 
 # --- operands ------------------------------------------------------------------------------
@@ -435,8 +437,6 @@ def reshape(x: Tensor, shape: Sequence[int]) -> Tensor:
     return _view(x, S.view, out, {"shape": x.shape})
 
 
-view = reshape
-
 
 def flatten(x: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
     x = _tensor(x)
@@ -697,6 +697,397 @@ def mse_loss(input: Tensor, target: Any, reduction: str = "mean") -> Tensor:
     td = t.data if isinstance(t, Tensor) else t
     return record(N.mse_loss, (input, t), N._mse(input.data, td, reduction=reduction),
                   params={"reduction": reduction})
+
+
+# --- more views (PyTorch parity) -------------------------------------------------------------
+def _infer_shape(shape: tuple[int, ...], size: int) -> tuple[int, ...]:
+    """``shape`` with its one ``-1`` resolved, or PyTorch's error when it cannot hold ``size``."""
+    if builtins.sum(1 for s in shape if s == -1) > 1:
+        raise RuntimeError("only one dimension can be inferred")
+    known = int(np.prod([s for s in shape if s != -1], dtype=np.int64))
+    if -1 in shape:
+        if known == 0 or size % known:
+            raise RuntimeError(f"shape '{list(shape)}' is invalid for input of size {size}")
+        return tuple(size // known if s == -1 else s for s in shape)
+    if known != size or any(s < 0 for s in shape):
+        raise RuntimeError(f"shape '{list(shape)}' is invalid for input of size {size}")
+    return shape
+
+
+def view(x: Tensor, shape: Sequence[int]) -> Tensor:
+    """The same memory with a new shape; raises (as PyTorch) when the layout of ``x``
+    makes that impossible without a copy, where ``reshape`` would copy."""
+    x = _tensor(x)
+    shape = tuple(int(s) for s in shape)
+    try:
+        out = x.data.reshape(shape)  # numpy copies when it cannot make a view
+    except ValueError:
+        _infer_shape(shape, x.data.size)  # raises PyTorch's message for a shape that cannot fit
+        raise RuntimeError(f"shape '{list(shape)}' is invalid for input of size {x.data.size}") from None
+    if out.size and out is not x.data and not np.may_share_memory(out, x.data):
+        raise RuntimeError(
+            "view size is not compatible with input tensor's size and stride (at least one dimension "
+            "spans across two contiguous subspaces). Use .reshape(...) instead."
+        )
+    return _view(x, S.view, out, {"shape": x.shape})
+
+
+def view_as(x: Tensor, other: Tensor) -> Tensor:
+    """``x.view(other.shape)``."""
+    return view(x, other.shape)
+
+
+def contiguous(x: Tensor) -> Tensor:
+    """``x`` itself when its memory is C-contiguous, else a C-contiguous copy in the graph
+    (CloneBackward0), as PyTorch."""
+    x = _tensor(x)
+    if x.data.flags.c_contiguous:
+        return x
+    return record(S.contiguous, (x,), S.contiguous.forward(x.data))
+
+
+def _multi_view(x: Tensor, node_name: str, dim: int, indices: Sequence[Any]) -> tuple[Tensor, ...]:
+    """The views ``x[..., i, ...]`` (``i`` at ``dim``) for each of ``indices``, sharing one
+    node with a slot per view, as PyTorch's unbind/split; each shares ``x``'s memory and
+    version counter like any view."""
+    head = (slice(None),) * dim
+    outs = [x.data[(*head, i, Ellipsis)] for i in indices]
+    params = {"dim": dim, "shapes": tuple(o.shape for o in outs), "dtype": x.data.dtype}
+    views = record_views(node_name, S.MULTI_OUTPUT_VIEWS[node_name], x, outs, params)
+    base = x if x._base is None else x._base
+    for t in views:
+        t._version_counter = x._version_counter
+        t._base = base
+        if t.grad_fn is not None and base.grad_fn is not None:
+            base._register_view(t)  # in-place ops on the base re-point this view's grad_fn
+    return tuple(views)
+
+
+def _dim_for(op: str, x: Tensor, dim: int) -> int:
+    if x.ndim == 0:
+        raise IndexError(f"{op}() cannot be applied to a 0-dim tensor.")
+    return _dim(dim, x.ndim)
+
+
+def narrow(x: Tensor, dim: int, start: int, length: int) -> Tensor:
+    """The view of ``length`` elements of ``dim`` from ``start`` (SliceBackward0)."""
+    x = _tensor(x)
+    d = _dim_for("narrow", x, dim)
+    n = x.shape[d]
+    start, length = int(start), int(length)
+    if not -n <= start <= n:
+        raise IndexError(f"start out of range (expected to be in range of [{-n}, {n}], but got {start})")
+    if start < 0:
+        start += n
+    if length < 0:
+        raise RuntimeError("narrow(): length must be non-negative.")
+    if start + length > n:
+        raise RuntimeError(f"start ({start}) + length ({length}) exceeds dimension size ({n}).")
+    return getitem(x, (slice(None),) * d + (slice(start, start + length),))
+
+
+def select(x: Tensor, dim: int, index: int) -> Tensor:
+    """The view at ``index`` of ``dim``, which is removed (SelectBackward0)."""
+    x = _tensor(x)
+    d = _dim_for("select", x, dim)
+    n = x.shape[d]
+    i = int(index)
+    if not -n <= i < n:
+        raise IndexError(f"select(): index {i} out of range for tensor of size {list(x.shape)} at dimension {dim}")
+    return getitem(x, (slice(None),) * d + (i % n,))
+
+
+def unbind(x: Tensor, dim: int = 0) -> tuple[Tensor, ...]:
+    """Every index of ``dim`` as a view with that dim removed. As in PyTorch, these views
+    cannot be modified in place while they require grad."""
+    x = _tensor(x)
+    d = _dim_for("unbind", x, dim)
+    return _multi_view(x, "UnbindBackward0", d, range(x.shape[d]))
+
+
+def _split_views(x: Tensor, d: int, sizes: Sequence[int], node_name: str) -> tuple[Tensor, ...]:
+    bounds = np.cumsum([0, *sizes])
+    return _multi_view(x, node_name, d, [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])])
+
+
+def split(x: Tensor, split_size_or_sections: int | Sequence[int], dim: int = 0) -> tuple[Tensor, ...]:
+    """Views of consecutive pieces along ``dim``: of ``split_size`` each (the last may be
+    smaller) or of the given sizes, which must add up to the dim's size."""
+    x = _tensor(x)
+    d = _dim_for("split", x, dim)
+    n = x.shape[d]
+    if isinstance(split_size_or_sections, (int, np.integer)):
+        size = int(split_size_or_sections)
+        if size < 0:
+            raise RuntimeError(f"split expects split_size be non-negative, but got split_size={size}")
+        if size == 0:
+            if n:
+                raise RuntimeError(
+                    f"split_size can only be 0 if dimension size is 0, but got dimension size of {n}")
+            return _split_views(x, d, [0], "SplitBackward0")
+        sizes = [_py_min(size, n - s) for s in range(0, _py_max(n, 1), size)]
+        return _split_views(x, d, sizes, "SplitBackward0")
+    sizes = [int(s) for s in split_size_or_sections]
+    if builtins.sum(sizes) != n or any(s < 0 for s in sizes):
+        raise RuntimeError(
+            f"split_with_sizes expects split_sizes to sum exactly to {n} (input tensor's size at "
+            f"dimension {dim}), but got split_sizes={sizes}"
+        )
+    return _split_views(x, d, sizes, "SplitWithSizesBackward0")
+
+
+def chunk(x: Tensor, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
+    """``split`` into ``chunks`` pieces of ``ceil(size / chunks)`` (so possibly fewer pieces)."""
+    x = _tensor(x)
+    if int(chunks) <= 0:
+        raise RuntimeError(f"chunk expects `chunks` to be greater than 0, got: {chunks}")
+    d = _dim_for("chunk", x, dim)
+    n = x.shape[d]
+    if n == 0:  # as PyTorch: ``chunks`` empty pieces
+        return _split_views(x, d, [0] * int(chunks), "SplitWithSizesBackward0")
+    return split(x, -(-n // int(chunks)), d)
+
+
+def diagonal(x: Tensor, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Tensor:
+    """The view of the diagonal of the ``(dim1, dim2)`` planes, appended as the last dim."""
+    x = _tensor(x)
+    if x.ndim < 2:
+        raise RuntimeError(f"diagonal(): expected a tensor with at least 2 dimensions, got {x.ndim}")
+    d1, d2 = _dim(dim1, x.ndim), _dim(dim2, x.ndim)
+    if d1 == d2:
+        raise RuntimeError(f"diagonal dimensions cannot be identical {dim1}, {dim2}")
+    params = {"offset": int(offset), "dim1": d1, "dim2": d2}
+    out = S.diagonal.forward(x.data, **params)
+    return _view(x, S.diagonal, out, {"index": S.diagonal_index(x.shape, **params), "shape": x.shape})
+
+
+
+# --- more ops (PyTorch parity) ---------------------------------------------------------------
+def repeat(x: Tensor, sizes: Sequence[int]) -> Tensor:
+    """Tile ``x`` ``sizes[i]`` times along each dim (``x`` gains leading dims when
+    ``sizes`` is longer), as ``Tensor.repeat``."""
+    x = _tensor(x)
+    reps = tuple(int(s) for s in sizes)
+    if len(reps) < x.ndim:
+        raise RuntimeError(
+            "Number of dimensions of repeat dims can not be smaller than number of dimensions of tensor")
+    if any(r < 0 for r in reps):
+        raise RuntimeError(f"Trying to create tensor with negative dimension: {list(reps)}")
+    return record(S.repeat, (x,), S.repeat.forward(x.data, reps=reps), params={"reps": reps, "shape": x.shape})
+
+
+def prod(x: Tensor, dim: int | None = None, keepdim: bool = False, *, dtype: Any = None) -> Tensor:
+    """The product over ``dim`` (all elements when None); integer inputs give int64.
+    Gradients are exact where the input holds zeros (PyTorch's prod_backward)."""
+    x = _tensor(x)
+    if dtype is not None:
+        x = to_dtype(x, dtype)
+    if dim is not None and not isinstance(dim, (int, np.integer)):
+        raise TypeError(f"prod(): argument 'dim' must be int, not {type(dim).__name__}")
+    dims = _reduction_dims(dim, x.ndim)
+    spec = R.prod_all if dims is None else R.prod
+    out = R._prod(x.data, dim=dims, keepdim=keepdim)
+    return record(spec, (x,), out, params={"dim": dims, "keepdim": keepdim, "shape": x.shape})
+
+
+def prod_others(x: Tensor, dim: tuple[int, ...] | None) -> Tensor:
+    """For each element, the product of the others along ``dim`` (prod's derivative)."""
+    return record(R.prod_others, (x,), R._prod_others(x.data, dim=dim), params={"dim": dim})
+
+
+def masked_fill(x: Tensor, mask: Any, value: Any) -> Tensor:
+    """``x`` with ``value`` where the bool ``mask`` (broadcast) is True. ``value`` is a
+    number or a 0-d tensor, which gets the gradient of the filled positions."""
+    x = _tensor(x)
+    m = mask.data if isinstance(mask, Tensor) else np.asarray(mask)
+    if m.dtype != np.bool_:
+        raise RuntimeError(f"masked_fill_ only supports boolean masks, but got mask with dtype {m.dtype}")
+    if isinstance(value, Tensor):
+        if value.ndim != 0:
+            raise RuntimeError(
+                f"masked_fill_ only supports a 0-dimensional value tensor, but got tensor with "
+                f"{value.ndim} dimension(s).")
+        v: Any = value if value.dtype == x.dtype else to_dtype(value, x.dtype)
+        vd = v.data
+    else:
+        v = vd = np.asarray(value, dtype=x.data.dtype)
+    try:
+        out = E.masked_fill.forward(x.data, vd, mask=m)
+    except ValueError:
+        _raise_broadcast_error(x.shape, m.shape)
+    return record(E.masked_fill, (x, v), out, params={"mask": m})
+
+
+def _tri(spec: OpSpec, name: str, x: Tensor, diagonal: int) -> Tensor:
+    x = _tensor(x)
+    if x.ndim < 2:
+        raise RuntimeError(f"{name}: input tensor must have at least 2 dimensions")
+    return record(spec, (x,), spec.forward(x.data, k=int(diagonal)), params={"k": int(diagonal)})
+
+
+def tril(x: Tensor, diagonal: int = 0) -> Tensor:
+    """The lower triangle of the last two dims (elements above ``diagonal`` zeroed)."""
+    return _tri(E.tril, "tril", x, diagonal)
+
+
+def triu(x: Tensor, diagonal: int = 0) -> Tensor:
+    """The upper triangle of the last two dims (elements below ``diagonal`` zeroed)."""
+    return _tri(E.triu, "triu", x, diagonal)
+
+
+def _pick(spec: OpSpec, x: Tensor, d: int, idx: np.ndarray, keepdim: bool) -> tuple[Tensor, Tensor]:
+    """The values of ``x`` at indices ``idx`` along dim ``d`` (laid out as the output),
+    recorded so that the gradient goes to those elements, and the indices as int64."""
+    index = R.along_index(x.shape, d, idx, keepdim)
+    values = record(spec, (x,), x.data[index], params={"index": index, "shape": x.shape})
+    return values, Tensor._wrap(np.asarray(idx, dtype=np.int64))
+
+
+def topk(x: Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = True) -> Any:
+    """The ``k`` largest (or smallest) elements along ``dim``: ``(values, indices)``,
+    in order (NaN counts as the largest, as in PyTorch)."""
+    result = return_types.topk
+    x = _tensor(x)
+    d = _dim(dim, x.ndim)
+    data = x.data if x.ndim else x.data.reshape(1)
+    n = data.shape[d]
+    if not 0 <= int(k) <= n:
+        raise RuntimeError("selected index k out of range")
+    order = np.argsort(data, axis=d, kind="stable")  # ascending, NaNs last
+    order = np.flip(order, d) if largest else order
+    idx = np.take(order, np.arange(int(k)), axis=d)
+    if x.ndim == 0:
+        values, indices = _pick(R.topk, x.reshape(1), 0, idx, True)
+        return result(values.reshape(()), indices.reshape(()))
+    return result(*_pick(R.topk, x, d, idx, True))
+
+
+def _median(x: Tensor, dim: int | None, keepdim: bool, skip_nan: bool) -> Any:
+    result, nan_result = return_types.median, return_types.nanmedian
+    x = _tensor(x)
+    if dim is None:
+        spec = R.nanmedian_all if skip_nan else R.median_all
+        ans, weights = spec.forward(x.data)
+        return record(spec, (x,), ans, aux=weights)
+    d = _dim(dim, x.ndim)
+    if x.ndim == 0:
+        values, indices = _median(x.reshape(1), 0, False, skip_nan)
+        return (nan_result if skip_nan else result)(values.reshape(()), indices.reshape(()))
+    if x.shape[d] == 0:
+        raise IndexError(f"median(): Expected reduction dim {d} to have non-zero size.")
+    idx = R.median_position(x.data, d, skip_nan)
+    if not keepdim:
+        idx = np.squeeze(idx, d)
+    values, indices = _pick(R.nanmedian_dim if skip_nan else R.median_dim, x, d, idx, keepdim)
+    return (nan_result if skip_nan else result)(values, indices)
+
+
+def median(x: Tensor, dim: int | None = None, keepdim: bool = False) -> Any:
+    """The lower median (NaN if any element is NaN); with ``dim``, ``(values, indices)``."""
+    return _median(x, dim, keepdim, skip_nan=False)
+
+
+def nanmedian(x: Tensor, dim: int | None = None, keepdim: bool = False) -> Any:
+    """``median`` ignoring NaNs (NaN only where every element is)."""
+    return _median(x, dim, keepdim, skip_nan=True)
+
+
+def std(x: Tensor, dim: Any = None, *, correction: int = 1, keepdim: bool = False,
+        unbiased: bool | None = None) -> Tensor:
+    """Standard deviation with Bessel's correction by default; zero gradient where it is 0."""
+    return _moment(R.std, x, dim, correction, keepdim, unbiased)
+
+
+def _moment(spec: OpSpec, x: Tensor, dim: Any, correction: int, keepdim: bool,
+            unbiased: bool | None) -> Tensor:
+    x = _tensor(x)
+    if unbiased is not None:
+        correction = 1 if unbiased else 0
+    dims = _reduction_dims(dim, x.ndim)
+    params = {"dim": dims, "keepdim": keepdim, "correction": correction}
+    return record(spec, (x,), spec.forward(x.data, **params), params={**params, "shape": x.shape})
+
+
+def _with_mean(x: Tensor, moment: Tensor, dim: Any, keepdim: bool, spec: OpSpec) -> tuple[Tensor, Tensor]:
+    x = _tensor(x)
+    dims = _reduction_dims(dim, x.ndim)
+    mean_out = R._mean(x.data, dim=dims, keepdim=keepdim)
+    return moment, record(spec, (x,), mean_out, params={"dim": dims, "keepdim": keepdim, "shape": x.shape})
+
+
+def var_mean(x: Tensor, dim: Any = None, *, correction: int = 1, keepdim: bool = False,
+             unbiased: bool | None = None) -> tuple[Tensor, Tensor]:
+    """``(var, mean)`` over ``dim`` in one call."""
+    v = _moment(R.var_of_var_mean, x, dim, correction, keepdim, unbiased)
+    return _with_mean(x, v, dim, keepdim, R.mean_of_var_mean)
+
+
+def std_mean(x: Tensor, dim: Any = None, *, correction: int = 1, keepdim: bool = False,
+             unbiased: bool | None = None) -> tuple[Tensor, Tensor]:
+    """``(std, mean)`` over ``dim`` in one call."""
+    s = _moment(R.std_of_std_mean, x, dim, correction, keepdim, unbiased)
+    return _with_mean(x, s, dim, keepdim, R.mean_of_std_mean)
+
+
+def norm(x: Tensor, p: Any = "fro", dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Tensor:
+    """The vector ``p``-norm over ``dim`` (all elements when None), as ``torch.norm``:
+    ``"fro"`` is the 2-norm, ``inf``/``-inf`` the largest/smallest magnitude, 0 counts
+    non-zeros. The gradient is zero where the norm is zero."""
+    x = _tensor(x)
+    if dtype is not None:
+        x = to_dtype(x, dtype)
+    if isinstance(p, str):
+        if p == "nuc":
+            raise NotImplementedError("asyncgrad has no nuclear norm (p='nuc'); it needs an SVD")
+        if p != "fro":
+            raise RuntimeError(f"linalg.matrix_norm: Order {p} not supported.")
+        p = 2
+    if x.data.dtype.kind not in "fc":
+        raise RuntimeError(
+            f"linalg.vector_norm: Expected a floating point or complex tensor as input. Got {x.data.dtype}")
+    p = float(p)
+    dims = _reduction_dims(dim, x.ndim)
+    params = {"p": p, "dim": dims, "keepdim": keepdim}
+    if np.isinf(p):
+        ans, weights = R.norm_inf.forward(x.data, **params)
+        return record(R.norm_inf, (x,), ans, aux=weights, params={**params, "shape": x.shape})
+    return record(R.norm, (x,), R.norm.forward(x.data, **params), params={**params, "shape": x.shape})
+
+
+def eq(x: Any, y: Any) -> Tensor:
+    """``x == y`` elementwise (a bool tensor outside the graph)."""
+    return compare(np.equal, x, y)
+
+
+def ne(x: Any, y: Any) -> Tensor:
+    """``x != y`` elementwise."""
+    return compare(np.not_equal, x, y)
+
+
+def lt(x: Any, y: Any) -> Tensor:
+    """``x < y`` elementwise."""
+    return compare(np.less, x, y)
+
+
+def le(x: Any, y: Any) -> Tensor:
+    """``x <= y`` elementwise."""
+    return compare(np.less_equal, x, y)
+
+
+def gt(x: Any, y: Any) -> Tensor:
+    """``x > y`` elementwise."""
+    return compare(np.greater, x, y)
+
+
+def ge(x: Any, y: Any) -> Tensor:
+    """``x >= y`` elementwise."""
+    return compare(np.greater_equal, x, y)
+
+
+def relu_(x: Tensor) -> Tensor:
+    """``relu`` in place (ReluBackward0 on a non-leaf, as PyTorch)."""
+    return x.relu_()
+
 
 
 __all__ = [n for n in dir() if not n.startswith("_") and n not in ("annotations", "builtins")]

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from . import _context
+from . import _context, _device
 from ._dtype import as_array, is_floating
 
 if TYPE_CHECKING:
@@ -101,6 +101,19 @@ class Tensor:
     @property
     def ndim(self) -> int:
         return self.data.ndim
+
+    @property
+    def device(self) -> _device.device:
+        """Always the CPU: asyncgrad computes with numpy (see asyncgrad._device)."""
+        return _device.CPU
+
+    @property
+    def is_cpu(self) -> bool:
+        return True
+
+    @property
+    def is_cuda(self) -> bool:
+        return False
 
     def dim(self) -> int:
         return self.data.ndim
@@ -331,6 +344,8 @@ class Tensor:
         if self._requires_grad and self.grad_fn is None:
             raise RuntimeError("a leaf Variable that requires grad is being used in an in-place operation.")
         base = self._base
+        if base is not None and self.grad_fn is not None:
+            _check_multi_output_view(self)
         if base is not None and base._requires_grad and base.grad_fn is None:
             raise RuntimeError(
                 "a view of a leaf Variable that requires grad is being used in an in-place operation."
@@ -516,7 +531,7 @@ class Tensor:
     def softmax(self, dim: int) -> Tensor: return F.softmax(self, dim)
     def log_softmax(self, dim: int) -> Tensor: return F.log_softmax(self, dim)
     def reshape(self, *shape: Any) -> Tensor: return F.reshape(self, _shape_args(shape))
-    def view(self, *shape: Any) -> Tensor: return F.reshape(self, _shape_args(shape))
+    def view(self, *shape: Any) -> Tensor: return F.view(self, _shape_args(shape))
     def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor: return F.flatten(self, start_dim, end_dim)
     def transpose(self, dim0: int, dim1: int) -> Tensor: return F.transpose(self, dim0, dim1)
     def t(self) -> Tensor: return F.transpose(self, 0, 1) if self.ndim == 2 else self
@@ -527,10 +542,54 @@ class Tensor:
     def expand_as(self, other: Tensor) -> Tensor: return F.expand(self, other.shape)
     def broadcast_to(self, shape: Any) -> Tensor: return F.broadcast_to(self, shape)
     def clone(self) -> Tensor: return F.clone(self)
+    def view_as(self, other: Tensor) -> Tensor: return F.view_as(self, other)
+    def contiguous(self) -> Tensor: return F.contiguous(self)
+    def is_contiguous(self) -> bool: return bool(self.data.flags.c_contiguous)
+    def narrow(self, dim: int, start: int, length: int) -> Tensor: return F.narrow(self, dim, start, length)
+    def select(self, dim: int, index: int) -> Tensor: return F.select(self, dim, index)
+    def unbind(self, dim: int = 0) -> tuple[Tensor, ...]: return F.unbind(self, dim)
+    def split(self, split_size: Any, dim: int = 0) -> tuple[Tensor, ...]: return F.split(self, split_size, dim)
+    def chunk(self, chunks: int, dim: int = 0) -> tuple[Tensor, ...]: return F.chunk(self, chunks, dim)
+    def diagonal(self, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Tensor:
+        return F.diagonal(self, offset, dim1, dim2)
+    def repeat(self, *sizes: Any) -> Tensor: return F.repeat(self, _shape_args(sizes))
+    def prod(self, dim: int | None = None, keepdim: bool = False, *, dtype: Any = None) -> Tensor:
+        return F.prod(self, dim, keepdim, dtype=dtype)
+    def masked_fill(self, mask: Any, value: Any) -> Tensor: return F.masked_fill(self, mask, value)
+    def tril(self, diagonal: int = 0) -> Tensor: return F.tril(self, diagonal)
+    def triu(self, diagonal: int = 0) -> Tensor: return F.triu(self, diagonal)
+    def topk(self, k: int, dim: int = -1, largest: bool = True, sorted: bool = True) -> Any:
+        return F.topk(self, k, dim, largest, sorted)
+    def median(self, dim: int | None = None, keepdim: bool = False) -> Any: return F.median(self, dim, keepdim)
+    def nanmedian(self, dim: int | None = None, keepdim: bool = False) -> Any:
+        return F.nanmedian(self, dim, keepdim)
+    def std(self, dim: Any = None, *, correction: int = 1, keepdim: bool = False,
+            unbiased: bool | None = None) -> Tensor:
+        return F.std(self, dim, correction=correction, keepdim=keepdim, unbiased=unbiased)
+    def norm(self, p: Any = "fro", dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Tensor:
+        return F.norm(self, p, dim, keepdim, dtype=dtype)
+    def eq(self, other: Any) -> Tensor: return F.eq(self, other)
+    def ne(self, other: Any) -> Tensor: return F.ne(self, other)
+    def lt(self, other: Any) -> Tensor: return F.lt(self, other)
+    def le(self, other: Any) -> Tensor: return F.le(self, other)
+    def gt(self, other: Any) -> Tensor: return F.gt(self, other)
+    def ge(self, other: Any) -> Tensor: return F.ge(self, other)
     def float(self) -> Tensor: return F.to_dtype(self, np.float32)
     def double(self) -> Tensor: return F.to_dtype(self, np.float64)
     def long(self) -> Tensor: return F.to_dtype(self, np.int64)
-    def to(self, dtype: Any) -> Tensor: return F.to_dtype(self, dtype)
+    def to(self, *args: Any, **kwargs: Any) -> Tensor:
+        """``to(dtype)``, ``to(device, dtype=None)``, ``to(other)``, as PyTorch; the device
+        must be the CPU (a no-op). Returns self unless the dtype changes or ``copy=True``."""
+        dtype, copy = _device.parse_to(args, kwargs, Tensor)
+        out = self if dtype is None else F.to_dtype(self, dtype)
+        return F.clone(out) if copy and out is self else out
+    def cpu(self) -> Tensor: return self
+    def type(self, dtype: Any = None, non_blocking: bool = False) -> Any:
+        """With no argument, the type name (``"asyncgrad.FloatTensor"`` for float32, as
+        PyTorch's ``"torch.FloatTensor"``); else this tensor cast to that type or dtype."""
+        if dtype is None:
+            return _device.type_name(self.data.dtype)
+        return F.to_dtype(self, _device.dtype_of_type(dtype))
     def type_as(self, other: Tensor) -> Tensor: return F.to_dtype(self, other.dtype)
     def argmax(self, dim: Any = None, keepdim: bool = False) -> Tensor:
         return Tensor._wrap(np.asarray(np.argmax(self.data, axis=dim, keepdims=keepdim)))
@@ -559,6 +618,36 @@ class Tensor:
     def zero_(self) -> Tensor: return self._apply_inplace(F.zero)
     def fill_(self, value: Any) -> Tensor: return self._apply_inplace(F.fill, value)
     def copy_(self, src: Any) -> Tensor: return self._apply_inplace(F.copy_from, src)
+    def masked_fill_(self, mask: Any, value: Any) -> Tensor: return self._apply_inplace(F.masked_fill, mask, value)
+    def tril_(self, diagonal: int = 0) -> Tensor: return self._apply_inplace(F.tril, diagonal)
+    def triu_(self, diagonal: int = 0) -> Tensor: return self._apply_inplace(F.triu, diagonal)
+
+    # random fills and sampling (see asyncgrad.sampling)
+    def uniform_(self, a: _Float = 0.0, b: _Float = 1.0, *, generator: Any = None) -> Tensor:
+        return sampling.uniform_(self, a, b, generator=generator)
+    def normal_(self, mean: _Float = 0.0, std: _Float = 1.0, *, generator: Any = None) -> Tensor:
+        return sampling.normal_(self, mean, std, generator=generator)
+    def bernoulli_(self, p: Any = 0.5, *, generator: Any = None) -> Tensor:
+        return sampling.bernoulli_(self, p, generator=generator)
+    def bernoulli(self, p: _Float | None = None, *, generator: Any = None) -> Tensor:
+        return sampling.bernoulli(self, p, generator=generator)
+    def multinomial(self, num_samples: int, replacement: bool = False, *, generator: Any = None) -> Tensor:
+        return sampling.multinomial(self, num_samples, replacement, generator=generator)
+
+    # factories with this tensor's dtype (see asyncgrad.creation)
+    def new_tensor(self, data: Any, *, dtype: Any = None, requires_grad: bool = False,
+                   device: Any = None) -> Tensor:
+        return creation.new_tensor(self, data, dtype=dtype, requires_grad=requires_grad, device=device)
+    def new_full(self, size: Any, fill_value: Any, *, dtype: Any = None, requires_grad: bool = False,
+                 device: Any = None) -> Tensor:
+        return creation.new_full(self, size, fill_value, dtype=dtype, requires_grad=requires_grad, device=device)
+    def new_zeros(self, *size: Any, dtype: Any = None, requires_grad: bool = False, device: Any = None) -> Tensor:
+        return creation.new_full(self, _shape_args(size), 0, dtype=dtype, requires_grad=requires_grad, device=device)
+    def new_ones(self, *size: Any, dtype: Any = None, requires_grad: bool = False, device: Any = None) -> Tensor:
+        return creation.new_full(self, _shape_args(size), 1, dtype=dtype, requires_grad=requires_grad, device=device)
+    def new_empty(self, *size: Any, dtype: Any = None, requires_grad: bool = False, device: Any = None) -> Tensor:
+        creation._check_device(device)
+        return creation._finish(np.empty(_shape_args(size), dtype=dtype or self.dtype), requires_grad)
 
 
 def _init(t: Tensor, arr: np.ndarray, node: Node | None, output_nr: int,
@@ -576,6 +665,19 @@ def _init(t: Tensor, arr: np.ndarray, node: Node | None, output_nr: int,
     t._acc_ref = None
     t._saved = None
     t._views = None
+
+
+def _check_multi_output_view(view: Tensor) -> None:
+    """PyTorch forbids in-place changes through one of several views returned together
+    (unbind, split, chunk): their shared backward could not account for it."""
+    name = view.grad_fn.name() if view.grad_fn is not None else ""
+    if name in MULTI_OUTPUT_VIEWS:  # the view's grad_fn is still the node that made it
+        raise RuntimeError(
+            f"Output {view.output_nr} of {name[:-len('Backward0')]} is a view and is being "
+            "modified inplace. This view is the output of a function that returns multiple views. Such "
+            "functions do not allow the output views to be modified inplace. You should replace the "
+            "inplace operation by an out-of-place one."
+        )
 
 
 def _forget_view(base_ref: weakref.ref[Tensor], key: int, _ref: Any) -> None:
@@ -665,3 +767,5 @@ class MinMax(NamedTuple):
 # Imported last: the graph and the functional layer both need the Tensor class above.
 from .autograd.graph import AccumulateGrad, HookDict  # noqa: E402
 from . import functional as F  # noqa: E402  (methods above delegate to it)
+from .ops.shape import MULTI_OUTPUT_VIEWS  # noqa: E402
+from . import creation, sampling  # noqa: E402

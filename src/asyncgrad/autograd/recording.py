@@ -124,6 +124,46 @@ class OpNode(Node):
             self.checks = ()
 
 
+class MultiViewNode(Node):
+    """The one node behind several views of one input returned together (``unbind``,
+    ``split``, ``chunk``): one gradient slot per view, combined by ``rule(m, grads,
+    **params)`` into the input's gradient in one pass (PyTorch's UnbindBackward0...)."""
+
+    __slots__ = ("node_name", "rule", "params", "num_outputs", "input_shapes", "input_dtypes", "work")
+
+    def __init__(self, node_name: str, rule: Any, edge: Any, params: dict[str, Any], num_outputs: int,
+                 shape: tuple[int, ...], dtype: np.dtype) -> None:
+        Node.__init__(self, (edge,))
+        self.node_name = node_name
+        self.rule = rule
+        self.params = params
+        self.num_outputs = num_outputs
+        self.input_shapes = (shape,)
+        self.input_dtypes = (dtype,)
+        self.work = int(np.prod(shape, dtype=np.int64))
+
+    def name(self) -> str:
+        return self.node_name
+
+    def apply(self, grads: list[Any], m: Any) -> list[Any]:
+        if all(g is None for g in grads):
+            return [None]
+        return [self.rule(m, list(grads), **self.params)]
+
+
+def record_views(node_name: str, rule: Any, x: Any, outs: list[np.ndarray], params: dict[str, Any]) -> list[Any]:
+    """Wrap the arrays ``outs`` (views of ``x``) as Tensors that share one
+    :class:`MultiViewNode` when grad mode is on and ``x`` requires grad."""
+    if not _grad_enabled.get() or not x._requires_grad:
+        return [_wrap(o) for o in outs]
+    node = MultiViewNode(node_name, rule, x._gradient_edge(), params, len(outs), x.data.shape, x.data.dtype)
+    if _anomaly.get() is not None:
+        from .anomaly_mode import record_forward_trace
+
+        record_forward_trace(node)
+    return [_nonleaf(o, node, i, None) for i, o in enumerate(outs)]
+
+
 # Input shapes/dtypes tuples are interned: nodes with the same input signature share one
 # pair of tuples instead of allocating their own (graph memory per node matters for deep
 # graphs). The cache is bounded so that ever-changing shapes cannot grow it without limit.

@@ -2,11 +2,13 @@
 
 ``relu``, ``gelu``, ``softmax``, ``log_softmax``, ``cross_entropy``, ``nll_loss``,
 ``mse_loss`` and ``linear`` are asyncgrad's primitives (one node each); ``dropout``,
-``layer_norm`` and ``embedding`` are composites of primitives.
+``layer_norm``, ``embedding`` and ``scaled_dot_product_attention`` are composites of
+primitives.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 from collections.abc import Sequence
 
@@ -14,10 +16,21 @@ import numpy as np
 
 from .. import functional as _F
 from ..functional import (
-    cross_entropy, gelu, linear, log_softmax, mse_loss, nll_loss, relu, sigmoid, softmax, tanh,
+    cross_entropy, gelu, linear, log_softmax, mse_loss, nll_loss, sigmoid, softmax, tanh,
 )
 from ..random import Generator, default_generator
 from ..tensor import Tensor
+
+
+def relu(input: Tensor, inplace: bool = False) -> Tensor:
+    """``max(input, 0)``; with ``inplace``, written into ``input`` (which is returned),
+    with the usual in-place rules (not on a leaf that requires grad)."""
+    return input.relu_() if inplace else _F.relu(input)
+
+
+def relu_(input: Tensor) -> Tensor:
+    """``relu`` in place."""
+    return input.relu_()
 
 
 def dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False,
@@ -84,7 +97,68 @@ def embedding(input: Any, weight: Tensor, padding_idx: int | None = None) -> Ten
     return out
 
 
+def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Any = None,
+                                 dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+                                 enable_gqa: bool = False) -> Tensor:
+    """``softmax(query @ key.mT * scale + mask) @ value`` over the last two dims, as
+    ``torch.nn.functional.scaled_dot_product_attention`` (its math reference).
+
+    ``attn_mask`` is a bool mask (True: may attend) or a float bias added to the scores
+    (differentiable), broadcast to ``(..., L, S)``; ``is_causal`` masks the upper triangle
+    (and excludes ``attn_mask``). ``scale`` defaults to ``1 / sqrt(E)``. A query row that
+    may attend to nothing gives zeros (and zero gradients), as PyTorch does. ``dropout_p``
+    drops attention weights with asyncgrad's default generator (always, as PyTorch: pass
+    0.0 in eval). ``enable_gqa`` lets ``key``/``value`` have fewer heads (dim -3) than
+    ``query``, each shared by a group of query heads.
+    """
+    if not (query.dtype == key.dtype == value.dtype):
+        raise RuntimeError(
+            f"Expected query, key, and value to have the same dtype, but got query.dtype: {query.dtype} "
+            f"key.dtype: {key.dtype} and value.dtype: {value.dtype} instead.")
+    if is_causal and attn_mask is not None:
+        raise RuntimeError("_scaled_dot_product_attention: Explicit attn_mask should not be set when is_causal=True")
+    if query.shape[-1] != key.shape[-1] or key.shape[-2] != value.shape[-2]:
+        raise RuntimeError(
+            f"scaled_dot_product_attention: query {list(query.shape)}, key {list(key.shape)} and value "
+            f"{list(value.shape)} do not fit: need query[-1] == key[-1] and key[-2] == value[-2]")
+    if not 0.0 <= dropout_p <= 1.0:
+        raise ValueError(f"dropout probability has to be between 0 and 1, but got {dropout_p}")
+    if enable_gqa and query.ndim >= 3 and key.shape[-3] != query.shape[-3]:
+        heads, kv_heads = query.shape[-3], key.shape[-3]
+        if heads % kv_heads or value.shape[-3] != kv_heads:
+            raise RuntimeError(
+                f"scaled_dot_product_attention: number of heads in key/value ({kv_heads}/{value.shape[-3]}) "
+                f"must divide the number of heads in query ({heads})")
+        groups = np.repeat(np.arange(kv_heads), heads // kv_heads)  # repeat_interleave
+        key = _F.getitem(key, (Ellipsis, groups, slice(None), slice(None)))
+        value = _F.getitem(value, (Ellipsis, groups, slice(None), slice(None)))
+    length, source = query.shape[-2], key.shape[-2]
+    factor = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
+    scores = _F.mul(_F.matmul(query, _F.transpose(key, -2, -1)), factor)
+    allowed: np.ndarray | None = None
+    if is_causal:
+        allowed = np.tri(length, source, 0, dtype=bool)
+    elif attn_mask is not None:
+        mask_data = attn_mask.data if isinstance(attn_mask, Tensor) else np.asarray(attn_mask)
+        if mask_data.dtype == np.bool_:
+            allowed = mask_data
+        else:
+            scores = _F.add(scores, attn_mask)
+    if allowed is not None:
+        scores = _F.where(allowed, scores, -np.inf)
+    # PyTorch's safe softmax: a row with no finite score attends to nothing
+    empty = np.isneginf(scores.data).all(axis=-1, keepdims=True)
+    if empty.any():
+        scores = _F.where(empty, 0.0, scores)
+    weights = _F.softmax(scores, -1)
+    if empty.any():
+        weights = _F.where(empty, 0.0, weights)
+    if dropout_p > 0.0:
+        weights = dropout(weights, dropout_p, training=True)
+    return _F.matmul(weights, value)
+
+
 __all__ = [
     "cross_entropy", "dropout", "embedding", "gelu", "layer_norm", "linear", "log_softmax",
-    "mse_loss", "nll_loss", "relu", "sigmoid", "softmax", "tanh",
+    "mse_loss", "nll_loss", "relu", "relu_", "scaled_dot_product_attention", "sigmoid", "softmax", "tanh",
 ]

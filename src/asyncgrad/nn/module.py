@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 
+from .._device import parse_to
 from .._dtype import as_array, get_default_dtype
 from ..autograd.graph import HookDict, RemovableHandle
 from ..grad_mode import no_grad
@@ -312,16 +313,28 @@ class Module:
         for p in self.parameters():
             _zero_grad(p, set_to_none)
 
-    def to(self, dtype: Any) -> Module:
-        """Cast floating parameters and buffers to ``dtype`` in place (the same Tensor
-        objects keep their identity; gradients are dropped)."""
-        d = np.dtype(dtype)
+    def to(self, *args: Any, **kwargs: Any) -> Module:
+        """``to(dtype)``, ``to(device, dtype=None)``, ``to(tensor)``, as PyTorch: cast
+        floating parameters and buffers to ``dtype`` in place (the same Tensor objects
+        keep their identity; gradients are dropped). The device must be the CPU, where
+        everything already is, so moving there is a no-op."""
+        dtype, _ = parse_to(args, kwargs, Tensor)
+        if dtype is None:
+            return self
+        if dtype.kind not in "fc":
+            raise TypeError(f"nn.Module.to only accepts floating point or complex dtypes, but got desired "
+                            f"dtype={dtype}")
+        d = dtype
         for t in [*self.parameters(), *self.buffers()]:
             if t.data.dtype.kind == "f" and t.data.dtype != d:
                 t.data = t.data.astype(d)
                 t._version_counter.value += 1
                 t.grad = None
                 t._acc_ref = None  # a new AccumulateGrad records the new dtype
+        return self
+
+    def cpu(self) -> Module:
+        """A no-op (everything lives on the CPU); returns self."""
         return self
 
     def float(self) -> Module:

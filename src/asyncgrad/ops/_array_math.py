@@ -38,6 +38,8 @@ class ArrayMath:
     sum_to = staticmethod(sum_to)
     index_add = staticmethod(_index_add)
     zeros_like = staticmethod(np.zeros_like)
+    stack = staticmethod(np.stack)
+    cat = staticmethod(np.concatenate)
 
     @staticmethod
     def constant(value: Any) -> Any:
@@ -71,6 +73,13 @@ class ArrayMath:
     @staticmethod
     def getitem(x: np.ndarray, index: Any) -> np.ndarray:
         return x[index]
+
+    @staticmethod
+    def prod_others(x: np.ndarray, dim: tuple[int, ...] | None) -> np.ndarray:
+        """For each element, the product of the others along ``dim`` (prod's derivative)."""
+        from .reductions import _prod_others
+
+        return _prod_others(x, dim=dim)  # type: ignore[no-any-return]
 
     @staticmethod
     def take_along(x: np.ndarray, index: np.ndarray, dim: int) -> np.ndarray:

@@ -10,6 +10,7 @@ where ``min <= x <= max``, maximum/minimum split it in half at ties.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 
@@ -109,3 +110,29 @@ sgn = defop("SgnBackward0", np.sign, lambda m, g, ans, x: m.zeros_like(g))
 threshold_backward = defop("ThresholdBackwardBackward0", lambda g, ans: np.where(ans > 0, g, 0),
                            lambda m, gg, _, g, ans: m.threshold_backward(gg, ans),
                            lambda m, gg, _, g, ans: m.zeros_like(gg), save="y")
+
+
+# --- added for PyTorch parity ----------------------------------------------------------------
+def _tri_mask(shape: tuple[int, ...], k: int, lower: bool) -> np.ndarray:
+    """The kept positions of ``tril(k)`` (``lower``) or ``triu(k)`` for the last two dims."""
+    rows, cols = shape[-2], shape[-1]
+    return np.tri(rows, cols, k, dtype=bool) if lower else ~np.tri(rows, cols, k - 1, dtype=bool)
+
+
+masked_fill = defop("MaskedFillBackward0", lambda x, v, *, mask: np.where(mask, v, x),
+                    lambda m, g, ans, x, v, *, mask: m.where(mask, 0.0, g),
+                    lambda m, g, ans, x, v, *, mask: m.where(mask, g, 0.0))  # summed to the 0-d value
+tril = defop("TrilBackward0", lambda x, *, k: np.tril(x, k),
+             lambda m, g, ans, x, *, k: m.where(_tri_mask(g.shape, k, True), g, 0.0))
+triu = defop("TriuBackward0", lambda x, *, k: np.triu(x, k),
+             lambda m, g, ans, x, *, k: m.where(_tri_mask(g.shape, k, False), g, 0.0))
+# In-place random fills and bernoulli: their output does not depend on the input's values,
+# so the input gets a zero gradient (PyTorch records them all the same). The sample is drawn
+# by the caller (asyncgrad.sampling), so there is no forward kernel here.
+uniform = defop("UniformBackward0", None, lambda m, g, ans, x: m.zeros_like(g))  # type: ignore[arg-type]
+normal = replace(uniform, node_name="NormalBackward0")
+bernoulli = replace(uniform, node_name="BernoulliBackward0")
+bernoulli_scalar = replace(uniform, node_name="BernoulliBackward2")  # bernoulli_(float p)
+bernoulli_tensor = defop("BernoulliBackward1", None,  # type: ignore[arg-type]
+                         lambda m, g, ans, x, p: m.zeros_like(g),
+                         lambda m, g, ans, x, p: m.zeros_like(g))  # summed down to p's shape

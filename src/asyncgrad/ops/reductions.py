@@ -8,6 +8,7 @@ array as ``aux``: for a full reduction the gradient is split evenly among ties (
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -94,3 +95,169 @@ min_all = defop("MinBackward1", _extreme_all(np.min),
                 lambda m, g, ans, x, *, aux: g * aux, has_aux=True)
 max_dim = defop("MaxBackward0", _extreme_dim(np.argmax), _extreme_dim_rule, has_aux=True)
 min_dim = defop("MinBackward0", _extreme_dim(np.argmin), _extreme_dim_rule, has_aux=True)
+
+
+# --- reductions added for PyTorch parity ----------------------------------------------------
+def _prod(x, *, dim, keepdim):  # type: ignore[no-untyped-def]
+    out = np.asarray(np.prod(x, axis=dim, keepdims=keepdim))
+    return out.astype(np.int64) if x.dtype.kind in "biu" else out
+
+
+def _prod_others(x, *, dim):  # type: ignore[no-untyped-def]
+    """For each element, the product of all the others along ``dim`` (all elements when
+    None), from exclusive cumulative products: exact where the input has zeros, where
+    ``prod / x`` is not."""
+    y = x.reshape(-1) if dim is None else np.moveaxis(x, dim[0], -1)
+    ones = np.ones(y.shape[:-1] + (1,), dtype=y.dtype)
+    left = np.cumprod(np.concatenate([ones, y[..., :-1]], -1), -1)
+    right = np.cumprod(np.concatenate([ones, y[..., :0:-1]], -1), -1)[..., ::-1]
+    out = left * right
+    return out.reshape(x.shape) if dim is None else np.moveaxis(out, -1, dim[0])
+
+
+def _prod_rule(m, g, ans, x, *, dim, keepdim, shape):  # type: ignore[no-untyped-def]
+    g = _expand_back(m, g, dim, keepdim, shape)
+    if np.asarray(x).all():  # no zeros: the product of the others is prod / x (PyTorch's fast path)
+        return g * _expand_back(m, ans, dim, keepdim, shape) / x
+    return g * m.prod_others(x, dim)
+
+
+def _prod_others_rule(m, g, ans, x, *, dim):  # type: ignore[no-untyped-def]
+    # d(others_i)/dx_k = prod of x over j not in {i, k} (k != i): row i of a pairwise table
+    # holds the products of the others of x with x_i replaced by 1, with its diagonal zeroed
+    shape = x.shape
+    if dim is None:
+        x, g, axis = m.reshape(x, (-1,)), m.reshape(g, (-1,)), 0
+    else:
+        axis = dim[0]
+    perm = tuple(k for k in range(len(x.shape)) if k != axis) + (axis,)
+    xl, gl = m.permute(x, perm), m.permute(g, perm)
+    eye = np.eye(x.shape[axis], dtype=bool)
+    rows = m.where(eye, 1.0, m.unsqueeze(xl, -2))
+    pair = m.where(eye, 0.0, m.prod_others(rows, (len(rows.shape) - 1,)))
+    out = m.permute(m.sum(m.unsqueeze(gl, -1) * pair, -2), tuple(int(i) for i in np.argsort(perm)))
+    return m.reshape(out, shape)
+
+
+def _std(x, *, dim, keepdim, correction):  # type: ignore[no-untyped-def]
+    return np.sqrt(_var(x, dim=dim, keepdim=keepdim, correction=correction))
+
+
+def _std_rule(m, g, ans, x, *, dim, keepdim, correction, shape):  # type: ignore[no-untyped-def]
+    # var's rule with g / (2 std); zero where std == 0 (PyTorch's std_backward). The
+    # divisor is made safe first so that a second derivative has no 0 * inf either.
+    zero = ans == 0
+    g = m.where(zero, 0.0, g / m.where(zero, 1.0, ans))
+    return _expand_back(m, g, dim, keepdim, shape) * (x - m.mean(x, dim, True)) / max(
+        _count(shape, dim) - correction, 0)
+
+
+def _median_all(skip_nan: bool):  # type: ignore[no-untyped-def]
+    def forward(x):  # type: ignore[no-untyped-def]
+        # the lower of the two middle values, as PyTorch; NaN if any (median) or all (nanmedian)
+        flat = np.sort(x.reshape(-1))
+        nan = np.isnan(flat)
+        n = int(flat.size - nan.sum()) if skip_nan else flat.size
+        if skip_nan or not nan.any():
+            ans = np.asarray(flat[(n - 1) // 2] if n else np.nan, dtype=x.dtype)
+        else:
+            ans = np.asarray(np.nan, dtype=x.dtype)
+        mask = np.isnan(x) if np.isnan(ans) else x == ans
+        with np.errstate(invalid="ignore", divide="ignore"):
+            weights = mask / np.asarray(mask.sum(), dtype=x.dtype) if mask.any() else np.zeros_like(x)
+        return ans, weights.astype(x.dtype, copy=False)
+    return forward
+
+
+def median_position(x: np.ndarray, dim: int, skip_nan: bool) -> np.ndarray:
+    """The index along ``dim`` (kept, size 1) of the lower median of each slice: of the
+    non-NaN values for nanmedian, and of a NaN where the slice holds one for median."""
+    order = np.argsort(x, axis=dim, kind="stable")  # NaNs sort last
+    count = np.sum(~np.isnan(x), axis=dim, keepdims=True)
+    if skip_nan:
+        pos = np.maximum((count - 1) // 2, 0)
+    else:
+        pos = np.where(count < x.shape[dim], count, (x.shape[dim] - 1) // 2)
+    return np.take_along_axis(order, pos, dim)
+
+
+def along_index(shape: tuple[int, ...], dim: int, idx: np.ndarray, keepdim: bool) -> tuple[np.ndarray, ...]:
+    """The advanced index into an array of ``shape`` picking ``idx`` (indices along
+    ``dim``, laid out as the output) in every other position: ``x[index]`` is the
+    selected values, and no element is picked twice when ``idx`` has no repeats per slice."""
+    out_ndim = idx.ndim
+    index = []
+    for k, n in enumerate(shape):
+        if k == dim:
+            index.append(idx)
+            continue
+        pos = k if keepdim or k < dim else k - 1
+        index.append(np.arange(n).reshape([-1 if j == pos else 1 for j in range(out_ndim)]))
+    return tuple(index)
+
+
+def _select_rule(m, g, ans, x, *, index, shape):  # type: ignore[no-untyped-def]
+    return m.index_add(g, index, shape, True)
+
+
+def _norm(x, *, p, dim, keepdim):  # type: ignore[no-untyped-def]
+    a = np.abs(x)
+    if p == 0:
+        return np.asarray(np.sum(a != 0, axis=dim, keepdims=keepdim), dtype=x.dtype)
+    if p == 1:
+        return np.asarray(np.sum(a, axis=dim, keepdims=keepdim))
+    if p == 2:
+        return np.asarray(np.sqrt(np.sum(a * a, axis=dim, keepdims=keepdim)))
+    with np.errstate(divide="ignore", over="ignore"):
+        return np.asarray(np.sum(a ** p, axis=dim, keepdims=keepdim) ** (1.0 / p))
+
+
+def _norm_rule(m, g, ans, x, *, p, dim, keepdim, shape):  # type: ignore[no-untyped-def]
+    # PyTorch's linalg_vector_norm_backward: zero gradient where the norm is zero
+    g = _expand_back(m, g, dim, keepdim, shape)
+    if p == 0:
+        return g * 0.0
+    if p == 1:
+        return g * m.sign(x)
+    ans = _expand_back(m, ans, dim, keepdim, shape)
+    zero = ans == 0
+    safe = m.where(zero, 1.0, ans)
+    if p == 2:
+        return x * m.where(zero, 0.0, g / safe)
+    sign = m.sign(x)
+    with np.errstate(divide="ignore", invalid="ignore"):  # |x| ** (p - 1) at x == 0, masked for p < 1
+        scaled = m.where(x == 0, 0.0, sign * (x * sign) ** (p - 1))
+    return scaled * m.where(zero, 0.0, g / safe ** (p - 1))
+
+
+def _norm_inf(x, *, p, dim, keepdim):  # type: ignore[no-untyped-def]
+    a = np.abs(x)
+    ans = np.asarray((np.max if p > 0 else np.min)(a, axis=dim, keepdims=True))
+    mask = (a == ans) | np.isnan(a)  # the gradient is split among the extreme elements
+    weights = (mask / np.sum(mask, axis=dim, keepdims=True)).astype(x.dtype, copy=False)
+    if not keepdim:
+        ans = ans.reshape(()) if dim is None else np.squeeze(ans, dim)
+    return ans, weights
+
+
+def _norm_inf_rule(m, g, ans, x, *, p, dim, keepdim, shape, aux):  # type: ignore[no-untyped-def]
+    return m.sign(x) * _expand_back(m, g, dim, keepdim, shape) * aux
+
+
+prod_all = defop("ProdBackward0", _prod, _prod_rule, save="x ans")
+prod = defop("ProdBackward1", _prod, _prod_rule, save="x ans")
+prod_others = defop("ProdOthersBackward0", _prod_others, _prod_others_rule, save="x")
+std = defop("StdBackward0", _std, _std_rule, save="x ans")
+median_all = defop("MedianBackward0", _median_all(False), lambda m, g, ans, x, *, aux: g * aux, has_aux=True)
+nanmedian_all = defop("NanmedianBackward0", _median_all(True), lambda m, g, ans, x, *, aux: g * aux, has_aux=True)
+# value-selecting reductions along a dim: the gradient goes to the selected elements
+topk = defop("TopkBackward0", lambda x, *, index: x[index], _select_rule)
+median_dim = replace(topk, node_name="MedianBackward1")
+nanmedian_dim = replace(topk, node_name="NanmedianBackward1")
+# var_mean / std_mean: one node per output, both named as PyTorch's shared node
+var_of_var_mean = replace(var, node_name="VarMeanBackward0")
+mean_of_var_mean = replace(mean, node_name="VarMeanBackward0")
+std_of_std_mean = replace(std, node_name="StdMeanBackward0")
+mean_of_std_mean = replace(mean, node_name="StdMeanBackward0")
+norm = defop("LinalgVectorNormBackward0", _norm, _norm_rule, save="x ans")
+norm_inf = defop("LinalgVectorNormBackward0", _norm_inf, _norm_inf_rule, save="x", has_aux=True)

@@ -88,3 +88,72 @@ index_put = defop("IndexPutBackward0", _index_put,
 copy_slices = replace(index_put, node_name="CopySlices")  # x[basic index] = v; in-place through a view
 cat = defop("CatBackward0", _cat_forward, _cat_rule, variadic=True)
 stack = defop("StackBackward0", _stack_forward, _stack_rule, variadic=True)
+
+
+# --- views added for PyTorch parity -------------------------------------------------------
+def diagonal_index(shape: tuple[int, ...], offset: int, dim1: int, dim2: int) -> tuple[np.ndarray, ...]:
+    """The advanced index that picks ``diagonal(x, offset, dim1, dim2)`` out of ``x``:
+    the other dims in order, then the diagonal as the last dim (PyTorch's layout)."""
+    rest = [k for k in range(len(shape)) if k not in (dim1, dim2)]
+    n = max(0, min(shape[dim1] - max(-offset, 0), shape[dim2] - max(offset, 0)))
+    out_ndim = len(rest) + 1
+    index: list[np.ndarray] = [np.empty(0, dtype=np.int64)] * len(shape)
+    for pos, k in enumerate(rest):
+        index[k] = np.arange(shape[k]).reshape([-1 if j == pos else 1 for j in range(out_ndim)])
+    diag = np.arange(n).reshape([1] * (out_ndim - 1) + [-1])
+    index[dim1] = diag + max(-offset, 0)
+    index[dim2] = diag + max(offset, 0)
+    return tuple(index)
+
+
+def _diagonal_view(x, *, offset, dim1, dim2):  # type: ignore[no-untyped-def]
+    """A writable strided view of the diagonal (numpy's ``diagonal`` is read-only, and
+    in-place ops through the view must reach ``x``)."""
+    from numpy.lib.stride_tricks import as_strided
+
+    y = np.moveaxis(x, (dim1, dim2), (-2, -1))
+    y = y[..., :, max(offset, 0):] if offset >= 0 else y[..., -offset:, :]
+    n = max(0, min(y.shape[-2], y.shape[-1]))
+    return as_strided(y, shape=y.shape[:-2] + (n,), strides=y.strides[:-2] + (y.strides[-2] + y.strides[-1],))
+
+
+def _take_rule(m, g, ans, x, *, index, shape):  # type: ignore[no-untyped-def]
+    # ``index`` is a full advanced index without duplicates, so assignment is a scatter-add
+    return m.index_add(g, index, shape, True)
+
+
+def _pieces(m, grads, shapes, dtype):  # type: ignore[no-untyped-def]
+    # an output that got no gradient contributes zeros (PyTorch's undefined grads)
+    return [m.constant(np.zeros(sh, dtype)) if g is None else g for g, sh in zip(grads, shapes)]
+
+
+def unbind_backward(m, grads, *, dim, shapes, dtype):  # type: ignore[no-untyped-def]
+    """The gradient of ``unbind``'s input from those of all its outputs, in one node."""
+    return m.stack(_pieces(m, grads, shapes, dtype), dim)
+
+
+def split_backward(m, grads, *, dim, shapes, dtype):  # type: ignore[no-untyped-def]
+    """The gradient of ``split``'s / ``chunk``'s input from those of all its outputs."""
+    return m.cat(_pieces(m, grads, shapes, dtype), dim)
+
+
+# Several views returned together (unbind, split, chunk) share one node with one gradient
+# slot per view, as PyTorch's: rule(m, grads, **params) -> the input's gradient. PyTorch
+# forbids in-place changes through such views (see Tensor._check_inplace).
+MULTI_OUTPUT_VIEWS = {
+    "UnbindBackward0": unbind_backward,
+    "SplitBackward0": split_backward,
+    "SplitWithSizesBackward0": split_backward,
+}
+diagonal = defop("DiagonalBackward0", _diagonal_view, _take_rule)
+contiguous = defop("CloneBackward0", np.ascontiguousarray, lambda m, g, ans, x: g, cost=0.0)
+
+
+def _repeat_rule(m, g, ans, x, *, reps, shape):  # type: ignore[no-untyped-def]
+    # the output is laid out as (r0, s0, r1, s1, ...): sum over every r axis
+    padded = (1,) * (len(reps) - len(shape)) + tuple(shape)
+    g = m.reshape(g, tuple(v for r, s in zip(reps, padded) for v in (r, s)))
+    return m.reshape(m.sum(g, tuple(range(0, 2 * len(reps), 2))), shape)
+
+
+repeat = defop("RepeatBackward0", lambda x, *, reps: np.tile(x, reps), _repeat_rule)
