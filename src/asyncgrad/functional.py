@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from ._aliases import numpy_aliases
 from ._dtype import as_array, get_default_dtype
 from .autograd.recording import record
 from .ops import elementwise as E
@@ -298,6 +299,17 @@ def compare(op: Callable[..., np.ndarray], x: Any, y: Any) -> Tensor:
     return Tensor._wrap(np.asarray(op(a, b)))
 
 
+def isfinite(x: Any) -> Tensor:
+    """A bool tensor, True where ``x`` is neither NaN nor ±inf (integers and bools are
+    always finite); outside the graph."""
+    return Tensor._wrap(np.asarray(np.isfinite(_tensor(x).data)))
+
+
+def isinf(x: Any) -> Tensor:
+    """A bool tensor, True where ``x`` is +inf or -inf; outside the graph."""
+    return Tensor._wrap(np.asarray(np.isinf(_tensor(x).data)))
+
+
 def to_dtype(x: Tensor, dtype: Any) -> Tensor:
     """Cast; differentiable between floating dtypes (ToCopyBackward0)."""
     d = np.dtype(dtype)
@@ -336,6 +348,7 @@ _copy = OpSpec("CopyBackwards", None, (lambda m, g, ans, x, s: g * 0.0, lambda m
 
 
 # --- reductions -----------------------------------------------------------------------------
+@numpy_aliases
 def sum(x: Tensor, dim: Any = None, keepdim: bool = False) -> Tensor:
     """Sum over ``dim`` (all dims when None)."""
     x = _tensor(x)
@@ -347,6 +360,7 @@ def sum(x: Tensor, dim: Any = None, keepdim: bool = False) -> Tensor:
     return record(spec, (x,), out, params={"dim": dims, "keepdim": keepdim, "shape": x.shape})
 
 
+@numpy_aliases
 def mean(x: Tensor, dim: Any = None, keepdim: bool = False) -> Tensor:
     """Mean over ``dim`` (all dims when None)."""
     x = _tensor(x)
@@ -361,6 +375,7 @@ def mean(x: Tensor, dim: Any = None, keepdim: bool = False) -> Tensor:
     return record(spec, (x,), out, params={"dim": dims, "keepdim": keepdim, "shape": x.shape})
 
 
+@numpy_aliases
 def var(x: Tensor, dim: Any = None, *, correction: int = 1, keepdim: bool = False,
         unbiased: bool | None = None) -> Tensor:
     """Variance with Bessel's correction by default (``correction=1``)."""
@@ -390,6 +405,7 @@ def _extreme(x: Tensor, dim: Any, keepdim: bool, all_spec: OpSpec, dim_spec: OpS
     return MinMax(out, Tensor._wrap(np.asarray(idx, dtype=np.int64)))
 
 
+@numpy_aliases
 def max(x: Tensor, dim: Any = None, keepdim: bool = False) -> Any:
     """The maximum; with ``dim``, a ``(values, indices)`` named tuple."""
     if isinstance(dim, Tensor):  # torch.max(a, b) is maximum
@@ -397,6 +413,7 @@ def max(x: Tensor, dim: Any = None, keepdim: bool = False) -> Any:
     return _extreme(x, dim, keepdim, R.max_all, R.max_dim)
 
 
+@numpy_aliases
 def min(x: Tensor, dim: Any = None, keepdim: bool = False) -> Any:
     """The minimum; with ``dim``, a ``(values, indices)`` named tuple."""
     if isinstance(dim, Tensor):
@@ -465,6 +482,7 @@ def permute(x: Tensor, dims: Sequence[int]) -> Tensor:
     return _view(x, S.permute, np.transpose(x.data, d), {"dims": d})
 
 
+@numpy_aliases
 def squeeze(x: Tensor, dim: Any = None) -> Tensor:
     x = _tensor(x)
     dims = _dims(dim, x.ndim)
@@ -476,6 +494,7 @@ def squeeze(x: Tensor, dim: Any = None) -> Tensor:
     return _view(x, spec, x.data.reshape(out_shape), {"shape": x.shape})
 
 
+@numpy_aliases
 def unsqueeze(x: Tensor, dim: int) -> Tensor:
     x = _tensor(x)
     d = _dim(dim, x.ndim + 1)
@@ -575,6 +594,7 @@ def index_put(x: Tensor, index: Any, value: Any, *, copy_slices: bool | None = N
     return record(spec, (x, v), out, params={"index": idx, "mask": mask})
 
 
+@numpy_aliases
 def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     """Concatenate along an existing dim."""
     ts = [_tensor(t) for t in tensors]
@@ -594,6 +614,7 @@ def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
 concat = cat
 
 
+@numpy_aliases
 def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     """Stack along a new dim."""
     ts = [_tensor(t) for t in tensors]
@@ -644,6 +665,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 
 
 # --- nn ------------------------------------------------------------------------------------
+@numpy_aliases
 def softmax(x: Tensor, dim: int) -> Tensor:
     x = _tensor(x)
     d: int | None = _dim(dim, x.ndim)
@@ -652,6 +674,7 @@ def softmax(x: Tensor, dim: int) -> Tensor:
     return record(N.softmax, (x,), N._softmax(x.data, dim=d), params={"dim": d})
 
 
+@numpy_aliases
 def log_softmax(x: Tensor, dim: int) -> Tensor:
     x = _tensor(x)
     d: int | None = _dim(dim, x.ndim)

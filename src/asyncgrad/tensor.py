@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from . import _context
+from ._aliases import numpy_aliases
 from ._dtype import as_array, is_floating
 
 if TYPE_CHECKING:
@@ -190,6 +191,7 @@ class Tensor:
     def tolist(self) -> Any:
         return self.data.tolist()
 
+    @numpy_aliases
     def size(self, dim: int | None = None) -> Any:
         return self.data.shape if dim is None else self.data.shape[dim]
 
@@ -506,14 +508,21 @@ class Tensor:
     def maximum(self, other: Any) -> Tensor: return F.maximum(self, other)
     def minimum(self, other: Any) -> Tensor: return F.minimum(self, other)
     def where(self, condition: Any, other: Any) -> Tensor: return F.where(condition, self, other)
+    @numpy_aliases
     def sum(self, dim: Any = None, keepdim: bool = False) -> Tensor: return F.sum(self, dim, keepdim)
+    @numpy_aliases
     def mean(self, dim: Any = None, keepdim: bool = False) -> Tensor: return F.mean(self, dim, keepdim)
+    @numpy_aliases
     def max(self, dim: Any = None, keepdim: bool = False) -> Any: return F.max(self, dim, keepdim)
+    @numpy_aliases
     def min(self, dim: Any = None, keepdim: bool = False) -> Any: return F.min(self, dim, keepdim)
+    @numpy_aliases
     def var(self, dim: Any = None, *, correction: int = 1, keepdim: bool = False,
             unbiased: bool | None = None) -> Tensor:
         return F.var(self, dim, correction=correction, keepdim=keepdim, unbiased=unbiased)
+    @numpy_aliases
     def softmax(self, dim: int) -> Tensor: return F.softmax(self, dim)
+    @numpy_aliases
     def log_softmax(self, dim: int) -> Tensor: return F.log_softmax(self, dim)
     def reshape(self, *shape: Any) -> Tensor: return F.reshape(self, _shape_args(shape))
     def view(self, *shape: Any) -> Tensor: return F.reshape(self, _shape_args(shape))
@@ -521,7 +530,9 @@ class Tensor:
     def transpose(self, dim0: int, dim1: int) -> Tensor: return F.transpose(self, dim0, dim1)
     def t(self) -> Tensor: return F.transpose(self, 0, 1) if self.ndim == 2 else self
     def permute(self, *dims: Any) -> Tensor: return F.permute(self, _shape_args(dims))
+    @numpy_aliases
     def squeeze(self, dim: Any = None) -> Tensor: return F.squeeze(self, dim)
+    @numpy_aliases
     def unsqueeze(self, dim: int) -> Tensor: return F.unsqueeze(self, dim)
     def expand(self, *sizes: Any) -> Tensor: return F.expand(self, _shape_args(sizes))
     def expand_as(self, other: Tensor) -> Tensor: return F.expand(self, other.shape)
@@ -532,11 +543,15 @@ class Tensor:
     def long(self) -> Tensor: return F.to_dtype(self, np.int64)
     def to(self, dtype: Any) -> Tensor: return F.to_dtype(self, dtype)
     def type_as(self, other: Tensor) -> Tensor: return F.to_dtype(self, other.dtype)
+    @numpy_aliases
     def argmax(self, dim: Any = None, keepdim: bool = False) -> Tensor:
         return Tensor._wrap(np.asarray(np.argmax(self.data, axis=dim, keepdims=keepdim)))
+    @numpy_aliases
     def argmin(self, dim: Any = None, keepdim: bool = False) -> Tensor:
         return Tensor._wrap(np.asarray(np.argmin(self.data, axis=dim, keepdims=keepdim)))
     def isnan(self) -> Tensor: return Tensor._wrap(np.isnan(self.data))
+    def isfinite(self) -> Tensor: return F.isfinite(self)
+    def isinf(self) -> Tensor: return F.isinf(self)
     def all(self) -> Tensor: return Tensor._wrap(np.asarray(self.data.all()))
     def any(self) -> Tensor: return Tensor._wrap(np.asarray(self.data.any()))
     def allclose(self, other: Any, rtol: _Float = 1e-5, atol: _Float = 1e-8) -> bool:
