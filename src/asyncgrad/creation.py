@@ -41,14 +41,17 @@ def from_numpy(array: np.ndarray) -> Tensor:
 
 
 def zeros(*shape: Any, dtype: Any = None, requires_grad: bool = False) -> Tensor:
+    """A tensor of zeros of the given shape (default floating dtype unless ``dtype``)."""
     return _finish(np.zeros(_shape(shape), dtype=dtype or get_default_dtype()), requires_grad)
 
 
 def ones(*shape: Any, dtype: Any = None, requires_grad: bool = False) -> Tensor:
+    """A tensor of ones of the given shape."""
     return _finish(np.ones(_shape(shape), dtype=dtype or get_default_dtype()), requires_grad)
 
 
 def full(shape: Any, fill_value: Any, *, dtype: Any = None, requires_grad: bool = False) -> Tensor:
+    """A tensor of ``shape`` filled with ``fill_value`` (its dtype follows the value, as PyTorch)."""
     if dtype is None:
         dtype = (np.bool_ if isinstance(fill_value, bool) else np.int64 if isinstance(fill_value, int)
                  else get_default_dtype())
@@ -57,18 +60,22 @@ def full(shape: Any, fill_value: Any, *, dtype: Any = None, requires_grad: bool 
 
 
 def empty(*shape: Any, dtype: Any = None, requires_grad: bool = False) -> Tensor:
+    """A tensor of the given shape with uninitialised values."""
     return _finish(np.empty(_shape(shape), dtype=dtype or get_default_dtype()), requires_grad)
 
 
 def zeros_like(t: Tensor, *, dtype: Any = None, requires_grad: bool = False) -> Tensor:
+    """Zeros with ``t``'s shape and dtype."""
     return _finish(np.zeros_like(t.data, dtype=dtype), requires_grad)
 
 
 def ones_like(t: Tensor, *, dtype: Any = None, requires_grad: bool = False) -> Tensor:
+    """Ones with ``t``'s shape and dtype."""
     return _finish(np.ones_like(t.data, dtype=dtype), requires_grad)
 
 
 def full_like(t: Tensor, fill_value: Any, *, dtype: Any = None, requires_grad: bool = False) -> Tensor:
+    """``fill_value`` with ``t``'s shape and dtype."""
     return _finish(np.full_like(t.data, fill_value, dtype=dtype), requires_grad)
 
 
@@ -85,10 +92,12 @@ def arange(start: Any, end: Any = None, step: Any = 1, *, dtype: Any = None,
 
 def linspace(start: float, end: float, steps: int, *, dtype: Any = None,
              requires_grad: bool = False) -> Tensor:
+    """``steps`` evenly spaced values from ``start`` to ``end``, both included."""
     return _finish(np.linspace(start, end, steps, dtype=dtype or get_default_dtype()), requires_grad)
 
 
 def eye(n: int, m: int | None = None, *, dtype: Any = None, requires_grad: bool = False) -> Tensor:
+    """An ``n`` x ``m`` (default ``n`` x ``n``) matrix with ones on the diagonal."""
     return _finish(np.eye(n, m, dtype=dtype or get_default_dtype()), requires_grad)
 
 
@@ -110,6 +119,7 @@ def rand(*shape: Any, generator: Generator | None = None, dtype: Any = None,
 
 def randint(low: int, high: int | None = None, size: Any = (), *,
             generator: Generator | None = None) -> Tensor:
+    """Random integers in ``[low, high)`` (``[0, low)`` with one bound) of shape ``size``, int64."""
     if high is None:
         low, high = 0, low
     gen = generator or default_generator
@@ -117,5 +127,6 @@ def randint(low: int, high: int | None = None, size: Any = (), *,
 
 
 def randperm(n: int, *, generator: Generator | None = None) -> Tensor:
+    """A random permutation of ``0 .. n-1``, int64."""
     gen = generator or default_generator
     return Tensor._wrap(gen.rng.permutation(n).astype(np.int64))

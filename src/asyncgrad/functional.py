@@ -196,46 +196,57 @@ def pow(x: Any, exponent: Any) -> Tensor:
 
 
 def neg(x: Tensor) -> Tensor:
+    """``-x``, elementwise."""
     return _unary(E.neg, x)
 
 
 def abs(x: Tensor) -> Tensor:
+    """The absolute value, elementwise."""
     return _unary(E.abs_, x)
 
 
 def exp(x: Tensor) -> Tensor:
+    """``e ** x``, elementwise."""
     return _unary(E.exp, x)
 
 
 def log(x: Tensor) -> Tensor:
+    """The natural logarithm, elementwise."""
     return _unary(E.log, x)
 
 
 def sqrt(x: Tensor) -> Tensor:
+    """The square root, elementwise."""
     return _unary(E.sqrt, x)
 
 
 def sin(x: Tensor) -> Tensor:
+    """The sine, elementwise."""
     return _unary(E.sin, x)
 
 
 def cos(x: Tensor) -> Tensor:
+    """The cosine, elementwise."""
     return _unary(E.cos, x)
 
 
 def tanh(x: Tensor) -> Tensor:
+    """The hyperbolic tangent, elementwise."""
     return _unary(E.tanh, x)
 
 
 def sigmoid(x: Tensor) -> Tensor:
+    """The logistic function ``1 / (1 + exp(-x))``, elementwise."""
     return _unary(E.sigmoid, x)
 
 
 def relu(x: Tensor) -> Tensor:
+    """``max(x, 0)``, elementwise."""
     return _unary(E.relu, x)
 
 
 def erf(x: Tensor) -> Tensor:
+    """The error function, elementwise."""
     return _unary(E.erf, x)
 
 
@@ -268,10 +279,12 @@ clip = clamp
 
 
 def maximum(x: Any, y: Any) -> Tensor:
+    """The larger of ``x`` and ``y``, elementwise, broadcasting (the gradient is split evenly on ties)."""
     return _binary(E.maximum, x, y)
 
 
 def minimum(x: Any, y: Any) -> Tensor:
+    """The smaller of ``x`` and ``y``, elementwise, broadcasting (the gradient is split evenly on ties)."""
     return _binary(E.minimum, x, y)
 
 
@@ -456,6 +469,7 @@ view = reshape
 
 
 def flatten(x: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+    """Dimensions ``start_dim`` to ``end_dim`` merged into one."""
     x = _tensor(x)
     if x.ndim == 0:
         return reshape(x, (1,))
@@ -465,6 +479,7 @@ def flatten(x: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
 
 
 def transpose(x: Tensor, dim0: int, dim1: int) -> Tensor:
+    """Dimensions ``dim0`` and ``dim1`` swapped (a view); ``swapaxes`` is the same function."""
     x = _tensor(x)
     d0, d1 = _dim(dim0, x.ndim), _dim(dim1, x.ndim)
     return _view(x, S.transpose, np.swapaxes(x.data, d0, d1), {"d0": d0, "d1": d1})
@@ -474,6 +489,7 @@ swapaxes = transpose
 
 
 def permute(x: Tensor, dims: Sequence[int]) -> Tensor:
+    """The dimensions reordered as ``dims`` (a view)."""
     x = _tensor(x)
     d = _dims(tuple(dims), x.ndim)
     assert d is not None
@@ -484,6 +500,7 @@ def permute(x: Tensor, dims: Sequence[int]) -> Tensor:
 
 @numpy_aliases
 def squeeze(x: Tensor, dim: Any = None) -> Tensor:
+    """Dimensions of size 1 removed (only those in ``dim`` when given)."""
     x = _tensor(x)
     dims = _dims(dim, x.ndim)
     if dims is None:
@@ -496,6 +513,7 @@ def squeeze(x: Tensor, dim: Any = None) -> Tensor:
 
 @numpy_aliases
 def unsqueeze(x: Tensor, dim: int) -> Tensor:
+    """A dimension of size 1 inserted at ``dim``."""
     x = _tensor(x)
     d = _dim(dim, x.ndim + 1)
     return _view(x, S.unsqueeze, np.expand_dims(x.data, d), {"shape": x.shape})
@@ -523,6 +541,7 @@ def expand(x: Tensor, shape: Sequence[int]) -> Tensor:
 
 
 def broadcast_to(x: Tensor, shape: Sequence[int]) -> Tensor:
+    """``x`` broadcast to ``shape`` without copying."""
     return expand(x, shape)
 
 
@@ -667,6 +686,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 # --- nn ------------------------------------------------------------------------------------
 @numpy_aliases
 def softmax(x: Tensor, dim: int) -> Tensor:
+    """``exp(x)`` normalised to sum to 1 along ``dim``."""
     x = _tensor(x)
     d: int | None = _dim(dim, x.ndim)
     if x.ndim == 0:
@@ -676,6 +696,7 @@ def softmax(x: Tensor, dim: int) -> Tensor:
 
 @numpy_aliases
 def log_softmax(x: Tensor, dim: int) -> Tensor:
+    """The logarithm of ``softmax(x, dim)``, computed stably."""
     x = _tensor(x)
     d: int | None = _dim(dim, x.ndim)
     if x.ndim == 0:
@@ -691,6 +712,7 @@ def gelu(x: Tensor, approximate: str = "none") -> Tensor:
 
 
 def nll_loss(logp: Tensor, target: Any, reduction: str = "mean", ignore_index: int = -100) -> Tensor:
+    """The negative log-likelihood of class indices ``target`` under log-probabilities ``logp`` (N x C)."""
     tgt = np.asarray(target.data if isinstance(target, Tensor) else target)
     if logp.ndim != 2 or tgt.shape != logp.shape[:1]:
         raise ValueError(
@@ -713,6 +735,7 @@ def cross_entropy(logits: Tensor, targets: Any, reduction: str = "mean", ignore_
 
 
 def mse_loss(input: Tensor, target: Any, reduction: str = "mean") -> Tensor:
+    """The squared error between ``input`` and ``target``, averaged (``reduction='mean'``) or summed."""
     if reduction not in ("mean", "sum", "none"):
         raise ValueError(f"{reduction} is not a valid value for reduction")
     input = _tensor(input)

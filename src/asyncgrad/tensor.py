@@ -6,6 +6,7 @@ are thin delegations so that ``x.exp()`` and ``ag.exp(x)`` are the same code.
 
 from __future__ import annotations
 
+import builtins
 import functools
 import warnings
 import weakref
@@ -30,9 +31,6 @@ _NONLEAF_GRAD_WARNING = (
 )
 
 
-_Float = float  # the Tensor.float() method shadows the builtin inside the class body
-
-
 class VersionCounter:
     """Counts in-place changes; shared by a tensor, its views and ``detach()`` results."""
 
@@ -52,8 +50,11 @@ class Tensor:
     __array_ufunc__ = None
 
     data: np.ndarray
+    """The numpy array holding the values (changes made through it are not tracked)."""
     grad_fn: Node | None
+    """The node of the operation that produced this tensor (None for a leaf)."""
     output_nr: int
+    """Which output of ``grad_fn`` this tensor is."""
     _requires_grad: bool
     _grad: Tensor | None
     _version_counter: VersionCounter
@@ -93,29 +94,36 @@ class Tensor:
     # --- attributes -------------------------------------------------------------------
     @property
     def shape(self) -> tuple[int, ...]:
+        """The size of each dimension, as a tuple of ints (``torch.Size`` in PyTorch)."""
         return self.data.shape
 
     @property
     def dtype(self) -> np.dtype:
+        """The element type, a numpy dtype (``ag.float32``, ``ag.int64``, ...)."""
         return self.data.dtype
 
     @property
     def ndim(self) -> int:
+        """The number of dimensions."""
         return self.data.ndim
 
     def dim(self) -> int:
+        """The number of dimensions (as ``ndim``)."""
         return self.data.ndim
 
     @property
     def is_leaf(self) -> bool:
+        """True for a tensor no recorded operation produced (``grad_fn is None``); backward fills leaves' ``.grad``."""
         return self.grad_fn is None
 
     @property
     def requires_grad(self) -> bool:
+        """Whether operations on this tensor are recorded for autograd."""
         return self._requires_grad
 
     @requires_grad.setter
     def requires_grad(self, flag: bool) -> None:
+        """Set on a leaf (as ``requires_grad_``); only floating tensors can require gradients."""
         self.requires_grad_(flag)
 
     def requires_grad_(self, requires_grad: bool = True) -> Tensor:
@@ -137,12 +145,14 @@ class Tensor:
 
     @property
     def grad(self) -> Tensor | None:
+        """The accumulated gradient of a leaf (or of a ``retain_grad()`` tensor); None until a backward writes it."""
         if self.grad_fn is not None and not self._retains_grad:
             warnings.warn(_NONLEAF_GRAD_WARNING, UserWarning, stacklevel=2)
         return self._grad
 
     @grad.setter
     def grad(self, value: Tensor | None) -> None:
+        """Replace the gradient: a Tensor of this tensor's shape and dtype, or None."""
         if value is not None:
             if not isinstance(value, Tensor):
                 raise TypeError(f"assigned grad expected to be a Tensor or None but got {type(value).__name__}")
@@ -162,6 +172,7 @@ class Tensor:
 
     @property
     def retains_grad(self) -> bool:
+        """True when ``retain_grad()`` made this non-leaf keep its ``.grad``."""
         return self._retains_grad
 
     @property
@@ -170,10 +181,12 @@ class Tensor:
 
     @property
     def T(self) -> Tensor:
+        """All dimensions reversed (a view; the transpose of a matrix)."""
         return F.permute(self, tuple(reversed(range(self.ndim))))
 
     @property
     def mT(self) -> Tensor:
+        """The last two dimensions swapped (a view): a batch of transposed matrices."""
         return F.transpose(self, -2, -1)
 
     # --- conversions --------------------------------------------------------------------
@@ -182,6 +195,7 @@ class Tensor:
         return self.data
 
     def item(self) -> Any:
+        """The value of a one-element tensor as a Python number."""
         if self.data.size != 1:
             raise RuntimeError(
                 f"a Tensor with {self.data.size} elements cannot be converted to Scalar"
@@ -189,13 +203,16 @@ class Tensor:
         return self.data.item()
 
     def tolist(self) -> Any:
+        """The data as (nested) Python lists of Python numbers."""
         return self.data.tolist()
 
     @numpy_aliases
     def size(self, dim: int | None = None) -> Any:
+        """The shape, or the size of dimension ``dim`` (``axis`` works too)."""
         return self.data.shape if dim is None else self.data.shape[dim]
 
     def numel(self) -> int:
+        """The number of elements."""
         return int(self.data.size)
 
     def __len__(self) -> int:
@@ -277,6 +294,7 @@ class Tensor:
         return t
 
     def detach_(self) -> Tensor:
+        """Make this tensor a leaf that does not require grad, in place; returns self."""
         if self._base is not None and self._base._requires_grad:
             raise RuntimeError("Can't detach views in-place. Use detach() instead.")
         self.grad_fn = None
@@ -484,96 +502,221 @@ class Tensor:
     def __invert__(self) -> Tensor: return Tensor._wrap(np.logical_not(self.data))
 
     # --- methods (see asyncgrad.functional for docs) -----------------------------------------
-    def add(self, other: Any, *, alpha: _Float = 1) -> Tensor:
+    def add(self, other: Any, *, alpha: builtins.float = 1) -> Tensor:
+        """``self + alpha * other``, broadcasting."""
         return F.add(self, other if alpha == 1 else F.mul(other, alpha))
-    def sub(self, other: Any, *, alpha: _Float = 1) -> Tensor:
+    def sub(self, other: Any, *, alpha: builtins.float = 1) -> Tensor:
+        """``self - alpha * other``, broadcasting."""
         return F.sub(self, other if alpha == 1 else F.mul(other, alpha))
-    def mul(self, other: Any) -> Tensor: return F.mul(self, other)
-    def div(self, other: Any) -> Tensor: return F.div(self, other)
-    def pow(self, exponent: Any) -> Tensor: return F.pow(self, exponent)
-    def matmul(self, other: Any) -> Tensor: return F.matmul(self, other)
-    def neg(self) -> Tensor: return F.neg(self)
-    def abs(self) -> Tensor: return F.abs(self)
-    def exp(self) -> Tensor: return F.exp(self)
-    def log(self) -> Tensor: return F.log(self)
-    def sqrt(self) -> Tensor: return F.sqrt(self)
-    def sin(self) -> Tensor: return F.sin(self)
-    def cos(self) -> Tensor: return F.cos(self)
-    def tanh(self) -> Tensor: return F.tanh(self)
-    def sigmoid(self) -> Tensor: return F.sigmoid(self)
-    def relu(self) -> Tensor: return F.relu(self)
-    def erf(self) -> Tensor: return F.erf(self)
-    def clamp(self, min: Any = None, max: Any = None) -> Tensor: return F.clamp(self, min, max)
-    def clip(self, min: Any = None, max: Any = None) -> Tensor: return F.clamp(self, min, max)
-    def maximum(self, other: Any) -> Tensor: return F.maximum(self, other)
-    def minimum(self, other: Any) -> Tensor: return F.minimum(self, other)
-    def where(self, condition: Any, other: Any) -> Tensor: return F.where(condition, self, other)
+    def mul(self, other: Any) -> Tensor:
+        """``self * other``, broadcasting."""
+        return F.mul(self, other)
+    def div(self, other: Any) -> Tensor:
+        """``self / other`` (true division), broadcasting."""
+        return F.div(self, other)
+    def pow(self, exponent: Any) -> Tensor:
+        """``self ** exponent``, broadcasting."""
+        return F.pow(self, exponent)
+    def matmul(self, other: Any) -> Tensor:
+        """The matrix product ``self @ other`` (vectors, matrices and batches, as ``numpy.matmul``)."""
+        return F.matmul(self, other)
+    def neg(self) -> Tensor:
+        """``-self``."""
+        return F.neg(self)
+    def abs(self) -> Tensor:
+        """The absolute value, elementwise."""
+        return F.abs(self)
+    def exp(self) -> Tensor:
+        """``e ** self``, elementwise."""
+        return F.exp(self)
+    def log(self) -> Tensor:
+        """The natural logarithm, elementwise."""
+        return F.log(self)
+    def sqrt(self) -> Tensor:
+        """The square root, elementwise."""
+        return F.sqrt(self)
+    def sin(self) -> Tensor:
+        """The sine, elementwise."""
+        return F.sin(self)
+    def cos(self) -> Tensor:
+        """The cosine, elementwise."""
+        return F.cos(self)
+    def tanh(self) -> Tensor:
+        """The hyperbolic tangent, elementwise."""
+        return F.tanh(self)
+    def sigmoid(self) -> Tensor:
+        """The logistic function ``1 / (1 + exp(-self))``, elementwise."""
+        return F.sigmoid(self)
+    def relu(self) -> Tensor:
+        """``max(self, 0)``, elementwise."""
+        return F.relu(self)
+    def erf(self) -> Tensor:
+        """The error function, elementwise."""
+        return F.erf(self)
+    def clamp(self, min: Any = None, max: Any = None) -> Tensor:
+        """Each element limited to ``[min, max]`` (either bound may be None)."""
+        return F.clamp(self, min, max)
+    def clip(self, min: Any = None, max: Any = None) -> Tensor:
+        """Alias of ``clamp``."""
+        return F.clamp(self, min, max)
+    def maximum(self, other: Any) -> Tensor:
+        """The larger of ``self`` and ``other``, elementwise, broadcasting."""
+        return F.maximum(self, other)
+    def minimum(self, other: Any) -> Tensor:
+        """The smaller of ``self`` and ``other``, elementwise, broadcasting."""
+        return F.minimum(self, other)
+    def where(self, condition: Any, other: Any) -> Tensor:
+        """``self`` where ``condition`` is true, else ``other`` (``ag.where(condition, self, other)``)."""
+        return F.where(condition, self, other)
     @numpy_aliases
-    def sum(self, dim: Any = None, keepdim: bool = False) -> Tensor: return F.sum(self, dim, keepdim)
+    def sum(self, dim: Any = None, keepdim: bool = False) -> Tensor:
+        """The sum over ``dim`` (all elements when None); ``axis``/``keepdims`` work too."""
+        return F.sum(self, dim, keepdim)
     @numpy_aliases
-    def mean(self, dim: Any = None, keepdim: bool = False) -> Tensor: return F.mean(self, dim, keepdim)
+    def mean(self, dim: Any = None, keepdim: bool = False) -> Tensor:
+        """The mean over ``dim`` (all elements when None); ``axis``/``keepdims`` work too."""
+        return F.mean(self, dim, keepdim)
     @numpy_aliases
-    def max(self, dim: Any = None, keepdim: bool = False) -> Any: return F.max(self, dim, keepdim)
+    def max(self, dim: Any = None, keepdim: bool = False) -> Any:
+        """The maximum; with ``dim``, a ``(values, indices)`` named tuple; with a tensor, ``maximum``."""
+        return F.max(self, dim, keepdim)
     @numpy_aliases
-    def min(self, dim: Any = None, keepdim: bool = False) -> Any: return F.min(self, dim, keepdim)
+    def min(self, dim: Any = None, keepdim: bool = False) -> Any:
+        """The minimum; with ``dim``, a ``(values, indices)`` named tuple; with a tensor, ``minimum``."""
+        return F.min(self, dim, keepdim)
     @numpy_aliases
     def var(self, dim: Any = None, *, correction: int = 1, keepdim: bool = False,
             unbiased: bool | None = None) -> Tensor:
+        """The variance over ``dim`` with Bessel's ``correction`` (1 by default, as PyTorch)."""
         return F.var(self, dim, correction=correction, keepdim=keepdim, unbiased=unbiased)
     @numpy_aliases
-    def softmax(self, dim: int) -> Tensor: return F.softmax(self, dim)
+    def softmax(self, dim: int) -> Tensor:
+        """``exp(self)`` normalised to sum to 1 along ``dim``."""
+        return F.softmax(self, dim)
     @numpy_aliases
-    def log_softmax(self, dim: int) -> Tensor: return F.log_softmax(self, dim)
-    def reshape(self, *shape: Any) -> Tensor: return F.reshape(self, _shape_args(shape))
-    def view(self, *shape: Any) -> Tensor: return F.reshape(self, _shape_args(shape))
-    def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor: return F.flatten(self, start_dim, end_dim)
-    def transpose(self, dim0: int, dim1: int) -> Tensor: return F.transpose(self, dim0, dim1)
-    def t(self) -> Tensor: return F.transpose(self, 0, 1) if self.ndim == 2 else self
-    def permute(self, *dims: Any) -> Tensor: return F.permute(self, _shape_args(dims))
+    def log_softmax(self, dim: int) -> Tensor:
+        """The logarithm of ``softmax`` along ``dim``, computed stably."""
+        return F.log_softmax(self, dim)
+    def reshape(self, *shape: Any) -> Tensor:
+        """The same elements in a new shape (one size may be -1)."""
+        return F.reshape(self, _shape_args(shape))
+    def view(self, *shape: Any) -> Tensor:
+        """The same elements in a new shape (as ``reshape``; asyncgrad never needs a copy to be explicit)."""
+        return F.reshape(self, _shape_args(shape))
+    def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+        """Dimensions ``start_dim`` to ``end_dim`` merged into one."""
+        return F.flatten(self, start_dim, end_dim)
+    def transpose(self, dim0: int, dim1: int) -> Tensor:
+        """Dimensions ``dim0`` and ``dim1`` swapped (a view)."""
+        return F.transpose(self, dim0, dim1)
+    def t(self) -> Tensor:
+        """The transpose of a matrix (a 0-d or 1-d tensor is returned as is)."""
+        return F.transpose(self, 0, 1) if self.ndim == 2 else self
+    def permute(self, *dims: Any) -> Tensor:
+        """The dimensions reordered as ``dims`` (a view)."""
+        return F.permute(self, _shape_args(dims))
     @numpy_aliases
-    def squeeze(self, dim: Any = None) -> Tensor: return F.squeeze(self, dim)
+    def squeeze(self, dim: Any = None) -> Tensor:
+        """Dimensions of size 1 removed (only ``dim`` when given)."""
+        return F.squeeze(self, dim)
     @numpy_aliases
-    def unsqueeze(self, dim: int) -> Tensor: return F.unsqueeze(self, dim)
-    def expand(self, *sizes: Any) -> Tensor: return F.expand(self, _shape_args(sizes))
-    def expand_as(self, other: Tensor) -> Tensor: return F.expand(self, other.shape)
-    def broadcast_to(self, shape: Any) -> Tensor: return F.broadcast_to(self, shape)
-    def clone(self) -> Tensor: return F.clone(self)
-    def float(self) -> Tensor: return F.to_dtype(self, np.float32)
-    def double(self) -> Tensor: return F.to_dtype(self, np.float64)
-    def long(self) -> Tensor: return F.to_dtype(self, np.int64)
-    def to(self, dtype: Any) -> Tensor: return F.to_dtype(self, dtype)
-    def type_as(self, other: Tensor) -> Tensor: return F.to_dtype(self, other.dtype)
+    def unsqueeze(self, dim: int) -> Tensor:
+        """A dimension of size 1 inserted at ``dim``."""
+        return F.unsqueeze(self, dim)
+    def expand(self, *sizes: Any) -> Tensor:
+        """Broadcast to ``sizes`` without copying (-1 keeps a dimension)."""
+        return F.expand(self, _shape_args(sizes))
+    def expand_as(self, other: Tensor) -> Tensor:
+        """Broadcast to ``other``'s shape without copying."""
+        return F.expand(self, other.shape)
+    def broadcast_to(self, shape: Any) -> Tensor:
+        """Broadcast to ``shape`` without copying."""
+        return F.broadcast_to(self, shape)
+    def clone(self) -> Tensor:
+        """A copy of the data that stays in the graph (gradients flow back to ``self``)."""
+        return F.clone(self)
+    def float(self) -> Tensor:
+        """Cast to float32 (differentiable)."""
+        return F.to_dtype(self, np.float32)
+    def double(self) -> Tensor:
+        """Cast to float64 (differentiable)."""
+        return F.to_dtype(self, np.float64)
+    def long(self) -> Tensor:
+        """Cast to int64 (outside the graph)."""
+        return F.to_dtype(self, np.int64)
+    def to(self, dtype: Any) -> Tensor:
+        """Cast to ``dtype`` (differentiable between floating dtypes)."""
+        return F.to_dtype(self, dtype)
+    def type_as(self, other: Tensor) -> Tensor:
+        """Cast to ``other``'s dtype."""
+        return F.to_dtype(self, other.dtype)
     @numpy_aliases
     def argmax(self, dim: Any = None, keepdim: bool = False) -> Tensor:
+        """The index of the maximum (over the flattened tensor, or along ``dim``)."""
         return Tensor._wrap(np.asarray(np.argmax(self.data, axis=dim, keepdims=keepdim)))
     @numpy_aliases
     def argmin(self, dim: Any = None, keepdim: bool = False) -> Tensor:
+        """The index of the minimum (over the flattened tensor, or along ``dim``)."""
         return Tensor._wrap(np.asarray(np.argmin(self.data, axis=dim, keepdims=keepdim)))
-    def isnan(self) -> Tensor: return Tensor._wrap(np.isnan(self.data))
-    def isfinite(self) -> Tensor: return F.isfinite(self)
-    def isinf(self) -> Tensor: return F.isinf(self)
-    def all(self) -> Tensor: return Tensor._wrap(np.asarray(self.data.all()))
-    def any(self) -> Tensor: return Tensor._wrap(np.asarray(self.data.any()))
-    def allclose(self, other: Any, rtol: _Float = 1e-5, atol: _Float = 1e-8) -> bool:
+    def isnan(self) -> Tensor:
+        """A bool tensor, True where the value is NaN."""
+        return Tensor._wrap(np.isnan(self.data))
+    def isfinite(self) -> Tensor:
+        """A bool tensor, True where the value is neither NaN nor infinite."""
+        return F.isfinite(self)
+    def isinf(self) -> Tensor:
+        """A bool tensor, True where the value is +inf or -inf."""
+        return F.isinf(self)
+    def all(self) -> Tensor:
+        """True (as a 0-d bool tensor) when every element is nonzero."""
+        return Tensor._wrap(np.asarray(self.data.all()))
+    def any(self) -> Tensor:
+        """True (as a 0-d bool tensor) when some element is nonzero."""
+        return Tensor._wrap(np.asarray(self.data.any()))
+    def allclose(self, other: Any, rtol: builtins.float = 1e-5, atol: builtins.float = 1e-8) -> bool:
+        """Whether every element is within ``atol + rtol * |other|`` of ``other`` (a Python bool)."""
         return bool(np.allclose(self.data, _data(other), rtol=rtol, atol=atol))
     def equal(self, other: Any) -> bool:
+        """Whether ``other`` has the same shape and elements (a Python bool)."""
         return bool(np.array_equal(self.data, _data(other)))
 
     # in-place variants (end in _)
-    def add_(self, other: Any, *, alpha: _Float = 1) -> Tensor:
+    def add_(self, other: Any, *, alpha: builtins.float = 1) -> Tensor:
+        """In place: ``self += alpha * other``; returns self."""
         return self._apply_inplace(F.add, other if alpha == 1 else F.mul(other, alpha))
-    def sub_(self, other: Any, *, alpha: _Float = 1) -> Tensor:
+    def sub_(self, other: Any, *, alpha: builtins.float = 1) -> Tensor:
+        """In place: ``self -= alpha * other``; returns self."""
         return self._apply_inplace(F.sub, other if alpha == 1 else F.mul(other, alpha))
-    def mul_(self, other: Any) -> Tensor: return self._apply_inplace(F.mul, other)
-    def div_(self, other: Any) -> Tensor: return self._apply_inplace(F.div, other)
-    def pow_(self, exponent: Any) -> Tensor: return self._apply_inplace(F.pow, exponent)
-    def clamp_(self, min: Any = None, max: Any = None) -> Tensor: return self._apply_inplace(F.clamp, min, max)
-    def relu_(self) -> Tensor: return self._apply_inplace(F.relu)
-    def exp_(self) -> Tensor: return self._apply_inplace(F.exp)
-    def neg_(self) -> Tensor: return self._apply_inplace(F.neg)
-    def zero_(self) -> Tensor: return self._apply_inplace(F.zero)
-    def fill_(self, value: Any) -> Tensor: return self._apply_inplace(F.fill, value)
-    def copy_(self, src: Any) -> Tensor: return self._apply_inplace(F.copy_from, src)
+    def mul_(self, other: Any) -> Tensor:
+        """In place: ``self *= other``; returns self."""
+        return self._apply_inplace(F.mul, other)
+    def div_(self, other: Any) -> Tensor:
+        """In place: ``self /= other``; returns self."""
+        return self._apply_inplace(F.div, other)
+    def pow_(self, exponent: Any) -> Tensor:
+        """In place: ``self **= exponent``; returns self."""
+        return self._apply_inplace(F.pow, exponent)
+    def clamp_(self, min: Any = None, max: Any = None) -> Tensor:
+        """In place: each element limited to ``[min, max]``; returns self."""
+        return self._apply_inplace(F.clamp, min, max)
+    def relu_(self) -> Tensor:
+        """In place: ``max(self, 0)``; returns self."""
+        return self._apply_inplace(F.relu)
+    def exp_(self) -> Tensor:
+        """In place: ``e ** self``; returns self."""
+        return self._apply_inplace(F.exp)
+    def neg_(self) -> Tensor:
+        """In place: ``-self``; returns self."""
+        return self._apply_inplace(F.neg)
+    def zero_(self) -> Tensor:
+        """In place: every element set to 0; returns self."""
+        return self._apply_inplace(F.zero)
+    def fill_(self, value: Any) -> Tensor:
+        """In place: every element set to ``value``; returns self."""
+        return self._apply_inplace(F.fill, value)
+    def copy_(self, src: Any) -> Tensor:
+        """In place: ``src``'s values (broadcast and cast) copied into self; returns self."""
+        return self._apply_inplace(F.copy_from, src)
 
 
 def _init(t: Tensor, arr: np.ndarray, node: Node | None, output_nr: int,
