@@ -1,6 +1,6 @@
 """The benchmarks page of the docs, rendered from one run's JSON, so it cannot go stale.
 
-    python -m bench --plot --json docs/benchmarks.json             # one full run (a few minutes)
+    python -m bench --json docs/benchmarks.json                     # one full run (a few minutes)
     python -m bench.report docs/benchmarks.json --plots docs/img > docs/benchmarks.md
 
 Every workload present in the run is rendered the same way, from what the workload module

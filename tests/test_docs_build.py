@@ -80,3 +80,20 @@ def test_docs_example_runs(name: str, code: str, tmp_path: Path) -> None:
     script.write_text(code)
     proc = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, f"{name} failed:\n{code}\n--- output ---\n{proc.stdout}{proc.stderr}"
+
+
+def test_mermaid_hook_names_what_is_missing_without_npm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("mkdocs")
+    spec = importlib.util.spec_from_file_location("mermaid_offline", DOCS / "_hooks" / "mermaid_offline.py")
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    monkeypatch.setattr(hook.shutil, "which", lambda name: None)
+    from mkdocs.exceptions import PluginError
+
+    with pytest.raises(PluginError, match=r"npm is not installed: install npm .* or copy dist/mermaid.min.js"):
+        hook.vendor_mermaid(tmp_path)
+    assert not (tmp_path / "assets").exists()
+    vendored = tmp_path / hook.TARGET  # already there: no npm needed
+    vendored.parent.mkdir(parents=True)
+    vendored.write_text("/* mermaid */")
+    assert hook.vendor_mermaid(tmp_path) == vendored
