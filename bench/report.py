@@ -142,12 +142,28 @@ def render_workload(workload: dict[str, Any], figures: str | None = None) -> str
     bullets = [f"* {label.replace('/', ' / ')}: **{value:.2f}**" for label, value in ratios.items()]
     bullets += [f"* {note}" for note in workload.get("notes") or []]
     if bullets:
-        out += ["", "In this run (ratios between rows of the table):" if ratios else "In this run:", "", *bullets]
+        head = ("In this run (ratios between rows of the table: for times, below 1 means the first row is faster; "
+                "for rates such as passes/s, above 1):" if ratios else "In this run:")
+        out += ["", head, "", *bullets]
     if about.get("reading"):
         out += ["", f"**How to read it.** {about['reading']}"]
     if figures:
         out += ["", f"![{_escape(about.get('title') or name)}]({figures}/bench_{name}.png)"]
     return "\n".join(out)
+
+
+def _load_warning(payload: dict[str, Any]) -> list[str]:
+    """A note when other work competed for the cores during the run (from its load average)."""
+    m = payload.get("machine", {})
+    load, cores = m.get("loadavg_start"), m.get("nproc") or 1
+    if not load or load[0] <= 0.5 * cores:
+        return []
+    return ['!!! warning "Other work shared the machine during this run"',
+            f"    The load average was {load[0]:.2f} on {cores} cores when the run started, so other processes "
+            "competed for the cores. Every row of a table was measured under the same conditions, so the ratios "
+            "still compare the libraries, but absolute times are slower than on a quiet machine, and "
+            "multi-threaded BLAS (numpy's OpenBLAS, used by asyncgrad, HIPS autograd and the floor) suffers most "
+            "from the competition.", ""]
 
 
 def _machine(payload: dict[str, Any]) -> str:
@@ -186,6 +202,7 @@ def render(payload: dict[str, Any], figures: str | None = "img") -> str:
         "",
         _machine(payload),
         "",
+        *_load_warning(payload),
         "## Results",
         "",
     ]

@@ -114,3 +114,11 @@ def test_report_cli_writes_the_page(tmp_path, figures):
     page = (tmp_path / "page.md").read_text()
     assert page.startswith("# Benchmarks") and "### S" in page
     assert (f"({figures}/bench_scaling.png)" in page) if figures else ("img/bench_scaling.png" in page)
+
+
+def test_a_run_on_a_loaded_machine_says_so():
+    busy = _payload(_workload("scaling", {"title": "S", "measures": "M"}))
+    busy["machine"]["loadavg_start"] = [3.5]
+    assert "Other work shared the machine during this run" in render(busy)
+    assert "load average was 3.50 on 2 cores" in render(busy)
+    assert "Other work shared the machine" not in render(_payload(_workload("scaling", {"title": "S"})))
