@@ -122,3 +122,13 @@ def test_a_run_on_a_loaded_machine_says_so():
     assert "Other work shared the machine during this run" in render(busy)
     assert "load average was 3.50 on 2 cores" in render(busy)
     assert "Other work shared the machine" not in render(_payload(_workload("scaling", {"title": "S"})))
+
+
+def test_the_runner_records_each_workloads_about_in_the_run():
+    from bench.run import run_workload
+
+    r = run_workload("chain", ["asyncgrad", "numpy"], rounds=1, n=8, size=2)
+    about = r.as_dict()["about"]
+    assert about["title"] == "Many tiny operations: the cost per node"
+    assert about["plots"][0][0] == "backward_us_per_node"
+    assert "### Many tiny operations: the cost per node" in render(_payload(r.as_dict()))
