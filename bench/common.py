@@ -324,6 +324,38 @@ class Target:
                 "at_least": self.at_least, "met": self.met}
 
 
+@dataclass(frozen=True)
+class About:
+    """What a workload tells the reader of the benchmarks page; each workload module
+    declares one as ``ABOUT`` next to its code, and ``bench/report.py`` renders it.
+
+    ``plots`` lists ``(metric key, axis label, log scale)`` for the figure (default: the
+    first column); ``run`` overrides the command (default ``python -m bench --only NAME``).
+    """
+
+    title: str
+    measures: str
+    reading: str = ""
+    plots: tuple[tuple[str, str, bool], ...] = ()
+    run: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"title": self.title, "measures": self.measures, "reading": self.reading,
+                "plots": [list(p) for p in self.plots], "run": self.run}
+
+
+def about_of(module: Any, name: str) -> dict[str, Any]:
+    """A workload module's ``ABOUT`` as a dict; a module without one is described from its
+    docstring (first line the title, the rest what it measures)."""
+    about = getattr(module, "ABOUT", None)
+    if isinstance(about, About):
+        return about.as_dict()
+    doc = (getattr(module, "__doc__", None) or name).strip()
+    first, _, rest = doc.partition("\n")
+    title = first.split(":", 1)[1].strip() if first.startswith(f"{name}:") else first
+    return About(title=title.rstrip("."), measures=" ".join(rest.split())).as_dict()
+
+
 @dataclass
 class Result:
     name: str
@@ -335,6 +367,7 @@ class Result:
     targets: list[Target] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    about: dict[str, Any] = field(default_factory=dict)  # the workload's About (set by the runner)
 
     def row(self, impl: str) -> dict[str, Any] | None:
         for r in self.rows:
@@ -357,7 +390,7 @@ class Result:
         return {"name": self.name, "description": self.description, "params": self.params,
                 "columns": [c.__dict__ for c in self.columns], "rows": self.rows,
                 "ratios": self.ratios, "targets": [t.as_dict() for t in self.targets],
-                "notes": self.notes, "seconds": self.seconds}
+                "notes": self.notes, "seconds": self.seconds, "about": self.about}
 
 
 def _cell(value: Any, fmt: str) -> str:

@@ -28,7 +28,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make ``bench`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import ALL_IMPLS, Result, format_table, select_impls  # noqa: E402
+from bench.common import ALL_IMPLS, Result, about_of, format_table, select_impls  # noqa: E402
 
 WORKLOADS = ("chain", "mlp", "wide", "loop_lag", "concurrent", "deep")
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -39,7 +39,9 @@ def run_workload(name: str, impls: list[str], rounds: int | None = None, **sizes
     if name not in WORKLOADS:
         raise ValueError(f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)}")
     module = importlib.import_module(f"bench.workloads.{name}")
-    return module.run(impls, rounds, **sizes)  # type: ignore[no-any-return]
+    result: Result = module.run(impls, rounds, **sizes)
+    result.about = about_of(module, name)
+    return result
 
 
 def _version(mod: str) -> str | None:

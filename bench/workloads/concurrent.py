@@ -17,10 +17,25 @@ from typing import Any
 import numpy as np
 
 from .. import nets
+from ..common import About
 from ..common import (ASYNCGRAD, AUTOGRAD, BLAS, NUMPY, SETTLE, TORCH, Column, Result, Target, Ticker, median,
                       no_gc)
 
 DEFAULT_ROUNDS = 3
+
+ABOUT = About(
+    title="Many concurrent requests on shared parameters",
+    measures="32 asyncio tasks on one loop, each running 10 forward+backward passes of a small MLP (4 layers, "
+             "batch 32, width 128) on shared parameters and yielding to the loop after each pass: passes per "
+             "second over all tasks, and how late a 1 ms timer on the same loop fires meanwhile. The peers run "
+             "on the loop (\"inline\") or through asyncio.to_thread.",
+    reading="Higher passes/s and lower lag are better. With graphs this small the cost per call dominates; "
+            "\"numpy inline\" (no autograd at all, blocking the loop) bounds the throughput. The lag shows "
+            "how long the loop is unavailable: with 32 tasks each running a whole pass between two awaits, "
+            "the timer gets the loop about once per 32 passes, whatever the library, so compare the lag "
+            "between rows rather than with the 1 ms timer.",
+    plots=(("passes_per_s", "passes/s", False), ("p99_lag_ms", "p99 lag ms (log scale)", True)),
+)
 
 Pass = Callable[[np.ndarray], Awaitable[Any]]
 

@@ -27,11 +27,24 @@ from typing import Any
 
 import numpy as np
 
+from ..common import About
 from ..common import (BLAS, ASYNCGRAD, AUTOGRAD, NUMPY, TORCH, Case, Column, Result, Target, measure_cases,
                       median, rss_bytes)
 from . import chain
 
 DEFAULT_ROUNDS = 3
+
+ABOUT = About(
+    title="A very deep graph: 100,000 nodes",
+    measures="A chain of 100,000 tiny nodes (the chain workload's operations on one float): the backward in µs "
+             "per node; the memory the recorded graph holds per node (the growth of the process's resident "
+             "memory while building it, in a fresh process per implementation; tracemalloc for reference, "
+             "which does not see PyTorch's C++ graph); the forward in µs per operation.",
+    reading="Lower is better. A deep graph shows that the backward does not recurse (no stack overflow at any "
+            "depth) and what the graph costs in memory: at 100,000 nodes, every 100 bytes per node is 10 MB "
+            "held until the backward frees it.",
+    plots=(("backward_us_per_node", "backward µs/node", False), ("rss_bytes_per_node", "graph B/node (RSS)", False)),
+)
 SIZE = 1
 SPREAD = 1e-4  # the multiplier 1 +- 1e-4: the gradient stays a normal float through 100,000 ops
 

@@ -12,10 +12,23 @@ import time
 from typing import Any
 
 from .. import nets
+from ..common import About
 from ..common import (BLAS, ASYNCGRAD, AUTOGRAD, NUMPY, TORCH, Case, Column, Result, Target, measure_cases,
                       median)
 
 DEFAULT_ROUNDS = 9
+
+ABOUT = About(
+    title="A large MLP: heavy matrix products",
+    measures="4 linear layers with ReLU between them, batch 256, width 1024, float32: one backward (the "
+             "forward is built untimed before each round), in ms and as a multiple of the hand-written numpy "
+             "backward (x numpy floor), with the minor page faults per backward.",
+    reading="Lower is better. Nearly all the time is in BLAS matrix products, which every numpy-based "
+            "implementation calls the same way, so the multiple of the floor is what the autograd layer adds. "
+            "PyTorch uses its own BLAS (MKL/oneDNN) where the others use numpy's, so part of its difference "
+            "is the BLAS library, not the autograd.",
+    plots=(("backward_ms", "backward ms", False),),
+)
 
 
 def run(impls: list[str], rounds: int | None = None, layers: int = 4, batch: int = 256,

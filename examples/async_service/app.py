@@ -11,15 +11,23 @@ Endpoints (inputs are 8x8 digit images flattened to 64 floats in [0, 1]):
   *saliency map*: the gradient of the target class's logit (default: the predicted
   class) with respect to the input, from ``await ag.grad(score, [x])``.
 * ``POST /learn {"x": [...64], "label": 3, "timeout": 0.5?}`` — one online-learning step:
-  ``await ag.backward(loss)`` accumulates the example's gradient into the shared
-  parameters' ``.grad``, then an optimizer step applies everything accumulated so far
+  ``await ag.grad(loss, params)`` computes this example's gradient without touching the
+  shared parameters; a finite one joins the examples waiting for the next optimizer step
   (requests in flight together are applied together, as a mini-batch). When the request
-  exceeds its timeout, ``anyio.fail_after`` cancels its backward: asyncgrad leaves every
-  ``.grad`` exactly as it was, so the parameters never see that example (HTTP 504).
-* ``GET /healthz`` — answers at once, also while heavy backward calls run (large kernels
-  run on worker threads, so the event loop stays free).
-* ``GET /stats`` — steps taken, examples applied, timeouts, a parameter checksum and the
-  engine's statistics.
+  exceeds its timeout, ``anyio.fail_after`` cancels its backward and the example is
+  dropped (HTTP 504). A non-finite loss or gradient is refused (HTTP 422); the step
+  itself clips the mean gradient with ``clip_grad_norm_(..., error_if_nonfinite=True)``.
+  Either way a bad example never reaches the parameters.
+* ``GET /healthz`` — the model's state (parameters finite, steps taken, versions); HTTP
+  503 if the parameters ever stopped being finite. It answers at once, also while heavy
+  backward calls run (large kernels run on worker threads, so the event loop stays free).
+* ``GET /stats`` — steps taken, examples applied and refused, timeouts, a digest of the
+  parameters and the engine's statistics.
+
+Bad input: the models are strict (numbers must be JSON numbers in the documented range,
+no NaN or infinity, no strings or booleans for numbers, no unknown fields); a body over
+``--max-body-bytes`` is answered 413 before it is parsed; error bodies never echo the
+input back.
 
 Concurrency: many requests run their forward and backward at once on the shared model.
 An optimizer step changes the parameters in place, which would invalidate the saved
@@ -32,22 +40,33 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
+import logging
 import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Annotated, Any
 
 import anyio
 import numpy as np
-from fastapi import FastAPI, HTTPException
-from pydantic import BaseModel, Field
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 import asyncgrad as ag
 from asyncgrad import nn
 from asyncgrad.nn import functional as F
 
+SERVICE_VERSION = "1.1.0"
 N_FEATURES, N_CLASSES = 64, 10
 OFFLOAD_STEP_ABOVE = 1 << 18  # parameters; smaller models step inline (a thread hop costs more)
+MAX_BODY_BYTES = 16 * 1024  # a 64-float request is ~1.5 KB of JSON
+MAX_TIMEOUT = 60.0  # seconds a client may ask /learn to wait
+MAX_REPORTED_ERRORS = 8  # 64 bad pixels need not produce 64 error entries
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+log = logging.getLogger("asyncgrad.service")
 
 
 class ReadWriteLock:
@@ -107,15 +126,92 @@ def make_model(hidden: int = 128) -> nn.Sequential:
     )
 
 
+# --- the request models: strict, so bad input fails here and never reaches the model -----------
+def _fits_float32(v: float) -> float:
+    # the range below already implies this; kept so a wider range cannot silently overflow
+    if abs(v) > FLOAT32_MAX:
+        raise ValueError("number overflows float32")
+    return v
+
+
+Pixel = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False, strict=True), AfterValidator(_fits_float32)]
+ClassIndex = Annotated[int, Field(ge=0, lt=N_CLASSES, strict=True)]
+Image = Annotated[list[Pixel], Field(min_length=N_FEATURES, max_length=N_FEATURES)]
+
+
 class ExplainRequest(BaseModel):
-    x: list[float] = Field(min_length=N_FEATURES, max_length=N_FEATURES)
-    target: int | None = Field(default=None, ge=0, lt=N_CLASSES)
+    model_config = ConfigDict(extra="forbid")
+    x: Image
+    target: ClassIndex | None = None
 
 
 class LearnRequest(BaseModel):
-    x: list[float] = Field(min_length=N_FEATURES, max_length=N_FEATURES)
-    label: int = Field(ge=0, lt=N_CLASSES)
-    timeout: float | None = Field(default=None, gt=0, description="seconds; default: the server's")
+    model_config = ConfigDict(extra="forbid")
+    x: Image
+    label: ClassIndex
+    timeout: Annotated[float, Field(gt=0, le=MAX_TIMEOUT, allow_inf_nan=False, strict=True)] | None = Field(
+        default=None, description="seconds; default: the server's")
+
+
+class BodySizeLimit:
+    """ASGI middleware: answer 413 to a request body over ``max_bytes`` before anything
+    parses it. A declared ``Content-Length`` is checked without reading the body; a body
+    without one (chunked) is read up to the limit, then replayed to the app."""
+
+    def __init__(self, app: Any, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None:
+            if not declared.isdigit() or int(declared) > self.max_bytes:
+                await self._reject(send)
+                return
+            await self.app(scope, receive, send)
+            return
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_bytes:
+                await self._reject(send)
+                return
+            if not message.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay() -> dict[str, Any]:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _reject(self, send: Any) -> None:
+        body = f'{{"detail":"request body over {self.max_bytes} bytes"}}'.encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                                (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": body})
+
+
+async def validation_error(request: Request, exc: Exception) -> JSONResponse:
+    """422 naming where and what was wrong, never the input itself (FastAPI's default
+    echoes it, which for a large body is a large response and can leak what was sent)."""
+    assert isinstance(exc, RequestValidationError)
+    errors = exc.errors()
+    detail = [{"loc": [str(p)[:40] for p in e.get("loc", ())][:4], "type": e.get("type"), "msg": e.get("msg")}
+              for e in errors[:MAX_REPORTED_ERRORS]]
+    return JSONResponse({"detail": detail, "errors": len(errors)}, status_code=422)
 
 
 @dataclasses.dataclass
@@ -123,50 +219,73 @@ class ServiceState:
     model: nn.Module
     optimizer: ag.optim.Optimizer
     learn_timeout: float
+    max_grad_norm: float
     lock: ReadWriteLock = dataclasses.field(default_factory=ReadWriteLock)
-    pending: int = 0  # examples whose gradients sit in .grad, not yet applied
+    pending: list[np.ndarray] | None = None  # the sum of the gradients waiting for the next step
+    n_pending: int = 0
     steps: int = 0
     applied: int = 0
+    refused: int = 0  # examples or steps refused for a non-finite loss or gradient
     timeouts: int = 0
     in_flight: int = 0
+    params_finite: bool = True
 
-    def checksum(self) -> float:
-        return float(sum(np.float64(p.numpy().astype(np.float64).sum()) for p in self.model.parameters()))
+    def params(self) -> list[ag.Tensor]:
+        return list(self.model.parameters())
+
+    def digest(self) -> str:
+        h = hashlib.sha256()
+        for p in self.params():
+            h.update(np.ascontiguousarray(p.numpy()).tobytes())
+        return h.hexdigest()[:16]
 
 
-def create_app(weights: str | None = None, *, hidden: int = 128, lr: float = 1e-3,
-               learn_timeout: float = 2.0, seed: int = 0) -> FastAPI:
+def create_app(weights: str | None = None, *, hidden: int = 128, lr: float = 1e-3, learn_timeout: float = 2.0,
+               max_grad_norm: float = 10.0, max_body_bytes: int = MAX_BODY_BYTES, seed: int = 0) -> FastAPI:
     """The service around a fresh (or loaded) model; ``uvicorn --factory`` can call this."""
     ag.manual_seed(seed)
     model = make_model(hidden)
     if weights:
         model.load(weights)
     model.eval()
-    state = ServiceState(model, ag.optim.Adam(model.parameters(), lr=lr), learn_timeout)
+    state = ServiceState(model, ag.optim.Adam(model.parameters(), lr=lr), learn_timeout, max_grad_norm)
+    state.params_finite = all(ag.isfinite(p).all().item() for p in state.params())
     n_params = sum(p.numel() for p in model.parameters())
-    app = FastAPI(title="asyncgrad service", description=__doc__)
+    app = FastAPI(title="asyncgrad service", version=SERVICE_VERSION, description=__doc__)
     app.state.service = state
+    app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
+    app.add_exception_handler(RequestValidationError, validation_error)
 
     def as_input(values: list[float], requires_grad: bool = False) -> ag.Tensor:
         return ag.tensor(np.asarray(values, dtype=np.float32)[None, :], requires_grad=requires_grad)
 
-    def apply_step(pending: int) -> None:
-        with ag.no_grad():
-            for p in model.parameters():
-                if p.grad is not None:
-                    p.grad = p.grad * (1.0 / pending)  # the mean over the examples
+    def apply_step() -> bool:
+        """The mean of the pending gradients, clipped, then one optimizer step; False (and
+        no change) when the mean is not finite."""
+        assert state.pending is not None
+        params = state.params()
+        for p, g in zip(params, state.pending):
+            p.grad = ag.tensor(g / state.n_pending)
+        try:
+            nn.utils.clip_grad_norm_(params, state.max_grad_norm, error_if_nonfinite=True)
+        except RuntimeError:  # a non-finite norm: refuse the whole step
+            return False
         state.optimizer.step()
-        state.optimizer.zero_grad()
+        return True
 
     @app.get("/healthz")
-    async def healthz() -> dict[str, Any]:
-        return {"status": "ok", "in_flight": state.in_flight}
+    async def healthz() -> JSONResponse:
+        body = {"status": "ok" if state.params_finite else "unhealthy", "parameters_finite": state.params_finite,
+                "steps": state.steps, "in_flight": state.in_flight, "version": SERVICE_VERSION,
+                "asyncgrad": ag.__version__}
+        return JSONResponse(body, status_code=200 if state.params_finite else 503)
 
     @app.get("/stats")
     async def stats() -> dict[str, Any]:
         return {
-            "steps": state.steps, "applied": state.applied, "pending": state.pending,
-            "timeouts": state.timeouts, "in_flight": state.in_flight, "param_checksum": state.checksum(),
+            "steps": state.steps, "applied": state.applied, "pending": state.n_pending, "refused": state.refused,
+            "timeouts": state.timeouts, "in_flight": state.in_flight, "parameters_finite": state.params_finite,
+            "param_digest": state.digest(),
             "engine": dataclasses.asdict(ag.autograd.get_engine().statistics()),
         }
 
@@ -183,6 +302,8 @@ def create_app(weights: str | None = None, *, hidden: int = 128, lr: float = 1e-
         finally:
             state.in_flight -= 1
         assert saliency is not None
+        if not (ag.isfinite(logits).all().item() and ag.isfinite(saliency).all().item()):
+            raise HTTPException(500, detail="the model produced a non-finite output")
         probs = F.softmax(logits.detach(), 1).numpy()[0]
         return {"prediction": int(probs.argmax()), "target": target, "score": score.item(),
                 "probabilities": probs.tolist(), "saliency": saliency.numpy()[0].tolist()}
@@ -191,37 +312,48 @@ def create_app(weights: str | None = None, *, hidden: int = 128, lr: float = 1e-
     async def learn(req: LearnRequest) -> dict[str, Any]:
         x = as_input(req.x)
         timeout = req.timeout if req.timeout is not None else state.learn_timeout
-        committed = False
-        loss_value = math.nan
         state.in_flight += 1
         try:
             with anyio.fail_after(timeout):
                 async with state.lock.read():
+                    params = state.params()
                     loss = F.cross_entropy(model(x), ag.tensor([req.label]))
-                    # Cancellation: if the timeout fires here, the backward stops and no
-                    # .grad changes, so this example never reaches the parameters.
-                    await ag.backward(loss)
-                    committed = True  # set with no await after the commit: counted exactly once
-                    state.pending += 1
                     loss_value = loss.item()
+                    if not math.isfinite(loss_value):
+                        state.refused += 1
+                        raise HTTPException(422, detail="non-finite loss; example refused, parameters untouched")
+                    # Cancellation: if the timeout fires here, the backward stops and returns
+                    # nothing, so this example never reaches the parameters.
+                    grads = await ag.grad(loss, params)
+                    arrays = [g.numpy() for g in grads]  # type: ignore[union-attr]
+                    if not all(np.isfinite(a).all() for a in arrays):
+                        state.refused += 1
+                        raise HTTPException(422, detail="non-finite gradient; example refused, parameters untouched")
+                    # no await from here to the end of the block: the example joins exactly once
+                    state.pending = arrays if state.pending is None else [s + a for s, a in zip(state.pending, arrays)]
+                    state.n_pending += 1
         except TimeoutError:
-            if not committed:
-                state.timeouts += 1
-                raise HTTPException(504, detail=f"backward cancelled after {timeout} s; parameters untouched") from None
+            state.timeouts += 1
+            raise HTTPException(504, detail=f"backward cancelled after {timeout} s; parameters untouched") from None
         finally:
             state.in_flight -= 1
         async with state.lock.write():  # no forward or backward is running now
-            if state.pending:
+            if state.n_pending:
                 with anyio.CancelScope(shield=True):  # a step, once started, completes
                     if n_params >= OFFLOAD_STEP_ABOVE:
                         # a large model's step takes a while: run it on a worker thread so the
                         # loop keeps answering /healthz (the write lock keeps readers out)
-                        await anyio.to_thread.run_sync(apply_step, state.pending)
+                        stepped = await anyio.to_thread.run_sync(apply_step)
                     else:
-                        apply_step(state.pending)
-                    state.applied += state.pending
-                    state.pending = 0
-                    state.steps += 1
+                        stepped = apply_step()
+                    state.optimizer.zero_grad()
+                    if stepped:
+                        state.applied += state.n_pending
+                        state.steps += 1
+                    else:
+                        state.refused += state.n_pending
+                    state.pending, state.n_pending = None, 0
+                    state.params_finite = all(ag.isfinite(p).all().item() for p in state.params())
             step = state.steps
         return {"loss": loss_value, "step": step}
 
@@ -238,9 +370,27 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--learn-timeout", type=float, default=2.0, help="default /learn timeout in seconds")
+    p.add_argument("--max-grad-norm", type=float, default=10.0, help="clip each step's mean gradient to this norm")
+    p.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES, help="larger request bodies get 413")
     args = p.parse_args(argv)
-    app = create_app(args.weights, hidden=args.hidden, lr=args.lr, learn_timeout=args.learn_timeout)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    for name in ("hidden", "lr", "learn_timeout", "max_grad_norm", "max_body_bytes"):
+        value = getattr(args, name)
+        if not (math.isfinite(value) and value > 0):
+            p.error(f"--{name.replace('_', '-')} must be a positive number, got {value}")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    app = create_app(args.weights, hidden=args.hidden, lr=args.lr, learn_timeout=args.learn_timeout,
+                     max_grad_norm=args.max_grad_norm, max_body_bytes=args.max_body_bytes)
+    n_params = sum(p.numel() for p in app.state.service.model.parameters())
+    model_desc = f"weights {args.weights}" if args.weights else "random weights (--weights loads trained ones)"
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets)
+            if self.started:  # the socket is bound: say so, once
+                log.info("serving on http://%s:%d — %s, %d parameters, asyncgrad %s (service %s)",
+                         args.host, args.port, model_desc, n_params, ag.__version__, SERVICE_VERSION)
+
+    Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False)).run()
 
 
 if __name__ == "__main__":

@@ -3,8 +3,10 @@
     python examples/async_service/load.py --url http://127.0.0.1:8000 --requests 400 --concurrency 32
 
 Sends ``--requests`` POSTs (a mix of ``/explain`` and ``/learn``, ``--concurrency`` in
-flight at once) while a probe calls ``GET /healthz`` every ``--health-interval`` seconds,
-then prints the throughput, latency percentiles per endpoint, the status codes, the
+flight at once) built from scikit-learn's digits, scaled to [0, 1] as the service expects:
+``/learn`` sends each image with its true label, so the load trains the served model on
+real data instead of degrading it. Meanwhile a probe calls ``GET /healthz`` every
+``--health-interval`` seconds. Then it prints the throughput, latency percentiles per endpoint, the status codes, the
 health-check latency and the server's ``/stats``. It stops by itself: after the last
 request or after ``--max-seconds``, whichever comes first. Point it only at a server you
 run yourself (by default on 127.0.0.1).
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from collections import Counter, defaultdict
 
@@ -22,17 +25,46 @@ import httpx
 import numpy as np
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text}")
+    return value
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--url", default="http://127.0.0.1:8000")
-    p.add_argument("--requests", type=int, default=400)
-    p.add_argument("--concurrency", type=int, default=32)
-    p.add_argument("--explain-fraction", type=float, default=0.5, help="share of /explain among the requests")
-    p.add_argument("--learn-timeout", type=float, default=None, help="per-request /learn timeout (seconds)")
-    p.add_argument("--health-interval", type=float, default=0.05)
-    p.add_argument("--max-seconds", type=float, default=60.0, help="hard stop")
+    p.add_argument("--requests", type=_positive_int, default=400)
+    p.add_argument("--concurrency", type=_positive_int, default=32)
+    p.add_argument("--explain-fraction", type=_fraction, default=0.5, help="share of /explain among the requests")
+    p.add_argument("--learn-timeout", type=_positive_float, default=None, help="per-request /learn timeout (seconds)")
+    p.add_argument("--health-interval", type=_positive_float, default=0.05)
+    p.add_argument("--max-seconds", type=_positive_float, default=60.0, help="hard stop")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
+
+
+def digits() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's 8x8 digits (shipped with it, no download) as the service takes them."""
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    return (d.data / 16.0).round(4), d.target.astype(int)
 
 
 def percentiles(values: list[float]) -> str:
@@ -45,6 +77,7 @@ def percentiles(values: list[float]) -> str:
 
 async def run(args: argparse.Namespace) -> dict[str, object]:
     rng = np.random.default_rng(args.seed)
+    images, labels = digits()
     latencies: dict[str, list[float]] = defaultdict(list)
     codes: Counter[str] = Counter()
     health: list[float] = []
@@ -53,11 +86,12 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
 
     async def one(client: httpx.AsyncClient, i: int) -> None:
         async with limiter:
-            x = rng.random(64).round(4).tolist()
+            k = int(rng.integers(len(images)))
+            x = images[k].tolist()
             if rng.random() < args.explain_fraction:
                 path, body = "/explain", {"x": x}
             else:
-                path, body = "/learn", {"x": x, "label": int(rng.integers(10))}
+                path, body = "/learn", {"x": x, "label": int(labels[k])}
                 if args.learn_timeout is not None:
                     body["timeout"] = args.learn_timeout
             t0 = time.perf_counter()

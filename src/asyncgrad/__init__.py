@@ -16,7 +16,7 @@ from .creation import rand_like, randn_like
 from .sampling import bernoulli, multinomial
 from ._device import device
 from .functional import (
-    abs, add, broadcast_to, cat, clamp, clip, clone, concat, cos, div, erf, exp, flatten,
+    abs, add, broadcast_to, cat, clamp, clip, clone, concat, cos, div, erf, exp, flatten, isfinite, isinf,
     log, log_softmax, matmul, max, maximum, mean, min, minimum, mm, mul, neg, permute, pow,
     relu, reshape, sigmoid, sin, softmax, sqrt, squeeze, stack, sub, sum, swapaxes, tanh,
     transpose, unsqueeze, var, where,
@@ -43,7 +43,7 @@ __all__ = [
     "bool_", "broadcast_to", "cat", "clamp", "clip", "clone", "concat", "cos", "div", "empty",
     "enable_grad", "erf", "exp", "eye", "flatten", "float16", "float32", "float64",
     "from_numpy", "full", "full_like", "get_default_dtype", "get_rng_state", "grad",
-    "grad_sync", "inference_mode", "int32", "int64", "is_grad_enabled",
+    "grad_sync", "inference_mode", "int32", "int64", "is_grad_enabled", "isfinite", "isinf",
     "is_inference_mode_enabled", "linspace", "log", "log_softmax", "manual_seed", "matmul",
     "max", "maximum", "mean", "min", "minimum", "mm", "mul", "neg", "nn", "no_grad", "ones",
     "ones_like", "optim", "permute", "pow", "rand", "randint", "randn", "randperm", "relu", "reshape",

@@ -7,11 +7,17 @@ from typing import Any
 import numpy as np
 
 float32 = np.dtype(np.float32)
+"""32-bit floating point: the default dtype of Python floats and factory functions."""
 float64 = np.dtype(np.float64)
+"""64-bit floating point (``set_default_dtype(ag.float64)`` makes it the default)."""
 float16 = np.dtype(np.float16)
+"""16-bit floating point."""
 int64 = np.dtype(np.int64)
+"""64-bit integer: the dtype of Python ints and of indices."""
 int32 = np.dtype(np.int32)
+"""32-bit integer."""
 bool_ = np.dtype(np.bool_)
+"""Boolean: the dtype of comparisons, ``isfinite``/``isinf``/``isnan``."""
 
 _default_dtype = float32
 

@@ -49,17 +49,20 @@ def from_numpy(array: np.ndarray) -> Tensor:
 
 
 def zeros(*shape: Any, dtype: Any = None, requires_grad: bool = False, device: Any = None) -> Tensor:
+    """A tensor of zeros of the given shape (default floating dtype unless ``dtype``)."""
     _check_device(device)
     return _finish(np.zeros(_shape(shape), dtype=dtype or get_default_dtype()), requires_grad)
 
 
 def ones(*shape: Any, dtype: Any = None, requires_grad: bool = False, device: Any = None) -> Tensor:
+    """A tensor of ones of the given shape."""
     _check_device(device)
     return _finish(np.ones(_shape(shape), dtype=dtype or get_default_dtype()), requires_grad)
 
 
 def full(shape: Any, fill_value: Any, *, dtype: Any = None, requires_grad: bool = False,
          device: Any = None) -> Tensor:
+    """A tensor of ``shape`` filled with ``fill_value`` (its dtype follows the value, as PyTorch)."""
     _check_device(device)
     if dtype is None:
         dtype = (np.bool_ if isinstance(fill_value, bool) else np.int64 if isinstance(fill_value, int)
@@ -69,22 +72,26 @@ def full(shape: Any, fill_value: Any, *, dtype: Any = None, requires_grad: bool 
 
 
 def empty(*shape: Any, dtype: Any = None, requires_grad: bool = False, device: Any = None) -> Tensor:
+    """A tensor of the given shape with uninitialised values."""
     _check_device(device)
     return _finish(np.empty(_shape(shape), dtype=dtype or get_default_dtype()), requires_grad)
 
 
 def zeros_like(t: Tensor, *, dtype: Any = None, requires_grad: bool = False, device: Any = None) -> Tensor:
+    """Zeros with ``t``'s shape and dtype."""
     _check_device(device)
     return _finish(np.zeros_like(t.data, dtype=dtype), requires_grad)
 
 
 def ones_like(t: Tensor, *, dtype: Any = None, requires_grad: bool = False, device: Any = None) -> Tensor:
+    """Ones with ``t``'s shape and dtype."""
     _check_device(device)
     return _finish(np.ones_like(t.data, dtype=dtype), requires_grad)
 
 
 def full_like(t: Tensor, fill_value: Any, *, dtype: Any = None, requires_grad: bool = False,
               device: Any = None) -> Tensor:
+    """``fill_value`` with ``t``'s shape and dtype."""
     _check_device(device)
     return _finish(np.full_like(t.data, fill_value, dtype=dtype), requires_grad)
 
@@ -109,6 +116,7 @@ def linspace(start: float, end: float, steps: int, *, dtype: Any = None,
 
 def eye(n: int, m: int | None = None, *, dtype: Any = None, requires_grad: bool = False,
         device: Any = None) -> Tensor:
+    """An ``n`` x ``m`` (default ``n`` x ``n``) matrix with ones on the diagonal."""
     _check_device(device)
     return _finish(np.eye(n, m, dtype=dtype or get_default_dtype()), requires_grad)
 
@@ -141,6 +149,7 @@ def randint(low: int, high: int | None = None, size: Any = (), *,
 
 
 def randperm(n: int, *, generator: Generator | None = None, device: Any = None) -> Tensor:
+    """A random permutation of ``0 .. n-1``, int64."""
     _check_device(device)
     gen = generator or default_generator
     return Tensor._wrap(gen.rng.permutation(n).astype(np.int64))

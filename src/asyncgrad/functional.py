@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from ._aliases import numpy_aliases
 from ._dtype import as_array, get_default_dtype
 from .autograd.recording import record, record_views
 from .ops import elementwise as E
@@ -197,46 +198,57 @@ def pow(x: Any, exponent: Any) -> Tensor:
 
 
 def neg(x: Tensor) -> Tensor:
+    """``-x``, elementwise."""
     return _unary(E.neg, x)
 
 
 def abs(x: Tensor) -> Tensor:
+    """The absolute value, elementwise."""
     return _unary(E.abs_, x)
 
 
 def exp(x: Tensor) -> Tensor:
+    """``e ** x``, elementwise."""
     return _unary(E.exp, x)
 
 
 def log(x: Tensor) -> Tensor:
+    """The natural logarithm, elementwise."""
     return _unary(E.log, x)
 
 
 def sqrt(x: Tensor) -> Tensor:
+    """The square root, elementwise."""
     return _unary(E.sqrt, x)
 
 
 def sin(x: Tensor) -> Tensor:
+    """The sine, elementwise."""
     return _unary(E.sin, x)
 
 
 def cos(x: Tensor) -> Tensor:
+    """The cosine, elementwise."""
     return _unary(E.cos, x)
 
 
 def tanh(x: Tensor) -> Tensor:
+    """The hyperbolic tangent, elementwise."""
     return _unary(E.tanh, x)
 
 
 def sigmoid(x: Tensor) -> Tensor:
+    """The logistic function ``1 / (1 + exp(-x))``, elementwise."""
     return _unary(E.sigmoid, x)
 
 
 def relu(x: Tensor) -> Tensor:
+    """``max(x, 0)``, elementwise."""
     return _unary(E.relu, x)
 
 
 def erf(x: Tensor) -> Tensor:
+    """The error function, elementwise."""
     return _unary(E.erf, x)
 
 
@@ -269,10 +281,12 @@ clip = clamp
 
 
 def maximum(x: Any, y: Any) -> Tensor:
+    """The larger of ``x`` and ``y``, elementwise, broadcasting (the gradient is split evenly on ties)."""
     return _binary(E.maximum, x, y)
 
 
 def minimum(x: Any, y: Any) -> Tensor:
+    """The smaller of ``x`` and ``y``, elementwise, broadcasting (the gradient is split evenly on ties)."""
     return _binary(E.minimum, x, y)
 
 
@@ -298,6 +312,17 @@ def compare(op: Callable[..., np.ndarray], x: Any, y: Any) -> Tensor:
     a = x.data if isinstance(x, Tensor) else x
     b = y.data if isinstance(y, Tensor) else y
     return Tensor._wrap(np.asarray(op(a, b)))
+
+
+def isfinite(x: Any) -> Tensor:
+    """A bool tensor, True where ``x`` is neither NaN nor ±inf (integers and bools are
+    always finite); outside the graph."""
+    return Tensor._wrap(np.asarray(np.isfinite(_tensor(x).data)))
+
+
+def isinf(x: Any) -> Tensor:
+    """A bool tensor, True where ``x`` is +inf or -inf; outside the graph."""
+    return Tensor._wrap(np.asarray(np.isinf(_tensor(x).data)))
 
 
 def to_dtype(x: Tensor, dtype: Any) -> Tensor:
@@ -338,6 +363,7 @@ _copy = OpSpec("CopyBackwards", None, (lambda m, g, ans, x, s: g * 0.0, lambda m
 
 
 # --- reductions -----------------------------------------------------------------------------
+@numpy_aliases
 def sum(x: Tensor, dim: Any = None, keepdim: bool = False) -> Tensor:
     """Sum over ``dim`` (all dims when None)."""
     x = _tensor(x)
@@ -349,6 +375,7 @@ def sum(x: Tensor, dim: Any = None, keepdim: bool = False) -> Tensor:
     return record(spec, (x,), out, params={"dim": dims, "keepdim": keepdim, "shape": x.shape})
 
 
+@numpy_aliases
 def mean(x: Tensor, dim: Any = None, keepdim: bool = False) -> Tensor:
     """Mean over ``dim`` (all dims when None)."""
     x = _tensor(x)
@@ -363,6 +390,7 @@ def mean(x: Tensor, dim: Any = None, keepdim: bool = False) -> Tensor:
     return record(spec, (x,), out, params={"dim": dims, "keepdim": keepdim, "shape": x.shape})
 
 
+@numpy_aliases
 def var(x: Tensor, dim: Any = None, *, correction: int = 1, keepdim: bool = False,
         unbiased: bool | None = None) -> Tensor:
     """Variance with Bessel's correction by default (``correction=1``)."""
@@ -392,6 +420,7 @@ def _extreme(x: Tensor, dim: Any, keepdim: bool, all_spec: OpSpec, dim_spec: OpS
     return MinMax(out, Tensor._wrap(np.asarray(idx, dtype=np.int64)))
 
 
+@numpy_aliases
 def max(x: Tensor, dim: Any = None, keepdim: bool = False) -> Any:
     """The maximum; with ``dim``, a ``(values, indices)`` named tuple."""
     if isinstance(dim, Tensor):  # torch.max(a, b) is maximum
@@ -399,6 +428,7 @@ def max(x: Tensor, dim: Any = None, keepdim: bool = False) -> Any:
     return _extreme(x, dim, keepdim, R.max_all, R.max_dim)
 
 
+@numpy_aliases
 def min(x: Tensor, dim: Any = None, keepdim: bool = False) -> Any:
     """The minimum; with ``dim``, a ``(values, indices)`` named tuple."""
     if isinstance(dim, Tensor):
@@ -439,6 +469,7 @@ def reshape(x: Tensor, shape: Sequence[int]) -> Tensor:
 
 
 def flatten(x: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+    """Dimensions ``start_dim`` to ``end_dim`` merged into one."""
     x = _tensor(x)
     if x.ndim == 0:
         return reshape(x, (1,))
@@ -448,6 +479,7 @@ def flatten(x: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
 
 
 def transpose(x: Tensor, dim0: int, dim1: int) -> Tensor:
+    """Dimensions ``dim0`` and ``dim1`` swapped (a view); ``swapaxes`` is the same function."""
     x = _tensor(x)
     d0, d1 = _dim(dim0, x.ndim), _dim(dim1, x.ndim)
     return _view(x, S.transpose, np.swapaxes(x.data, d0, d1), {"d0": d0, "d1": d1})
@@ -457,6 +489,7 @@ swapaxes = transpose
 
 
 def permute(x: Tensor, dims: Sequence[int]) -> Tensor:
+    """The dimensions reordered as ``dims`` (a view)."""
     x = _tensor(x)
     d = _dims(tuple(dims), x.ndim)
     assert d is not None
@@ -465,7 +498,9 @@ def permute(x: Tensor, dims: Sequence[int]) -> Tensor:
     return _view(x, S.permute, np.transpose(x.data, d), {"dims": d})
 
 
+@numpy_aliases
 def squeeze(x: Tensor, dim: Any = None) -> Tensor:
+    """Dimensions of size 1 removed (only those in ``dim`` when given)."""
     x = _tensor(x)
     dims = _dims(dim, x.ndim)
     if dims is None:
@@ -476,7 +511,9 @@ def squeeze(x: Tensor, dim: Any = None) -> Tensor:
     return _view(x, spec, x.data.reshape(out_shape), {"shape": x.shape})
 
 
+@numpy_aliases
 def unsqueeze(x: Tensor, dim: int) -> Tensor:
+    """A dimension of size 1 inserted at ``dim``."""
     x = _tensor(x)
     d = _dim(dim, x.ndim + 1)
     return _view(x, S.unsqueeze, np.expand_dims(x.data, d), {"shape": x.shape})
@@ -504,6 +541,7 @@ def expand(x: Tensor, shape: Sequence[int]) -> Tensor:
 
 
 def broadcast_to(x: Tensor, shape: Sequence[int]) -> Tensor:
+    """``x`` broadcast to ``shape`` without copying."""
     return expand(x, shape)
 
 
@@ -575,6 +613,7 @@ def index_put(x: Tensor, index: Any, value: Any, *, copy_slices: bool | None = N
     return record(spec, (x, v), out, params={"index": idx, "mask": mask})
 
 
+@numpy_aliases
 def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     """Concatenate along an existing dim."""
     ts = [_tensor(t) for t in tensors]
@@ -594,6 +633,7 @@ def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
 concat = cat
 
 
+@numpy_aliases
 def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     """Stack along a new dim."""
     ts = [_tensor(t) for t in tensors]
@@ -644,7 +684,9 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 
 
 # --- nn ------------------------------------------------------------------------------------
+@numpy_aliases
 def softmax(x: Tensor, dim: int) -> Tensor:
+    """``exp(x)`` normalised to sum to 1 along ``dim``."""
     x = _tensor(x)
     d: int | None = _dim(dim, x.ndim)
     if x.ndim == 0:
@@ -652,7 +694,9 @@ def softmax(x: Tensor, dim: int) -> Tensor:
     return record(N.softmax, (x,), N._softmax(x.data, dim=d), params={"dim": d})
 
 
+@numpy_aliases
 def log_softmax(x: Tensor, dim: int) -> Tensor:
+    """The logarithm of ``softmax(x, dim)``, computed stably."""
     x = _tensor(x)
     d: int | None = _dim(dim, x.ndim)
     if x.ndim == 0:
@@ -668,6 +712,7 @@ def gelu(x: Tensor, approximate: str = "none") -> Tensor:
 
 
 def nll_loss(logp: Tensor, target: Any, reduction: str = "mean", ignore_index: int = -100) -> Tensor:
+    """The negative log-likelihood of class indices ``target`` under log-probabilities ``logp`` (N x C)."""
     tgt = np.asarray(target.data if isinstance(target, Tensor) else target)
     if logp.ndim != 2 or tgt.shape != logp.shape[:1]:
         raise ValueError(
@@ -690,6 +735,7 @@ def cross_entropy(logits: Tensor, targets: Any, reduction: str = "mean", ignore_
 
 
 def mse_loss(input: Tensor, target: Any, reduction: str = "mean") -> Tensor:
+    """The squared error between ``input`` and ``target``, averaged (``reduction='mean'``) or summed."""
     if reduction not in ("mean", "sum", "none"):
         raise ValueError(f"{reduction} is not a valid value for reduction")
     input = _tensor(input)
@@ -876,6 +922,7 @@ def repeat(x: Tensor, sizes: Sequence[int]) -> Tensor:
     return record(S.repeat, (x,), S.repeat.forward(x.data, reps=reps), params={"reps": reps, "shape": x.shape})
 
 
+@numpy_aliases
 def prod(x: Tensor, dim: int | None = None, keepdim: bool = False, *, dtype: Any = None) -> Tensor:
     """The product over ``dim`` (all elements when None); integer inputs give int64.
     Gradients are exact where the input holds zeros (PyTorch's prod_backward)."""
@@ -943,6 +990,7 @@ def _pick(spec: OpSpec, x: Tensor, d: int, idx: np.ndarray, keepdim: bool) -> tu
     return values, Tensor._wrap(np.asarray(idx, dtype=np.int64))
 
 
+@numpy_aliases
 def topk(x: Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = True) -> Any:
     """The ``k`` largest (or smallest) elements along ``dim``: ``(values, indices)``,
     in order (NaN counts as the largest, as in PyTorch)."""
@@ -982,16 +1030,19 @@ def _median(x: Tensor, dim: int | None, keepdim: bool, skip_nan: bool) -> Any:
     return (nan_result if skip_nan else result)(values, indices)
 
 
+@numpy_aliases
 def median(x: Tensor, dim: int | None = None, keepdim: bool = False) -> Any:
     """The lower median (NaN if any element is NaN); with ``dim``, ``(values, indices)``."""
     return _median(x, dim, keepdim, skip_nan=False)
 
 
+@numpy_aliases
 def nanmedian(x: Tensor, dim: int | None = None, keepdim: bool = False) -> Any:
     """``median`` ignoring NaNs (NaN only where every element is)."""
     return _median(x, dim, keepdim, skip_nan=True)
 
 
+@numpy_aliases
 def std(x: Tensor, dim: Any = None, *, correction: int = 1, keepdim: bool = False,
         unbiased: bool | None = None) -> Tensor:
     """Standard deviation with Bessel's correction by default; zero gradient where it is 0."""
@@ -1015,6 +1066,7 @@ def _with_mean(x: Tensor, moment: Tensor, dim: Any, keepdim: bool, spec: OpSpec)
     return moment, record(spec, (x,), mean_out, params={"dim": dims, "keepdim": keepdim, "shape": x.shape})
 
 
+@numpy_aliases
 def var_mean(x: Tensor, dim: Any = None, *, correction: int = 1, keepdim: bool = False,
              unbiased: bool | None = None) -> tuple[Tensor, Tensor]:
     """``(var, mean)`` over ``dim`` in one call."""
@@ -1022,6 +1074,7 @@ def var_mean(x: Tensor, dim: Any = None, *, correction: int = 1, keepdim: bool =
     return _with_mean(x, v, dim, keepdim, R.mean_of_var_mean)
 
 
+@numpy_aliases
 def std_mean(x: Tensor, dim: Any = None, *, correction: int = 1, keepdim: bool = False,
              unbiased: bool | None = None) -> tuple[Tensor, Tensor]:
     """``(std, mean)`` over ``dim`` in one call."""
@@ -1029,6 +1082,7 @@ def std_mean(x: Tensor, dim: Any = None, *, correction: int = 1, keepdim: bool =
     return _with_mean(x, s, dim, keepdim, R.mean_of_std_mean)
 
 
+@numpy_aliases
 def norm(x: Tensor, p: Any = "fro", dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Tensor:
     """The vector ``p``-norm over ``dim`` (all elements when None), as ``torch.norm``:
     ``"fro"`` is the 2-norm, ``inf``/``-inf`` the largest/smallest magnitude, 0 counts

@@ -121,4 +121,5 @@ def is_grad_enabled() -> bool:
 
 
 def is_inference_mode_enabled() -> bool:
+    """True inside ``inference_mode()`` (in this context: task or thread)."""
     return _context.inference_enabled.get()

@@ -36,8 +36,10 @@ def manual_seed(seed: int) -> Generator:
 
 
 def get_rng_state() -> dict[str, Any]:
+    """The default generator's state, to restore later with ``set_rng_state``."""
     return default_generator.get_state()
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore the default generator's state saved by ``get_rng_state``."""
     default_generator.set_state(state)

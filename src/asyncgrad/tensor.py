@@ -6,6 +6,7 @@ are thin delegations so that ``x.exp()`` and ``ag.exp(x)`` are the same code.
 
 from __future__ import annotations
 
+import builtins
 import functools
 import warnings
 import weakref
@@ -15,6 +16,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from . import _context, _device
+from ._aliases import numpy_aliases
 from ._dtype import as_array, is_floating
 
 if TYPE_CHECKING:
@@ -27,9 +29,6 @@ _NONLEAF_GRAD_WARNING = (
     "If you access the non-leaf Tensor by mistake, make sure you access the leaf Tensor "
     "instead. See github.com/pytorch/pytorch/pull/30531 for more information."
 )
-
-
-_Float = float  # the Tensor.float() method shadows the builtin inside the class body
 
 
 class VersionCounter:
@@ -51,8 +50,11 @@ class Tensor:
     __array_ufunc__ = None
 
     data: np.ndarray
+    """The numpy array holding the values (changes made through it are not tracked)."""
     grad_fn: Node | None
+    """The node of the operation that produced this tensor (None for a leaf)."""
     output_nr: int
+    """Which output of ``grad_fn`` this tensor is."""
     _requires_grad: bool
     _grad: Tensor | None
     _version_counter: VersionCounter
@@ -92,14 +94,17 @@ class Tensor:
     # --- attributes -------------------------------------------------------------------
     @property
     def shape(self) -> tuple[int, ...]:
+        """The size of each dimension, as a tuple of ints (``torch.Size`` in PyTorch)."""
         return self.data.shape
 
     @property
     def dtype(self) -> np.dtype:
+        """The element type, a numpy dtype (``ag.float32``, ``ag.int64``, ...)."""
         return self.data.dtype
 
     @property
     def ndim(self) -> int:
+        """The number of dimensions."""
         return self.data.ndim
 
     @property
@@ -109,25 +114,31 @@ class Tensor:
 
     @property
     def is_cpu(self) -> bool:
+        """Always True."""
         return True
 
     @property
     def is_cuda(self) -> bool:
+        """Always False."""
         return False
 
     def dim(self) -> int:
+        """The number of dimensions (as ``ndim``)."""
         return self.data.ndim
 
     @property
     def is_leaf(self) -> bool:
+        """True for a tensor no recorded operation produced (``grad_fn is None``); backward fills leaves' ``.grad``."""
         return self.grad_fn is None
 
     @property
     def requires_grad(self) -> bool:
+        """Whether operations on this tensor are recorded for autograd."""
         return self._requires_grad
 
     @requires_grad.setter
     def requires_grad(self, flag: bool) -> None:
+        """Set on a leaf (as ``requires_grad_``); only floating tensors can require gradients."""
         self.requires_grad_(flag)
 
     def requires_grad_(self, requires_grad: bool = True) -> Tensor:
@@ -149,12 +160,14 @@ class Tensor:
 
     @property
     def grad(self) -> Tensor | None:
+        """The accumulated gradient of a leaf (or of a ``retain_grad()`` tensor); None until a backward writes it."""
         if self.grad_fn is not None and not self._retains_grad:
             warnings.warn(_NONLEAF_GRAD_WARNING, UserWarning, stacklevel=2)
         return self._grad
 
     @grad.setter
     def grad(self, value: Tensor | None) -> None:
+        """Replace the gradient: a Tensor of this tensor's shape and dtype, or None."""
         if value is not None:
             if not isinstance(value, Tensor):
                 raise TypeError(f"assigned grad expected to be a Tensor or None but got {type(value).__name__}")
@@ -174,6 +187,7 @@ class Tensor:
 
     @property
     def retains_grad(self) -> bool:
+        """True when ``retain_grad()`` made this non-leaf keep its ``.grad``."""
         return self._retains_grad
 
     @property
@@ -182,10 +196,12 @@ class Tensor:
 
     @property
     def T(self) -> Tensor:
+        """All dimensions reversed (a view; the transpose of a matrix)."""
         return F.permute(self, tuple(reversed(range(self.ndim))))
 
     @property
     def mT(self) -> Tensor:
+        """The last two dimensions swapped (a view): a batch of transposed matrices."""
         return F.transpose(self, -2, -1)
 
     # --- conversions --------------------------------------------------------------------
@@ -194,6 +210,7 @@ class Tensor:
         return self.data
 
     def item(self) -> Any:
+        """The value of a one-element tensor as a Python number."""
         if self.data.size != 1:
             raise RuntimeError(
                 f"a Tensor with {self.data.size} elements cannot be converted to Scalar"
@@ -201,12 +218,16 @@ class Tensor:
         return self.data.item()
 
     def tolist(self) -> Any:
+        """The data as (nested) Python lists of Python numbers."""
         return self.data.tolist()
 
+    @numpy_aliases
     def size(self, dim: int | None = None) -> Any:
+        """The shape, or the size of dimension ``dim`` (``axis`` works too)."""
         return self.data.shape if dim is None else self.data.shape[dim]
 
     def numel(self) -> int:
+        """The number of elements."""
         return int(self.data.size)
 
     def __len__(self) -> int:
@@ -288,6 +309,7 @@ class Tensor:
         return t
 
     def detach_(self) -> Tensor:
+        """Make this tensor a leaf that does not require grad, in place; returns self."""
         if self._base is not None and self._base._requires_grad:
             raise RuntimeError("Can't detach views in-place. Use detach() instead.")
         self.grad_fn = None
@@ -497,155 +519,359 @@ class Tensor:
     def __invert__(self) -> Tensor: return Tensor._wrap(np.logical_not(self.data))
 
     # --- methods (see asyncgrad.functional for docs) -----------------------------------------
-    def add(self, other: Any, *, alpha: _Float = 1) -> Tensor:
+    def add(self, other: Any, *, alpha: builtins.float = 1) -> Tensor:
+        """``self + alpha * other``, broadcasting."""
         return F.add(self, other if alpha == 1 else F.mul(other, alpha))
-    def sub(self, other: Any, *, alpha: _Float = 1) -> Tensor:
+    def sub(self, other: Any, *, alpha: builtins.float = 1) -> Tensor:
+        """``self - alpha * other``, broadcasting."""
         return F.sub(self, other if alpha == 1 else F.mul(other, alpha))
-    def mul(self, other: Any) -> Tensor: return F.mul(self, other)
-    def div(self, other: Any) -> Tensor: return F.div(self, other)
-    def pow(self, exponent: Any) -> Tensor: return F.pow(self, exponent)
-    def matmul(self, other: Any) -> Tensor: return F.matmul(self, other)
-    def neg(self) -> Tensor: return F.neg(self)
-    def abs(self) -> Tensor: return F.abs(self)
-    def exp(self) -> Tensor: return F.exp(self)
-    def log(self) -> Tensor: return F.log(self)
-    def sqrt(self) -> Tensor: return F.sqrt(self)
-    def sin(self) -> Tensor: return F.sin(self)
-    def cos(self) -> Tensor: return F.cos(self)
-    def tanh(self) -> Tensor: return F.tanh(self)
-    def sigmoid(self) -> Tensor: return F.sigmoid(self)
-    def relu(self) -> Tensor: return F.relu(self)
-    def erf(self) -> Tensor: return F.erf(self)
-    def clamp(self, min: Any = None, max: Any = None) -> Tensor: return F.clamp(self, min, max)
-    def clip(self, min: Any = None, max: Any = None) -> Tensor: return F.clamp(self, min, max)
-    def maximum(self, other: Any) -> Tensor: return F.maximum(self, other)
-    def minimum(self, other: Any) -> Tensor: return F.minimum(self, other)
-    def where(self, condition: Any, other: Any) -> Tensor: return F.where(condition, self, other)
-    def sum(self, dim: Any = None, keepdim: bool = False) -> Tensor: return F.sum(self, dim, keepdim)
-    def mean(self, dim: Any = None, keepdim: bool = False) -> Tensor: return F.mean(self, dim, keepdim)
-    def max(self, dim: Any = None, keepdim: bool = False) -> Any: return F.max(self, dim, keepdim)
-    def min(self, dim: Any = None, keepdim: bool = False) -> Any: return F.min(self, dim, keepdim)
+    def mul(self, other: Any) -> Tensor:
+        """``self * other``, broadcasting."""
+        return F.mul(self, other)
+    def div(self, other: Any) -> Tensor:
+        """``self / other`` (true division), broadcasting."""
+        return F.div(self, other)
+    def pow(self, exponent: Any) -> Tensor:
+        """``self ** exponent``, broadcasting."""
+        return F.pow(self, exponent)
+    def matmul(self, other: Any) -> Tensor:
+        """The matrix product ``self @ other`` (vectors, matrices and batches, as ``numpy.matmul``)."""
+        return F.matmul(self, other)
+    def neg(self) -> Tensor:
+        """``-self``."""
+        return F.neg(self)
+    def abs(self) -> Tensor:
+        """The absolute value, elementwise."""
+        return F.abs(self)
+    def exp(self) -> Tensor:
+        """``e ** self``, elementwise."""
+        return F.exp(self)
+    def log(self) -> Tensor:
+        """The natural logarithm, elementwise."""
+        return F.log(self)
+    def sqrt(self) -> Tensor:
+        """The square root, elementwise."""
+        return F.sqrt(self)
+    def sin(self) -> Tensor:
+        """The sine, elementwise."""
+        return F.sin(self)
+    def cos(self) -> Tensor:
+        """The cosine, elementwise."""
+        return F.cos(self)
+    def tanh(self) -> Tensor:
+        """The hyperbolic tangent, elementwise."""
+        return F.tanh(self)
+    def sigmoid(self) -> Tensor:
+        """The logistic function ``1 / (1 + exp(-self))``, elementwise."""
+        return F.sigmoid(self)
+    def relu(self) -> Tensor:
+        """``max(self, 0)``, elementwise."""
+        return F.relu(self)
+    def erf(self) -> Tensor:
+        """The error function, elementwise."""
+        return F.erf(self)
+    def clamp(self, min: Any = None, max: Any = None) -> Tensor:
+        """Each element limited to ``[min, max]`` (either bound may be None)."""
+        return F.clamp(self, min, max)
+    def clip(self, min: Any = None, max: Any = None) -> Tensor:
+        """Alias of ``clamp``."""
+        return F.clamp(self, min, max)
+    def maximum(self, other: Any) -> Tensor:
+        """The larger of ``self`` and ``other``, elementwise, broadcasting."""
+        return F.maximum(self, other)
+    def minimum(self, other: Any) -> Tensor:
+        """The smaller of ``self`` and ``other``, elementwise, broadcasting."""
+        return F.minimum(self, other)
+    def where(self, condition: Any, other: Any) -> Tensor:
+        """``self`` where ``condition`` is true, else ``other`` (``ag.where(condition, self, other)``)."""
+        return F.where(condition, self, other)
+    @numpy_aliases
+    def sum(self, dim: Any = None, keepdim: bool = False) -> Tensor:
+        """The sum over ``dim`` (all elements when None); ``axis``/``keepdims`` work too."""
+        return F.sum(self, dim, keepdim)
+    @numpy_aliases
+    def mean(self, dim: Any = None, keepdim: bool = False) -> Tensor:
+        """The mean over ``dim`` (all elements when None); ``axis``/``keepdims`` work too."""
+        return F.mean(self, dim, keepdim)
+    @numpy_aliases
+    def max(self, dim: Any = None, keepdim: bool = False) -> Any:
+        """The maximum; with ``dim``, a ``(values, indices)`` named tuple; with a tensor, ``maximum``."""
+        return F.max(self, dim, keepdim)
+    @numpy_aliases
+    def min(self, dim: Any = None, keepdim: bool = False) -> Any:
+        """The minimum; with ``dim``, a ``(values, indices)`` named tuple; with a tensor, ``minimum``."""
+        return F.min(self, dim, keepdim)
+    @numpy_aliases
     def var(self, dim: Any = None, *, correction: int = 1, keepdim: bool = False,
             unbiased: bool | None = None) -> Tensor:
+        """The variance over ``dim`` with Bessel's ``correction`` (1 by default, as PyTorch)."""
         return F.var(self, dim, correction=correction, keepdim=keepdim, unbiased=unbiased)
-    def softmax(self, dim: int) -> Tensor: return F.softmax(self, dim)
-    def log_softmax(self, dim: int) -> Tensor: return F.log_softmax(self, dim)
-    def reshape(self, *shape: Any) -> Tensor: return F.reshape(self, _shape_args(shape))
-    def view(self, *shape: Any) -> Tensor: return F.view(self, _shape_args(shape))
-    def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor: return F.flatten(self, start_dim, end_dim)
-    def transpose(self, dim0: int, dim1: int) -> Tensor: return F.transpose(self, dim0, dim1)
-    def t(self) -> Tensor: return F.transpose(self, 0, 1) if self.ndim == 2 else self
-    def permute(self, *dims: Any) -> Tensor: return F.permute(self, _shape_args(dims))
-    def squeeze(self, dim: Any = None) -> Tensor: return F.squeeze(self, dim)
-    def unsqueeze(self, dim: int) -> Tensor: return F.unsqueeze(self, dim)
-    def expand(self, *sizes: Any) -> Tensor: return F.expand(self, _shape_args(sizes))
-    def expand_as(self, other: Tensor) -> Tensor: return F.expand(self, other.shape)
-    def broadcast_to(self, shape: Any) -> Tensor: return F.broadcast_to(self, shape)
-    def clone(self) -> Tensor: return F.clone(self)
-    def view_as(self, other: Tensor) -> Tensor: return F.view_as(self, other)
-    def contiguous(self) -> Tensor: return F.contiguous(self)
-    def is_contiguous(self) -> bool: return bool(self.data.flags.c_contiguous)
-    def narrow(self, dim: int, start: int, length: int) -> Tensor: return F.narrow(self, dim, start, length)
-    def select(self, dim: int, index: int) -> Tensor: return F.select(self, dim, index)
-    def unbind(self, dim: int = 0) -> tuple[Tensor, ...]: return F.unbind(self, dim)
-    def split(self, split_size: Any, dim: int = 0) -> tuple[Tensor, ...]: return F.split(self, split_size, dim)
-    def chunk(self, chunks: int, dim: int = 0) -> tuple[Tensor, ...]: return F.chunk(self, chunks, dim)
+    @numpy_aliases
+    def softmax(self, dim: int) -> Tensor:
+        """``exp(self)`` normalised to sum to 1 along ``dim``."""
+        return F.softmax(self, dim)
+    @numpy_aliases
+    def log_softmax(self, dim: int) -> Tensor:
+        """The logarithm of ``softmax`` along ``dim``, computed stably."""
+        return F.log_softmax(self, dim)
+    def reshape(self, *shape: Any) -> Tensor:
+        """The same elements in a new shape (one size may be -1)."""
+        return F.reshape(self, _shape_args(shape))
+    def view(self, *shape: Any) -> Tensor:
+        """The same elements in a new shape, sharing memory; raises if that needs a copy (then use ``reshape``)."""
+        return F.view(self, _shape_args(shape))
+    def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+        """Dimensions ``start_dim`` to ``end_dim`` merged into one."""
+        return F.flatten(self, start_dim, end_dim)
+    def transpose(self, dim0: int, dim1: int) -> Tensor:
+        """Dimensions ``dim0`` and ``dim1`` swapped (a view)."""
+        return F.transpose(self, dim0, dim1)
+    def t(self) -> Tensor:
+        """The transpose of a matrix (a 0-d or 1-d tensor is returned as is)."""
+        return F.transpose(self, 0, 1) if self.ndim == 2 else self
+    def permute(self, *dims: Any) -> Tensor:
+        """The dimensions reordered as ``dims`` (a view)."""
+        return F.permute(self, _shape_args(dims))
+    @numpy_aliases
+    def squeeze(self, dim: Any = None) -> Tensor:
+        """Dimensions of size 1 removed (only ``dim`` when given)."""
+        return F.squeeze(self, dim)
+    @numpy_aliases
+    def unsqueeze(self, dim: int) -> Tensor:
+        """A dimension of size 1 inserted at ``dim``."""
+        return F.unsqueeze(self, dim)
+    def expand(self, *sizes: Any) -> Tensor:
+        """Broadcast to ``sizes`` without copying (-1 keeps a dimension)."""
+        return F.expand(self, _shape_args(sizes))
+    def expand_as(self, other: Tensor) -> Tensor:
+        """Broadcast to ``other``'s shape without copying."""
+        return F.expand(self, other.shape)
+    def broadcast_to(self, shape: Any) -> Tensor:
+        """Broadcast to ``shape`` without copying."""
+        return F.broadcast_to(self, shape)
+    def clone(self) -> Tensor:
+        """A copy of the data that stays in the graph (gradients flow back to ``self``)."""
+        return F.clone(self)
+    def view_as(self, other: Tensor) -> Tensor:
+        """``view`` with ``other``'s shape."""
+        return F.view_as(self, other)
+    def contiguous(self) -> Tensor:
+        """Self when C-contiguous, else a contiguous copy that stays in the graph."""
+        return F.contiguous(self)
+    def is_contiguous(self) -> bool:
+        """Whether the data is laid out C-contiguously."""
+        return bool(self.data.flags.c_contiguous)
+    def narrow(self, dim: int, start: int, length: int) -> Tensor:
+        """The view of ``length`` elements of ``dim`` starting at ``start``."""
+        return F.narrow(self, dim, start, length)
+    def select(self, dim: int, index: int) -> Tensor:
+        """The view at ``index`` of ``dim``, with that dimension removed."""
+        return F.select(self, dim, index)
+    def unbind(self, dim: int = 0) -> tuple[Tensor, ...]:
+        """The views along ``dim``, one per index, with that dimension removed."""
+        return F.unbind(self, dim)
+    def split(self, split_size: Any, dim: int = 0) -> tuple[Tensor, ...]:
+        """Views of ``split_size`` elements along ``dim`` (or of the listed sizes)."""
+        return F.split(self, split_size, dim)
+    def chunk(self, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
+        """``chunks`` views of (nearly) equal size along ``dim``."""
+        return F.chunk(self, chunks, dim)
     def diagonal(self, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Tensor:
+        """The view of the diagonal ``offset`` of dimensions ``dim1`` and ``dim2``."""
         return F.diagonal(self, offset, dim1, dim2)
-    def repeat(self, *sizes: Any) -> Tensor: return F.repeat(self, _shape_args(sizes))
+    def repeat(self, *sizes: Any) -> Tensor:
+        """The tensor tiled ``sizes`` times along each dimension (a copy)."""
+        return F.repeat(self, _shape_args(sizes))
+    @numpy_aliases
     def prod(self, dim: int | None = None, keepdim: bool = False, *, dtype: Any = None) -> Tensor:
+        """The product over ``dim`` (all elements when None)."""
         return F.prod(self, dim, keepdim, dtype=dtype)
-    def masked_fill(self, mask: Any, value: Any) -> Tensor: return F.masked_fill(self, mask, value)
-    def tril(self, diagonal: int = 0) -> Tensor: return F.tril(self, diagonal)
-    def triu(self, diagonal: int = 0) -> Tensor: return F.triu(self, diagonal)
+    def masked_fill(self, mask: Any, value: Any) -> Tensor:
+        """``value`` where ``mask`` is true, else self."""
+        return F.masked_fill(self, mask, value)
+    def tril(self, diagonal: int = 0) -> Tensor:
+        """The lower triangle (below diagonal ``diagonal``); the rest zero."""
+        return F.tril(self, diagonal)
+    def triu(self, diagonal: int = 0) -> Tensor:
+        """The upper triangle (above diagonal ``diagonal``); the rest zero."""
+        return F.triu(self, diagonal)
+    @numpy_aliases
     def topk(self, k: int, dim: int = -1, largest: bool = True, sorted: bool = True) -> Any:
+        """The ``k`` largest (or smallest) elements along ``dim``: a ``(values, indices)`` named tuple."""
         return F.topk(self, k, dim, largest, sorted)
-    def median(self, dim: int | None = None, keepdim: bool = False) -> Any: return F.median(self, dim, keepdim)
+    @numpy_aliases
+    def median(self, dim: int | None = None, keepdim: bool = False) -> Any:
+        """The median (the lower of the two middle values); with ``dim``, ``(values, indices)``."""
+        return F.median(self, dim, keepdim)
+    @numpy_aliases
     def nanmedian(self, dim: int | None = None, keepdim: bool = False) -> Any:
+        """``median`` ignoring NaN."""
         return F.nanmedian(self, dim, keepdim)
+    @numpy_aliases
     def std(self, dim: Any = None, *, correction: int = 1, keepdim: bool = False,
             unbiased: bool | None = None) -> Tensor:
+        """The standard deviation over ``dim`` with Bessel's ``correction``."""
         return F.std(self, dim, correction=correction, keepdim=keepdim, unbiased=unbiased)
+    @numpy_aliases
     def norm(self, p: Any = "fro", dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Tensor:
+        """The ``p``-norm over ``dim`` (all elements when None; Frobenius by default)."""
         return F.norm(self, p, dim, keepdim, dtype=dtype)
-    def eq(self, other: Any) -> Tensor: return F.eq(self, other)
-    def ne(self, other: Any) -> Tensor: return F.ne(self, other)
-    def lt(self, other: Any) -> Tensor: return F.lt(self, other)
-    def le(self, other: Any) -> Tensor: return F.le(self, other)
-    def gt(self, other: Any) -> Tensor: return F.gt(self, other)
-    def ge(self, other: Any) -> Tensor: return F.ge(self, other)
-    def float(self) -> Tensor: return F.to_dtype(self, np.float32)
-    def double(self) -> Tensor: return F.to_dtype(self, np.float64)
-    def long(self) -> Tensor: return F.to_dtype(self, np.int64)
+    def eq(self, other: Any) -> Tensor:
+        """``self == other``, elementwise (bool)."""
+        return F.eq(self, other)
+    def ne(self, other: Any) -> Tensor:
+        """``self != other``, elementwise (bool)."""
+        return F.ne(self, other)
+    def lt(self, other: Any) -> Tensor:
+        """``self < other``, elementwise (bool)."""
+        return F.lt(self, other)
+    def le(self, other: Any) -> Tensor:
+        """``self <= other``, elementwise (bool)."""
+        return F.le(self, other)
+    def gt(self, other: Any) -> Tensor:
+        """``self > other``, elementwise (bool)."""
+        return F.gt(self, other)
+    def ge(self, other: Any) -> Tensor:
+        """``self >= other``, elementwise (bool)."""
+        return F.ge(self, other)
+    def float(self) -> Tensor:
+        """Cast to float32 (differentiable)."""
+        return F.to_dtype(self, np.float32)
+    def double(self) -> Tensor:
+        """Cast to float64 (differentiable)."""
+        return F.to_dtype(self, np.float64)
+    def long(self) -> Tensor:
+        """Cast to int64 (outside the graph)."""
+        return F.to_dtype(self, np.int64)
     def to(self, *args: Any, **kwargs: Any) -> Tensor:
         """``to(dtype)``, ``to(device, dtype=None)``, ``to(other)``, as PyTorch; the device
         must be the CPU (a no-op). Returns self unless the dtype changes or ``copy=True``."""
         dtype, copy = _device.parse_to(args, kwargs, Tensor)
         out = self if dtype is None else F.to_dtype(self, dtype)
         return F.clone(out) if copy and out is self else out
-    def cpu(self) -> Tensor: return self
+    def cpu(self) -> Tensor:
+        """Self: asyncgrad computes on the CPU."""
+        return self
     def type(self, dtype: Any = None, non_blocking: bool = False) -> Any:
         """With no argument, the type name (``"asyncgrad.FloatTensor"`` for float32, as
         PyTorch's ``"torch.FloatTensor"``); else this tensor cast to that type or dtype."""
         if dtype is None:
             return _device.type_name(self.data.dtype)
         return F.to_dtype(self, _device.dtype_of_type(dtype))
-    def type_as(self, other: Tensor) -> Tensor: return F.to_dtype(self, other.dtype)
+    def type_as(self, other: Tensor) -> Tensor:
+        """Cast to ``other``'s dtype."""
+        return F.to_dtype(self, other.dtype)
+    @numpy_aliases
     def argmax(self, dim: Any = None, keepdim: bool = False) -> Tensor:
+        """The index of the maximum (over the flattened tensor, or along ``dim``)."""
         return Tensor._wrap(np.asarray(np.argmax(self.data, axis=dim, keepdims=keepdim)))
+    @numpy_aliases
     def argmin(self, dim: Any = None, keepdim: bool = False) -> Tensor:
+        """The index of the minimum (over the flattened tensor, or along ``dim``)."""
         return Tensor._wrap(np.asarray(np.argmin(self.data, axis=dim, keepdims=keepdim)))
-    def isnan(self) -> Tensor: return Tensor._wrap(np.isnan(self.data))
-    def all(self) -> Tensor: return Tensor._wrap(np.asarray(self.data.all()))
-    def any(self) -> Tensor: return Tensor._wrap(np.asarray(self.data.any()))
-    def allclose(self, other: Any, rtol: _Float = 1e-5, atol: _Float = 1e-8) -> bool:
+    def isnan(self) -> Tensor:
+        """A bool tensor, True where the value is NaN."""
+        return Tensor._wrap(np.isnan(self.data))
+    def isfinite(self) -> Tensor:
+        """A bool tensor, True where the value is neither NaN nor infinite."""
+        return F.isfinite(self)
+    def isinf(self) -> Tensor:
+        """A bool tensor, True where the value is +inf or -inf."""
+        return F.isinf(self)
+    def all(self) -> Tensor:
+        """True (as a 0-d bool tensor) when every element is nonzero."""
+        return Tensor._wrap(np.asarray(self.data.all()))
+    def any(self) -> Tensor:
+        """True (as a 0-d bool tensor) when some element is nonzero."""
+        return Tensor._wrap(np.asarray(self.data.any()))
+    def allclose(self, other: Any, rtol: builtins.float = 1e-5, atol: builtins.float = 1e-8) -> bool:
+        """Whether every element is within ``atol + rtol * |other|`` of ``other`` (a Python bool)."""
         return bool(np.allclose(self.data, _data(other), rtol=rtol, atol=atol))
     def equal(self, other: Any) -> bool:
+        """Whether ``other`` has the same shape and elements (a Python bool)."""
         return bool(np.array_equal(self.data, _data(other)))
 
     # in-place variants (end in _)
-    def add_(self, other: Any, *, alpha: _Float = 1) -> Tensor:
+    def add_(self, other: Any, *, alpha: builtins.float = 1) -> Tensor:
+        """In place: ``self += alpha * other``; returns self."""
         return self._apply_inplace(F.add, other if alpha == 1 else F.mul(other, alpha))
-    def sub_(self, other: Any, *, alpha: _Float = 1) -> Tensor:
+    def sub_(self, other: Any, *, alpha: builtins.float = 1) -> Tensor:
+        """In place: ``self -= alpha * other``; returns self."""
         return self._apply_inplace(F.sub, other if alpha == 1 else F.mul(other, alpha))
-    def mul_(self, other: Any) -> Tensor: return self._apply_inplace(F.mul, other)
-    def div_(self, other: Any) -> Tensor: return self._apply_inplace(F.div, other)
-    def pow_(self, exponent: Any) -> Tensor: return self._apply_inplace(F.pow, exponent)
-    def clamp_(self, min: Any = None, max: Any = None) -> Tensor: return self._apply_inplace(F.clamp, min, max)
-    def relu_(self) -> Tensor: return self._apply_inplace(F.relu)
-    def exp_(self) -> Tensor: return self._apply_inplace(F.exp)
-    def neg_(self) -> Tensor: return self._apply_inplace(F.neg)
-    def zero_(self) -> Tensor: return self._apply_inplace(F.zero)
-    def fill_(self, value: Any) -> Tensor: return self._apply_inplace(F.fill, value)
-    def copy_(self, src: Any) -> Tensor: return self._apply_inplace(F.copy_from, src)
-    def masked_fill_(self, mask: Any, value: Any) -> Tensor: return self._apply_inplace(F.masked_fill, mask, value)
-    def tril_(self, diagonal: int = 0) -> Tensor: return self._apply_inplace(F.tril, diagonal)
-    def triu_(self, diagonal: int = 0) -> Tensor: return self._apply_inplace(F.triu, diagonal)
+    def mul_(self, other: Any) -> Tensor:
+        """In place: ``self *= other``; returns self."""
+        return self._apply_inplace(F.mul, other)
+    def div_(self, other: Any) -> Tensor:
+        """In place: ``self /= other``; returns self."""
+        return self._apply_inplace(F.div, other)
+    def pow_(self, exponent: Any) -> Tensor:
+        """In place: ``self **= exponent``; returns self."""
+        return self._apply_inplace(F.pow, exponent)
+    def clamp_(self, min: Any = None, max: Any = None) -> Tensor:
+        """In place: each element limited to ``[min, max]``; returns self."""
+        return self._apply_inplace(F.clamp, min, max)
+    def relu_(self) -> Tensor:
+        """In place: ``max(self, 0)``; returns self."""
+        return self._apply_inplace(F.relu)
+    def exp_(self) -> Tensor:
+        """In place: ``e ** self``; returns self."""
+        return self._apply_inplace(F.exp)
+    def neg_(self) -> Tensor:
+        """In place: ``-self``; returns self."""
+        return self._apply_inplace(F.neg)
+    def zero_(self) -> Tensor:
+        """In place: every element set to 0; returns self."""
+        return self._apply_inplace(F.zero)
+    def fill_(self, value: Any) -> Tensor:
+        """In place: every element set to ``value``; returns self."""
+        return self._apply_inplace(F.fill, value)
+    def copy_(self, src: Any) -> Tensor:
+        """In place: ``src``'s values (broadcast and cast) copied into self; returns self."""
+        return self._apply_inplace(F.copy_from, src)
+    def masked_fill_(self, mask: Any, value: Any) -> Tensor:
+        """In place: ``value`` where ``mask`` is true; returns self."""
+        return self._apply_inplace(F.masked_fill, mask, value)
+    def tril_(self, diagonal: int = 0) -> Tensor:
+        """In place: ``tril``; returns self."""
+        return self._apply_inplace(F.tril, diagonal)
+    def triu_(self, diagonal: int = 0) -> Tensor:
+        """In place: ``triu``; returns self."""
+        return self._apply_inplace(F.triu, diagonal)
 
     # random fills and sampling (see asyncgrad.sampling)
-    def uniform_(self, a: _Float = 0.0, b: _Float = 1.0, *, generator: Any = None) -> Tensor:
+    def uniform_(self, a: builtins.float = 0.0, b: builtins.float = 1.0, *, generator: Any = None) -> Tensor:
+        """In place: uniform samples from ``[a, b)``; returns self."""
         return sampling.uniform_(self, a, b, generator=generator)
-    def normal_(self, mean: _Float = 0.0, std: _Float = 1.0, *, generator: Any = None) -> Tensor:
+    def normal_(self, mean: builtins.float = 0.0, std: builtins.float = 1.0, *, generator: Any = None) -> Tensor:
+        """In place: normal samples with ``mean`` and ``std``; returns self."""
         return sampling.normal_(self, mean, std, generator=generator)
     def bernoulli_(self, p: Any = 0.5, *, generator: Any = None) -> Tensor:
+        """In place: 0/1 samples, 1 with probability ``p``; returns self."""
         return sampling.bernoulli_(self, p, generator=generator)
-    def bernoulli(self, p: _Float | None = None, *, generator: Any = None) -> Tensor:
+    def bernoulli(self, p: builtins.float | None = None, *, generator: Any = None) -> Tensor:
+        """0/1 samples, 1 with the probability in each element (or ``p``)."""
         return sampling.bernoulli(self, p, generator=generator)
     def multinomial(self, num_samples: int, replacement: bool = False, *, generator: Any = None) -> Tensor:
+        """``num_samples`` indices drawn per row with the row's weights."""
         return sampling.multinomial(self, num_samples, replacement, generator=generator)
 
     # factories with this tensor's dtype (see asyncgrad.creation)
     def new_tensor(self, data: Any, *, dtype: Any = None, requires_grad: bool = False,
                    device: Any = None) -> Tensor:
+        """A new tensor from ``data`` with this tensor's dtype unless ``dtype``."""
         return creation.new_tensor(self, data, dtype=dtype, requires_grad=requires_grad, device=device)
     def new_full(self, size: Any, fill_value: Any, *, dtype: Any = None, requires_grad: bool = False,
                  device: Any = None) -> Tensor:
+        """A tensor of ``size`` filled with ``fill_value``, this tensor's dtype unless ``dtype``."""
         return creation.new_full(self, size, fill_value, dtype=dtype, requires_grad=requires_grad, device=device)
     def new_zeros(self, *size: Any, dtype: Any = None, requires_grad: bool = False, device: Any = None) -> Tensor:
+        """Zeros of ``size`` with this tensor's dtype unless ``dtype``."""
         return creation.new_full(self, _shape_args(size), 0, dtype=dtype, requires_grad=requires_grad, device=device)
     def new_ones(self, *size: Any, dtype: Any = None, requires_grad: bool = False, device: Any = None) -> Tensor:
+        """Ones of ``size`` with this tensor's dtype unless ``dtype``."""
         return creation.new_full(self, _shape_args(size), 1, dtype=dtype, requires_grad=requires_grad, device=device)
     def new_empty(self, *size: Any, dtype: Any = None, requires_grad: bool = False, device: Any = None) -> Tensor:
+        """An uninitialised tensor of ``size`` with this tensor's dtype unless ``dtype``."""
         creation._check_device(device)
         return creation._finish(np.empty(_shape_args(size), dtype=dtype or self.dtype), requires_grad)
 

@@ -39,6 +39,7 @@ def calculate_gain(nonlinearity: str, param: float | None = None) -> float:
 
 
 def calculate_fan_in_and_fan_out(t: Tensor) -> tuple[int, int]:
+    """``(fan_in, fan_out)`` of a weight tensor, as PyTorch computes them."""
     if t.ndim < 2:
         raise ValueError("Fan in and fan out can not be computed for tensor with fewer than 2 dimensions")
     receptive = int(np.prod(t.shape[2:])) if t.ndim > 2 else 1
@@ -46,22 +47,27 @@ def calculate_fan_in_and_fan_out(t: Tensor) -> tuple[int, int]:
 
 
 def uniform_(t: Tensor, a: float = 0.0, b: float = 1.0, generator: Generator | None = None) -> Tensor:
+    """Fill ``t`` in place with samples from ``U(a, b)``; returns ``t``."""
     return _fill(t, _rng(generator).uniform(a, b, t.shape))
 
 
 def normal_(t: Tensor, mean: float = 0.0, std: float = 1.0, generator: Generator | None = None) -> Tensor:
+    """Fill ``t`` in place with samples from ``N(mean, std**2)``; returns ``t``."""
     return _fill(t, _rng(generator).normal(mean, std, t.shape))
 
 
 def constant_(t: Tensor, val: float) -> Tensor:
+    """Fill ``t`` in place with ``val``; returns ``t``."""
     return _fill(t, np.full(t.shape, val))
 
 
 def zeros_(t: Tensor) -> Tensor:
+    """Fill ``t`` in place with zeros; returns ``t``."""
     return constant_(t, 0.0)
 
 
 def ones_(t: Tensor) -> Tensor:
+    """Fill ``t`` in place with ones; returns ``t``."""
     return constant_(t, 1.0)
 
 
@@ -79,6 +85,7 @@ def kaiming_uniform_(t: Tensor, a: float = 0.0, mode: str = "fan_in", nonlineari
 
 def kaiming_normal_(t: Tensor, a: float = 0.0, mode: str = "fan_in", nonlinearity: str = "leaky_relu",
                     generator: Generator | None = None) -> Tensor:
+    """Fill ``t`` in place with He-normal samples (``std = gain / sqrt(fan)``); returns ``t``."""
     fan_in, fan_out = calculate_fan_in_and_fan_out(t)
     fan = fan_in if mode == "fan_in" else fan_out
     if fan == 0:
@@ -87,12 +94,14 @@ def kaiming_normal_(t: Tensor, a: float = 0.0, mode: str = "fan_in", nonlinearit
 
 
 def xavier_uniform_(t: Tensor, gain: float = 1.0, generator: Generator | None = None) -> Tensor:
+    """Fill ``t`` in place with Glorot-uniform samples; returns ``t``."""
     fan_in, fan_out = calculate_fan_in_and_fan_out(t)
     bound = gain * math.sqrt(6.0 / (fan_in + fan_out))
     return uniform_(t, -bound, bound, generator)
 
 
 def xavier_normal_(t: Tensor, gain: float = 1.0, generator: Generator | None = None) -> Tensor:
+    """Fill ``t`` in place with Glorot-normal samples; returns ``t``."""
     fan_in, fan_out = calculate_fan_in_and_fan_out(t)
     return normal_(t, 0.0, gain * math.sqrt(2.0 / (fan_in + fan_out)), generator)
 

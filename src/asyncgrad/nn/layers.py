@@ -133,6 +133,7 @@ class Dropout(Module):
 
 # --- activations -----------------------------------------------------------------------------
 class ReLU(Module):
+    """``max(x, 0)``, elementwise."""
     def __init__(self, inplace: bool = False) -> None:
         super().__init__()
         self.inplace = inplace
@@ -145,6 +146,7 @@ class ReLU(Module):
 
 
 class GELU(Module):
+    """The Gaussian error linear unit; ``approximate='tanh'`` for the tanh approximation."""
     def __init__(self, approximate: str = "none") -> None:
         super().__init__()
         self.approximate = approximate
@@ -157,16 +159,19 @@ class GELU(Module):
 
 
 class Tanh(Module):
+    """The hyperbolic tangent, elementwise."""
     def forward(self, input: Tensor) -> Tensor:
         return F.tanh(input)
 
 
 class Sigmoid(Module):
+    """The logistic function, elementwise."""
     def forward(self, input: Tensor) -> Tensor:
         return F.sigmoid(input)
 
 
 class Softmax(Module):
+    """Softmax along ``dim``."""
     def __init__(self, dim: int) -> None:
         super().__init__()
         self.dim = dim
@@ -176,6 +181,7 @@ class Softmax(Module):
 
 
 class LogSoftmax(Module):
+    """Log-softmax along ``dim``."""
     def __init__(self, dim: int) -> None:
         super().__init__()
         self.dim = dim
@@ -185,6 +191,7 @@ class LogSoftmax(Module):
 
 
 class Identity(Module):
+    """Returns its input unchanged (a placeholder layer)."""
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__()
 
@@ -193,6 +200,7 @@ class Identity(Module):
 
 
 class Flatten(Module):
+    """Flattens dimensions ``start_dim`` (default 1, keeping the batch) to ``end_dim``."""
     def __init__(self, start_dim: int = 1, end_dim: int = -1) -> None:
         super().__init__()
         self.start_dim = start_dim
@@ -204,6 +212,7 @@ class Flatten(Module):
 
 # --- losses ------------------------------------------------------------------------------------
 class CrossEntropyLoss(Module):
+    """Cross-entropy between logits and class indices, as ``nn.functional.cross_entropy``."""
     def __init__(self, reduction: str = "mean", ignore_index: int = -100) -> None:
         super().__init__()
         self.reduction = reduction
@@ -214,6 +223,7 @@ class CrossEntropyLoss(Module):
 
 
 class NLLLoss(Module):
+    """Negative log-likelihood of class indices under log-probabilities, as ``nn.functional.nll_loss``."""
     def __init__(self, reduction: str = "mean", ignore_index: int = -100) -> None:
         super().__init__()
         self.reduction = reduction
@@ -224,6 +234,7 @@ class NLLLoss(Module):
 
 
 class MSELoss(Module):
+    """Mean squared error, as ``nn.functional.mse_loss``."""
     def __init__(self, reduction: str = "mean") -> None:
         super().__init__()
         self.reduction = reduction

@@ -58,6 +58,7 @@ class Adam(Optimizer):
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Update every parameter that has a gradient; returns ``closure()`` if given."""
         loss = closure() if closure is not None else None
+        self._warn_if_no_grads()
         for group in self.param_groups:
             lr, eps, wd = float(group["lr"]), float(group["eps"]), float(group["weight_decay"])
             beta1, beta2 = (float(b) for b in group["betas"])

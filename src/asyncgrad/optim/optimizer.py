@@ -14,6 +14,7 @@ is still running.
 from __future__ import annotations
 
 import copy
+import warnings
 from typing import Any
 from collections.abc import Callable, Iterable
 
@@ -38,6 +39,7 @@ class Optimizer:
         self.defaults = defaults
         self.state: dict[Tensor, dict[str, Any]] = {}
         self.param_groups: list[dict[str, Any]] = []
+        self._warned_no_grads = False
         if isinstance(params, Tensor):
             raise TypeError("params argument given to the optimizer should be an iterable of Tensors or dicts, "
                             "but got a Tensor")
@@ -76,6 +78,23 @@ class Optimizer:
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         raise NotImplementedError
+
+    def _warn_if_no_grads(self) -> None:
+        """Warn (once per optimizer) when ``step()`` finds no parameter with a gradient.
+
+        PyTorch silently does nothing then. Here the usual cause is a backward that never
+        ran: ``ag.backward(loss)`` without ``await`` only creates a coroutine."""
+        if self._warned_no_grads:
+            return
+        if any(p._grad is not None for group in self.param_groups for p in group["params"]):
+            return
+        self._warned_no_grads = True
+        warnings.warn(
+            f"{type(self).__name__}.step() found no parameter with a gradient (every .grad is None), so it "
+            "changed nothing. Did you forget to `await ag.backward(loss)`? Without `await` the backward "
+            "never runs (Python then also warns \"coroutine ... was never awaited\"); in synchronous code "
+            "use loss.backward() or ag.backward_sync(loss).",
+            UserWarning, stacklevel=3)
 
     def _params_with_grad(self, group: dict[str, Any]) -> Iterable[tuple[Tensor, np.ndarray]]:
         for p in group["params"]:

@@ -44,6 +44,7 @@ class SGD(Optimizer):
         """Update every parameter that has a gradient; returns ``closure()`` if given
         (called first, under grad mode; it must not be a coroutine function)."""
         loss = closure() if closure is not None else None
+        self._warn_if_no_grads()
         for group in self.param_groups:
             lr, momentum = float(group["lr"]), float(group["momentum"])
             dampening, wd = float(group["dampening"]), float(group["weight_decay"])

@@ -1,0 +1,255 @@
+"""The benchmarks page of the docs, rendered from one run's JSON, so it cannot go stale.
+
+    python -m bench --json docs/benchmarks.json                     # one full run (a few minutes)
+    python -m bench.report docs/benchmarks.json --plots docs/img > docs/benchmarks.md
+
+Every workload present in the run is rendered the same way, from what the workload module
+declares next to its code (``ABOUT = About(...)``: title, what it measures, how to read
+it, which metrics to plot) and from its rows, columns, ratios and notes. A workload that
+declares nothing is rendered from its docstring, so new workloads need no change here.
+``--plots DIR`` also (re)draws the figures of the same run into ``DIR`` (the page links to
+``img/bench.png``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make ``bench`` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+PEERS = {"torch": "PyTorch", "autograd": "HIPS autograd", "numpy": "a hand-written numpy backward (the floor)"}
+
+INTRO = """\
+asyncgrad measured beside PyTorch, HIPS autograd and hand-written numpy code, all in one run
+of `python -m bench` on the machine described below. Every table and figure on this page
+comes from that one run ([its raw results](benchmarks.json)); the page is generated from them
+by `python -m bench.report`.
+
+The *floor* is a hand-written numpy forward that keeps what its backward needs, and a
+hand-written backward of the same derivative rules: what the arithmetic costs with no
+autograd at all. PyTorch runs its own C++ kernels and BLAS (MKL/oneDNN); HIPS autograd and
+asyncgrad run numpy's.
+"""
+
+CHOOSING = """\
+## What the numbers mean for choosing asyncgrad
+
+* **Responsiveness is what asyncgrad is for.** In an asyncio or trio service, a blocking
+  backward (PyTorch's `loss.backward()` called in a handler) holds up every other request
+  until it finishes; running it through a thread avoids that but leaves the threads to you.
+  `await ag.backward(loss)` keeps the loop answering while large backwards run: compare the
+  *responsive event loop* and *concurrent requests* tables below.
+* **On heavy math, the BLAS decides.** When the time is in large matrix products, every
+  numpy-based library is close to the floor, and PyTorch's own kernels may be faster still:
+  see *a large MLP*. For training large models, or on a GPU, use PyTorch.
+* **On many small operations, the bookkeeping per node decides.** The *cost per node* and
+  *very deep graph* tables show what each library adds to each node of the graph, and how
+  much memory a recorded graph holds per node.
+* **Absolute times move, ratios hold.** The machine is a shared 2-core VM: absolute times
+  move by up to ±50% from one run to the next, but every implementation of a workload is
+  measured in the same process with interleaved rounds, so the ratios within one run are
+  the figures to compare. Run the suite on your own machine before deciding on numbers.
+"""
+
+RUNNING = """\
+## How to run it
+
+```sh
+pip install -e ".[bench]"          # matplotlib, HIPS autograd, threadpoolctl
+pip install torch==2.13.0          # optional peer (a CPU wheel); skipped when not installed
+python -m bench --plot             # every workload, a few minutes; results in bench/results/
+python -m bench --only mlp         # one workload (repeatable); --impl asyncgrad --impl numpy: some rows
+python -m bench.report bench/results/latest.json --plots docs/img > docs/benchmarks.md   # this page
+```
+
+Other options: `--rounds N` (timed rounds per measurement), `--json PATH`, `--markdown PATH`,
+`--mallopt` (raise glibc malloc's thresholds first, for every implementation).
+
+## How it measures
+
+* **Same process, interleaved rounds.** All implementations of a workload run in one
+  process; round 1 runs each once, round 2 again in a rotated order, and so on, so a change
+  in the machine's load hits every row alike. One warm-up round first; tables show medians.
+* **What is timed.** For backward-only workloads the forward graph is built untimed before
+  each round, then one backward is timed. The cyclic garbage collector is collected before
+  and disabled during each timed region, as `timeit` does.
+* **Each library as you would call it.** asyncgrad: `await ag.backward(loss)` on an asyncio
+  loop with the default engine; PyTorch: `loss.backward()`; HIPS autograd: its `vjp`.
+  Each keeps its own BLAS thread count, and each measurement starts after a short pause so
+  the previous library's BLAS threads have stopped spinning.
+* Everything is float32 (asyncgrad's and PyTorch's default).
+"""
+
+
+def _cell(value: Any, fmt: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    if isinstance(value, str):
+        return value
+    try:
+        return fmt.format(value)
+    except (ValueError, TypeError):
+        return str(value)
+
+
+def _table(workload: dict[str, Any]) -> list[str]:
+    cols = workload.get("columns") or []
+    head = ["implementation"] + [c["label"] for c in cols]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in workload.get("rows") or []:
+        cells = [f"**{r['impl']}**" if str(r["impl"]).startswith("asyncgrad") else str(r["impl"])]
+        cells += [_cell(r.get(c["key"]), c.get("fmt", "{:.3g}")) for c in cols]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _about(workload: dict[str, Any]) -> dict[str, Any]:
+    about = workload.get("about")
+    if about:
+        return about
+    # a run saved before workloads declared ABOUT: ask the module, as the runner does now
+    try:
+        import importlib
+
+        from bench.common import about_of
+
+        return about_of(importlib.import_module(f"bench.workloads.{workload['name']}"), workload["name"])
+    except ImportError:
+        return {"title": workload.get("description", workload["name"]), "measures": workload.get("description", "")}
+
+
+def _escape(text: str) -> str:
+    return text.replace("*", "\\*").replace("_", "\\_")
+
+
+def render_workload(workload: dict[str, Any], figures: str | None = None) -> str:
+    """One workload's section: title, what it measures, how to run it, its table, the
+    ratios and notes of the run, and how to read it."""
+    name = workload["name"]
+    about = _about(workload)
+    out = [f"### {about.get('title') or name}", ""]
+    out += [about.get("measures") or workload.get("description", ""), ""]
+    out += [f"Run it alone: `{about.get('run') or f'python -m bench --only {name}'}` "
+            f"(this run: {_escape(workload.get('description', name))}).", ""]
+    out += _table(workload)
+    ratios = workload.get("ratios") or {}
+    bullets = [f"* {label.replace('/', ' / ')}: **{value:.2f}**" for label, value in ratios.items()]
+    bullets += [f"* {note}" for note in workload.get("notes") or []]
+    if bullets:
+        head = ("In this run (ratios between rows of the table: for times, below 1 means the first row is faster; "
+                "for rates such as passes/s, above 1):" if ratios else "In this run:")
+        out += ["", head, "", *bullets]
+    if about.get("reading"):
+        out += ["", f"**How to read it.** {about['reading']}"]
+    if figures:
+        out += ["", f"![{_escape(about.get('title') or name)}]({figures}/bench_{name}.png)"]
+    return "\n".join(out)
+
+
+def _load_warning(payload: dict[str, Any]) -> list[str]:
+    """A note when other work competed for the cores during the run (from its load average)."""
+    m = payload.get("machine", {})
+    load, cores = m.get("loadavg_start"), m.get("nproc") or 1
+    if not load or load[0] <= 0.5 * cores:
+        return []
+    return ['!!! warning "Other work shared the machine during this run"',
+            f"    The load average was {load[0]:.2f} on {cores} cores when the run started, so other processes "
+            "competed for the cores. Every row of a table was measured under the same conditions, so the ratios "
+            "still compare the libraries, but absolute times are slower than on a quiet machine, and "
+            "multi-threaded BLAS (numpy's OpenBLAS, used by asyncgrad, HIPS autograd and the floor) suffers most "
+            "from the competition.", ""]
+
+
+def _machine(payload: dict[str, Any]) -> str:
+    m = payload.get("machine", {})
+    load = m.get("loadavg_start")
+    blas = m.get("numpy_blas")
+    blas_text = f"{blas.get('name')} {blas.get('version')}" if isinstance(blas, dict) else str(blas)
+    rows = [
+        ("date", f"{m.get('date_utc')} UTC"),
+        ("command", f"`{payload.get('command', 'python -m bench')}`, {payload.get('total_seconds', 0):.0f} s in all"),
+        ("cores", f"{m.get('nproc')} ({m.get('cpu_model')})"),
+        ("load average at start", f"{load[0]:.2f} (other work shares this machine)" if load else "—"),
+        ("Python / numpy", f"{m.get('python')} / {m.get('numpy')}"),
+        ("numpy's BLAS", blas_text),
+        ("PyTorch", str(m.get("torch") or "not installed")),
+        ("HIPS autograd", str(m.get("autograd") or "not installed")),
+        ("asyncgrad", f"{m.get('asyncgrad')} (source sha256 `{m.get('asyncgrad_src_sha256', '?')}`)"),
+    ]
+    return "\n".join(f"* **{k}**: {v}" for k, v in rows)
+
+
+def render(payload: dict[str, Any], figures: str | None = "img") -> str:
+    """The whole page for one run's ``payload`` (the JSON ``python -m bench`` writes);
+    ``figures`` is where the page finds ``bench.png`` and ``bench_<workload>.png`` (None:
+    no figures)."""
+    workloads = payload.get("workloads") or []
+    parts = [
+        "# Benchmarks",
+        "",
+        "<!-- Generated by `python -m bench.report` from one run of `python -m bench`: edit bench/report.py or a "
+        "workload's ABOUT, then regenerate; do not edit this file by hand. -->",
+        "",
+        INTRO,
+        CHOOSING,
+        "## The run",
+        "",
+        _machine(payload),
+        "",
+        *_load_warning(payload),
+        "## Results",
+        "",
+    ]
+    if figures:
+        parts += [f"![Every workload of this run: asyncgrad (outlined) beside its peers]({figures}/bench.png)", ""]
+    contents = [f"* [{(_about(w).get('title') or w['name'])}](#{_anchor(_about(w).get('title') or w['name'])})"
+                for w in workloads]
+    parts += [*contents, ""]
+    for w in workloads:
+        parts += [render_workload(w, figures), ""]
+    parts += [RUNNING]
+    return "\n".join(parts).rstrip() + "\n"
+
+
+def _anchor(title: str) -> str:
+    """The id Python-Markdown's toc gives a heading (what MkDocs links to)."""
+    import re
+    import unicodedata
+
+    text = unicodedata.normalize("NFKD", title).encode("ascii", "ignore").decode()
+    text = re.sub(r"[^\w\s-]", "", text).strip().lower()
+    return re.sub(r"[-\s]+", "-", text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.report", description=__doc__.split("\n")[0])
+    p.add_argument("run", help="a run's JSON, as written by python -m bench --json PATH")
+    p.add_argument("--plots", metavar="DIR", default=None,
+                   help="also draw the run's figures into DIR (needs matplotlib); the page links img/bench.png")
+    p.add_argument("--figures", default="img", help="the figures' directory as the page links it (default: img)")
+    p.add_argument("--output", "-o", default=None, help="write the page here instead of stdout")
+    args = p.parse_args(argv)
+    payload = json.loads(Path(args.run).read_text())
+    if not payload.get("workloads"):
+        p.error(f"{args.run} holds no workloads")
+    if args.plots:
+        from bench.plot import plot
+
+        for path in plot(payload, Path(args.plots)):
+            print(f"wrote {path}", file=sys.stderr)
+    page = render(payload, args.figures)
+    if args.output:
+        Path(args.output).write_text(page)
+    else:
+        sys.stdout.write(page)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
