@@ -5,6 +5,7 @@ result against gradients recomputed here on one process. Skipped only when mpi4p
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -185,8 +186,11 @@ def test_a_rank_sleeping_past_the_timeout_makes_the_other_raise_distributed_time
         assert_grads(d["after2"], want)  # both ranks are in step again
 
 
-def test_importing_asyncgrad_does_not_import_mpi4py():
-    code = "import sys, asyncgrad; assert 'mpi4py' not in sys.modules, 'mpi4py imported'"
+def test_importing_asyncgrad_does_not_import_mpi4py_and_ag_distributed_loads_on_use():
+    code = ("import sys, asyncgrad as ag; assert 'mpi4py' not in sys.modules, 'mpi4py imported'\n"
+            "assert issubclass(ag.distributed.RemoteBackwardError, RuntimeError)\n"
+            "assert issubclass(ag.distributed.DistributedTimeout, RuntimeError)\n"
+            "assert 'mpi4py.MPI' not in sys.modules, 'MPI started at import'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
@@ -195,3 +199,43 @@ def test_without_mpi4py_the_import_error_names_the_extra():
             "try:\n    import asyncgrad.distributed\nexcept ImportError as e:\n    print(e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert 'pip install "asyncgrad[mpi]"' in out.stdout, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("backend", ["trio"])
+def test_failure_and_cancellation_on_trio(backend):
+    res = run("failure", backend)
+    assert res[1]["round1"][:2] == ["ValueError", "injected failure"]
+    assert res[0]["round1"][0] == "RemoteBackwardError" and res[0]["round1"][2] == [1]
+    assert res[0]["round2"] == "cancelled" and res[1]["round2"][2] == [0]
+    for r in (0, 1):
+        assert res[r]["after1"] == res[r]["before"] == res[r]["after2"]
+
+
+@pytest.mark.parametrize(("kwargs", "error", "message"), [
+    ({"module": object()}, TypeError, "wraps an ag.nn.Module, got object"),
+    ({"bucket_cap_mb": 0}, ValueError, "bucket_cap_mb must be a positive number, got 0"),
+    ({"timeout": -1.0}, ValueError, "timeout must be a positive number of seconds, got -1.0"),
+])
+def test_bad_arguments_are_refused_before_any_communication(kwargs, error, message):
+    from asyncgrad import distributed as dist
+
+    module = kwargs.pop("module", None) or sc.Net()
+    with pytest.raises(error, match=message):
+        dist.DistributedDataParallel(module, **kwargs)
+    assert "mpi4py.MPI" not in sys.modules  # refused before MPI was even started
+
+
+@pytest.mark.skipif(importlib.util.find_spec("sklearn") is None, reason="needs the examples extra")
+def test_ddp_digits_example_matches_one_process():
+    example = Path(__file__).resolve().parent.parent / "examples" / "ddp_digits.py"
+    cmd = [mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", str(example),
+           "--epochs", "2", "--hidden", "32", "--reference"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    for r in (0, 1):
+        assert f"[rank {r}/2] epoch   2/2" in out
+    accs = {line.split("]")[0] + "]": line.split("accuracy: ")[1].split("%")[0]
+            for line in out.splitlines() if "final test accuracy" in line}
+    assert accs["[rank 0/2]"] == accs["[rank 1/2]"] == accs["[one process]"], out
+    assert float(out.split("DDP vs one process: ")[1].split()[0]) < 1e-4, out
