@@ -239,3 +239,16 @@ def test_ddp_digits_example_matches_one_process():
             for line in out.splitlines() if "final test accuracy" in line}
     assert accs["[rank 0/2]"] == accs["[rank 1/2]"] == accs["[one process]"], out
     assert float(out.split("DDP vs one process: ")[1].split()[0]) < 1e-4, out
+
+
+def test_bench_ddp_workload_runs_tiny():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from bench.run import run_workload
+
+    r = run_workload("ddp", ["asyncgrad"], rounds=1, ranks=(2,), layers=2, width=32, batch=4, timeout=120)
+    assert [row["impl"] for row in r.rows] == [
+        "ddp (2 ranks)", "backward then all-reduce (2 ranks)", "alone, half data (2 ranks)",
+        "all-reduce only (2 ranks)"]
+    assert all(row["step_ms"] > 0 for row in r.rows)
+    assert {"comm hidden (2 ranks)", "ddp/sequential (2 ranks)"} <= r.ratios.keys()
+    assert r.targets[0].name == "loop p99 lag <= 5 ms during DDP backward (2 ranks)"

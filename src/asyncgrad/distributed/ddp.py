@@ -174,7 +174,7 @@ class DistributedDataParallel(Module):
             raise RuntimeError("DistributedDataParallel runs one backward at a time; another backward "
                                "through this DDP is still running (rank "
                                f"{self._rank}, graph task {self._round.task_id})")
-        self._round = Round(current_graph_task_id(), self._layout, self._submit_allreduce)
+        self._round = Round(current_graph_task_id(), self._layout, self._launch_bucket)
         queue_pre_commit(self._pre_commit)
 
     def _on_grad(self, i: int, grad: Tensor) -> None:
@@ -188,9 +188,17 @@ class DistributedDataParallel(Module):
         g = self._layout.params[i].grad
         return g.numpy() if self._unsynced and g is not None else None
 
-    def _submit_allreduce(self, buf: np.ndarray) -> Any:
-        MPI, comm = self._rt.MPI, self._comm
-        return self._rt.comm_thread.submit(lambda: comm.Iallreduce(MPI.IN_PLACE, buf, op=MPI.SUM))
+    def _launch_bucket(self, rnd: Round, b: int) -> Any:
+        """Pack, all-reduce and average bucket ``b`` on the communication thread; a
+        future of ``{parameter index: average}``."""
+        MPI, comm, size = self._rt.MPI, self._comm, self._size
+        buf = self._layout.buckets[b].buffer
+
+        def start() -> Any:
+            rnd.pack(b)
+            return comm.Iallreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+
+        return self._rt.comm_thread.submit(start, lambda: rnd.averages(b, size))
 
     async def _wait(self, future: Any) -> Any:
         with anyio.move_on_after(self._timeout):
@@ -243,10 +251,11 @@ class DistributedDataParallel(Module):
         rnd = self._round
         if rnd is None or rnd.task_id != current_graph_task_id():
             return
+        averages: dict[int, np.ndarray] = {}
         try:
             rnd.fill_rest(self._old_grad)
             for f in rnd.futures:
-                await self._wait(f)
+                averages.update(await self._wait(f))
         except BaseException as e:
             with anyio.CancelScope(shield=True):
                 await self._abort(rnd, timed_out=isinstance(e, DistributedTimeout))
@@ -262,16 +271,16 @@ class DistributedDataParallel(Module):
             failed = [r for r in range(self._size) if votes[r]]
             if failed:
                 raise RemoteBackwardError(failed)
-            self._stage_averages(rnd, staged, votes[self._size:] > 0)
+            self._stage_averages(rnd, staged, averages, votes[self._size:] > 0)
 
-    def _stage_averages(self, rnd: Round, staged: dict[Tensor, Tensor], used: np.ndarray) -> None:
+    def _stage_averages(self, rnd: Round, staged: dict[Tensor, Tensor], averages: dict[int, np.ndarray],
+                        used: np.ndarray) -> None:
         by_id = {id(t): t for t in staged}
         late: list[tuple[Tensor, np.ndarray, bool]] = []
         for i, p in enumerate(self._layout.params):
             if not used[i]:
                 continue  # no rank produced a gradient: .grad stays as it is
-            avg = self._layout.view(i) / self._size  # a fresh array: buffers are reused
-            old = rnd.old[i]
+            avg, old = averages[i], rnd.old[i]
             key = by_id.get(id(p))
             if key is not None:
                 staged[key] = from_numpy(avg - old if old is not None else avg)
