@@ -11,6 +11,7 @@ import sys
 from typing import Any
 
 import anyio
+import anyio.to_thread
 import numpy as np
 
 import asyncgrad as ag
@@ -170,6 +171,22 @@ async def concurrent_grad(dist, r):
     return {"params": params(model), "grads": grads(model), "request": request}
 
 
+async def two_forwards_and_sync(dist, r):
+    """One backward through two forwards of the DDP; then the blocking form."""
+    ag.manual_seed(0)
+    model = Net()
+    ddp = dist.DistributedDataParallel(model)
+    (x0, y0), (x1, y1) = batch(r, 0), batch(r, 1)
+    await ag.backward(loss_of(ddp(x0), y0) + loss_of(ddp(x1), y1))
+    out = {"params": params(model), "two": grads(model)}
+    model.zero_grad()
+    x, y = batch(r, 2)
+    loss = loss_of(ddp(x), y)
+    await anyio.to_thread.run_sync(loss.backward)  # the blocking form, from a thread without a loop
+    out["sync"] = grads(model)
+    return out
+
+
 async def collectives(dist, r):
     out: dict[str, Any] = {"rank": dist.rank(), "size": dist.world_size()}
     for op in ("sum", "mean", "max", "min"):
@@ -221,7 +238,8 @@ async def timeout(dist, r):
     return out
 
 
-SCENARIOS = {f.__name__: f for f in (average, failure, unused, no_sync, concurrent_grad, collectives, timeout)}
+SCENARIOS = {f.__name__: f for f in (average, failure, unused, no_sync, concurrent_grad, two_forwards_and_sync,
+                                     collectives, timeout)}
 
 
 def main() -> None:

@@ -144,6 +144,21 @@ def test_a_concurrent_request_grad_does_not_feed_the_buckets():
             np.testing.assert_allclose(res[r]["request"]["ddp_" + n], request[n], rtol=0, atol=1e-12)
 
 
+def test_two_forwards_in_one_backward_and_the_blocking_form():
+    res = run("two_forwards_and_sync")
+    params = res[0]["params"]
+    per_rank = []
+    for r in (0, 1):
+        a, b = local_grads(params, r, step=0), local_grads(params, r, step=1)
+        per_rank.append({n: None if a[n] is None else a[n] + b[n] for n in a})
+    two = {n: None if v is None else (v + per_rank[1][n]) / 2 for n, v in per_rank[0].items()}
+    sync = {n: None if v is None else (v + local_grads(params, 1, step=2)[n]) / 2
+            for n, v in local_grads(params, 0, step=2).items()}
+    for r in (0, 1):
+        assert_grads(res[r]["two"], two)
+        assert_grads(res[r]["sync"], sync)
+
+
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_ddp_on_both_backends(backend):
     res = run("average", backend)

@@ -170,11 +170,14 @@ class DistributedDataParallel(Module):
 
     # --- the round (Note [Round protocol]) ------------------------------------------------
     def _begin_round(self, grad_outputs: Any) -> None:
+        task_id = current_graph_task_id()
+        if self._round is not None and self._round.task_id == task_id:
+            return  # several forwards through this DDP in one backward: one round
         if self._round is not None:
             raise RuntimeError("DistributedDataParallel runs one backward at a time; another backward "
                                "through this DDP is still running (rank "
                                f"{self._rank}, graph task {self._round.task_id})")
-        self._round = Round(current_graph_task_id(), self._layout, self._launch_bucket)
+        self._round = Round(task_id, self._layout, self._launch_bucket)
         queue_pre_commit(self._pre_commit)
 
     def _on_grad(self, i: int, grad: Tensor) -> None:
@@ -212,6 +215,9 @@ class DistributedDataParallel(Module):
         stats = current_graph_task_statistics()
         if rnd is None or stats is None or stats.in_flight == 0:
             return  # the synchronous driver runs one node at a time: nothing to watch
+        if rnd.watched:
+            return  # another forward's watch node of the same backward already watches
+        rnd.watched = True
         try:
             while not _only_the_watch_left(current_graph_task_statistics()):
                 await anyio.sleep(WATCH_INTERVAL)

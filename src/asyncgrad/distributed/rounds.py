@@ -32,6 +32,7 @@ class Round:
         self._filled = [False] * n
         self._missing = [len(b.params) for b in layout.buckets]
         self.futures: list[Any] = []  # one per launched bucket, in bucket order
+        self.watched = False  # a watch node is in flight for this round (ddp.py, step 4)
         self._lock = threading.Lock()
 
     def fill(self, i: int, grad: np.ndarray | None, old: np.ndarray | None) -> None:
