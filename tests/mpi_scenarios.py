@@ -201,9 +201,12 @@ async def collectives(dist, r):
     errors = []
     for call in (lambda: dist.all_reduce(ag.tensor([1.0]), op="prod"),
                  lambda: dist.broadcast(ag.tensor([1.0]), src=2),
-                 lambda: dist.all_reduce([1.0])):
+                 lambda: dist.all_reduce([1.0]),
+                 lambda: dist.DistributedDataParallel(Net(), comm="world")):
         try:
-            await call()
+            result = call()
+            if hasattr(result, "__await__"):
+                await result
         except Exception as e:
             errors.append([type(e).__name__, str(e)])
     out["errors"] = errors

@@ -183,6 +183,7 @@ def test_collectives(backend):
             ["ValueError", "all_reduce: unknown op 'prod'; expected one of 'sum', 'mean', 'max', 'min'"],
             ["ValueError", "broadcast: src=2 is not a rank (world size 2)"],
             ["TypeError", "all_reduce expects an asyncgrad Tensor, got list"],
+            ["TypeError", "comm must be an mpi4py intracommunicator, got str"],
         ]
         assert d["cancelled"] == [5.0]
 
@@ -262,7 +263,8 @@ def test_bench_ddp_workload_runs_tiny():
 
     r = run_workload("ddp", ["asyncgrad"], rounds=1, ranks=(2,), layers=2, width=32, batch=4, timeout=120)
     assert [row["impl"] for row in r.rows] == [
-        "ddp (2 ranks)", "backward then all-reduce (2 ranks)", "alone, half data (2 ranks)",
+        "ddp (2 ranks)", "backward then all-reduce (2 ranks)", "local backward, all ranks (2 ranks)",
+        "alone, half data (2 ranks)",
         "all-reduce only (2 ranks)"]
     assert all(row["step_ms"] > 0 for row in r.rows)
     assert {"comm hidden (2 ranks)", "ddp/sequential (2 ranks)"} <= r.ratios.keys()

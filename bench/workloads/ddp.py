@@ -10,6 +10,9 @@ rotating order, with a barrier before each timed step, it times:
   all-reduced while the backward runs, then the vote);
 * backward then all-reduce: a plain ``await ag.backward(loss)``, then one
   ``await dist.all_reduce`` of all gradients as one flat buffer (no overlap);
+* local backward, all ranks: every rank runs the plain backward at once, with no
+  communication: the compute baseline (ranks compete for the cores), and the loop lag
+  a backward has here without DDP;
 * alone, half data: rank 0 alone runs the plain backward on its share (the other ranks
   wait): the step with no communication at all;
 * all-reduce only: that flat all-reduce by itself, all ranks starting together.
@@ -38,7 +41,7 @@ from typing import Any
 from ..common import ASYNCGRAD, Column, Result, Target, median
 
 DEFAULT_ROUNDS = 7
-MODES = ("ddp", "backward then all-reduce", "alone, half data", "all-reduce only")
+MODES = ("ddp", "backward then all-reduce", "local backward, all ranks", "alone, half data", "all-reduce only")
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -163,6 +166,11 @@ def _worker(args: argparse.Namespace) -> None:
         await dist.barrier()
         return await timed("all-reduce only", all_reduce_grads)
 
+    async def local_step() -> float:
+        loss = model(x)
+        await dist.barrier()
+        return await timed("local backward, all ranks", lambda: ag.backward(loss))
+
     async def alone_step() -> float:
         loss = model(x)
         await dist.barrier()
@@ -172,8 +180,8 @@ def _worker(args: argparse.Namespace) -> None:
         await dist.barrier()
         return t
 
-    steps = {"ddp": ddp_step, "backward then all-reduce": sequential_step, "alone, half data": alone_step,
-             "all-reduce only": all_reduce_step}
+    steps = {"ddp": ddp_step, "backward then all-reduce": sequential_step, "local backward, all ranks": local_step,
+             "alone, half data": alone_step, "all-reduce only": all_reduce_step}
 
     async def main() -> None:
         for i in range(args.rounds + 1):  # round 0 warms up

@@ -83,6 +83,8 @@ class DistributedDataParallel(Module):
         if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not wait > 0:
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
         rt = runtime()
+        if comm is not None and not isinstance(comm, rt.MPI.Intracomm):
+            raise TypeError(f"comm must be an mpi4py intracommunicator, got {type(comm).__name__}")
         self.module = module
         self._rt = rt
         self._timeout = float(wait)
