@@ -9,6 +9,7 @@ import importlib.util
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -34,6 +35,20 @@ def mpiexec() -> str:
     return found
 
 
+def run_job(cmd: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess:
+    """Run an mpiexec job in its own process group; past ``timeout`` kill the whole group
+    (mpiexec and every rank), so a hung job can neither block the suite nor linger."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, **kwargs)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{' '.join(cmd)} did not finish in {timeout} s:\n{out}\n{err}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
 def run(name: str, backend: str = "asyncio") -> list[dict]:
     """Both ranks' results, by rank (one job per scenario and backend)."""
     key = (name, backend)
@@ -41,7 +56,7 @@ def run(name: str, backend: str = "asyncio") -> list[dict]:
         with tempfile.TemporaryDirectory() as outdir:
             cmd = [mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", str(SCRIPT), name, backend, outdir]
             env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, env=env)
+            proc = run_job(cmd, TIMEOUT, env=env)
             assert proc.returncode == 0, f"{name} failed:\n{proc.stdout}\n{proc.stderr}"
             _cache[key] = [json.loads((Path(outdir) / f"{r}.json").read_text()) for r in (0, 1)]
     return _cache[key]
@@ -246,7 +261,7 @@ def test_ddp_digits_example_matches_one_process():
     example = Path(__file__).resolve().parent.parent / "examples" / "ddp_digits.py"
     cmd = [mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", str(example),
            "--epochs", "2", "--hidden", "32", "--reference"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    proc = run_job(cmd, 180)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     for r in (0, 1):

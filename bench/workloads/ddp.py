@@ -31,6 +31,7 @@ import argparse
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -74,9 +75,16 @@ def run(impls: list[str], rounds: int | None = None, ranks: tuple[int, ...] = (2
                    "--out", str(out), "--rounds", str(rounds), "--layers", str(layers), "--width", str(width),
                    "--batch", str(batch), "--bucket-mb", str(bucket_mb)]
             env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-            proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+            proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True, start_new_session=True)
+            try:
+                stdout, stderr = proc.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)  # mpiexec and every rank
+                proc.communicate()
+                raise RuntimeError(f"ddp workload with {n} ranks did not finish in {timeout:g} s") from None
             if proc.returncode != 0:
-                raise RuntimeError(f"ddp workload with {n} ranks failed:\n{proc.stdout}\n{proc.stderr}")
+                raise RuntimeError(f"ddp workload with {n} ranks failed:\n{stdout}\n{stderr}")
             data = json.loads(out.read_text())
         alone = data["alone, half data"]["step_ms"]
         for mode in MODES:
