@@ -9,10 +9,11 @@ Note [Round protocol]: one DDP backward is a *round*. Every rank runs the same s
 2. Its pre-hook, run by the engine before any node of the model (the watch node was
    recorded last, so it has the highest ``sequence_nr``), opens the round for this
    GraphTask id and queues the pre-commit (``ag.autograd.queue_pre_commit``).
-3. Each parameter's tensor hook copies its gradient into its bucket slot if the current
-   GraphTask is the round's; a full bucket is all-reduced at once (Note [Buckets]).
-   Hooks of other backward calls (a request's own ``ag.grad``) find another id and do
-   nothing.
+3. Each parameter's tensor hook records its gradient in the round if the current
+   GraphTask is the round's; a full bucket is launched at once, in bucket order, and
+   packed, all-reduced and averaged on the communication thread (Note [Buckets], Note
+   [One communication thread]). Hooks of other backward calls (a request's own
+   ``ag.grad``) find another id and do nothing.
 4. The watch node's ``async`` backward stays in flight until every other node of the
    backward has finished. Its only job is to be cancelled if the backward fails (the
    engine cancels in-flight nodes when a node raises) or is cancelled: then, shielded,
@@ -27,7 +28,10 @@ Note [Round protocol]: one DDP backward is a *round*. Every rank runs the same s
    gradient is replaced by the average.
 
 A failed or timed-out rank still posts every collective of the round, so all ranks stay
-in step and the next round works. Rounds of one DDP never overlap.
+in step and the next round works. Rounds of one DDP never overlap; several forwards
+through the DDP in one backward share its round. Why a watch node at all: the engine
+has no public hook for "this backward failed or was cancelled before its commit"
+(docs/guides/distributed.md, "Limits of the current design").
 """
 
 from __future__ import annotations
