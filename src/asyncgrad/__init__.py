@@ -38,6 +38,15 @@ from . import viz
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str) -> object:
+    # ag.distributed imports mpi4py (the "mpi" extra), so it loads on first use only
+    if name == "distributed":
+        import importlib
+
+        return importlib.import_module(".distributed", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 __all__ = [
     "Generator", "Tensor", "abs", "add", "arange", "autograd", "backward", "backward_sync",
     "bool_", "broadcast_to", "cat", "clamp", "clip", "clone", "concat", "cos", "div", "empty",
