@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ._dtype import as_array, get_default_dtype
+from ._dtype import scalar_type_name as _scalar_type_name
 from .autograd.recording import record
 from .ops import elementwise as E
 from .ops import linalg as L
@@ -633,6 +634,7 @@ mm = matmul
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``x @ weight.T + bias`` as one node."""
     x = _tensor(x)
+    _check_linear_dtypes(x, weight, bias)
     if x.shape[-1] != weight.shape[-1]:
         raise RuntimeError(
             f"mat1 and mat2 shapes cannot be multiplied ({'x'.join(map(str, x.shape))} and "
@@ -641,6 +643,28 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     if bias is None:
         return record(L.linear_nobias, (x, weight), L._linear(x.data, weight.data))
     return record(L.linear, (x, weight, bias), L._linear(x.data, weight.data, bias.data))
+
+
+def _check_linear_dtypes(x: Tensor, weight: Tensor, bias: Tensor | None) -> None:
+    """PyTorch raises where numpy would promote (a float32 layer given float64 or int64
+    input must not silently compute in float64); its messages differ with and without bias."""
+    xd, wd = x.data.dtype, weight.data.dtype
+    if bias is None:
+        if xd != wd:
+            raise RuntimeError(
+                "expected m1 and m2 to have the same dtype, but got: "
+                f"{_scalar_type_name(xd, c_name=True)} != {_scalar_type_name(wd, c_name=True)}"
+            )
+        return
+    if xd != wd:
+        raise RuntimeError(
+            f"mat1 and mat2 must have the same dtype, but got {_scalar_type_name(xd)} and {_scalar_type_name(wd)}"
+        )
+    bd = bias.data.dtype
+    if bd != wd:
+        raise RuntimeError(
+            f"self and mat2 must have the same dtype, but got {_scalar_type_name(bd)} and {_scalar_type_name(wd)}"
+        )
 
 
 # --- nn ------------------------------------------------------------------------------------

