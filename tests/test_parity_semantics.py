@@ -3,7 +3,9 @@
 the expected values were checked against torch 2.13, and where torch is installed the
 tests marked ``oracle`` compare with it directly."""
 
+import gc
 import warnings
+import weakref
 
 import numpy as np
 import pytest
@@ -256,3 +258,142 @@ def test_linear_rejects_a_different_input_dtype():
         F.linear(ag.ones(2, dtype=np.float64), ag.ones(3, 2, dtype=np.float32))
     with pytest.raises(RuntimeError, match="self and mat2 must have the same dtype, but got Double and Float"):
         F.linear(ag.ones(2, dtype=np.float32), ag.ones(3, 2, dtype=np.float32), ag.ones(3, dtype=np.float64))
+
+
+# --- 5, 13, 14, 15. custom Functions ----------------------------------------------------------
+
+class AddInPlace(Function):
+    @staticmethod
+    def forward(ctx, x, b):
+        x.add_(b)
+        ctx.mark_dirty(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, g
+
+
+def test_mark_dirty_on_a_view_is_recorded_on_its_base():
+    a = ag.ones(4, 4, requires_grad=True)
+    b = ag.ones(2, 2, requires_grad=True)
+    x = a.clone()
+    y = AddInPlace.apply(x[1:3, 2:4], b)
+    assert y._base is x and x.grad_fn.name() == "CopySlices"
+    assert np.array_equal(x.numpy()[1:3, 2:4], np.full((2, 2), 2.0))
+    x.sum().backward()  # through the base: b.grad was None before the fix
+    assert np.array_equal(b.grad.numpy(), np.ones((2, 2)))
+    assert np.array_equal(a.grad.numpy(), np.ones((4, 4)))
+
+
+def test_mark_dirty_on_a_view_returns_the_view_and_routes_its_gradient():
+    a = ag.ones(4, 4, requires_grad=True)
+    b = ag.ones(2, 2, requires_grad=True)
+    x = a.clone()
+    v = x[1:3, 2:4]
+    y = AddInPlace.apply(v, b)
+    assert y is v
+    y.sum().backward()
+    expected = np.zeros((4, 4))
+    expected[1:3, 2:4] = 1
+    assert np.array_equal(a.grad.numpy(), expected)
+    assert np.array_equal(b.grad.numpy(), np.ones((2, 2)))
+
+
+class SaveThree(Function):
+    @staticmethod
+    def forward(ctx, x):
+        y = x * 2
+        z = x * 3
+        ctx.save_for_backward(x, y, z)
+        ctx.z = z
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        x, y, z = ctx.saved_tensors
+        ctx.seen = (x, z)
+        return g * 2
+
+
+def test_saved_tensors_returns_the_saved_input_and_intermediate_objects():
+    x = ag.ones(2, requires_grad=True)
+    out = SaveThree.apply(x)
+    ctx = out.grad_fn.ctx
+    a, b, c = ctx.saved_tensors
+    a2, b2, c2 = ctx.saved_tensors
+    assert a is x and c is ctx.z and c2 is c  # PyTorch: the same objects
+    assert b is not out and np.array_equal(b.numpy(), out.numpy())  # an output: a new one, as PyTorch
+    out.sum().backward()
+    assert ctx.seen[0] is x and ctx.seen[1] is ctx.z
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        _ = ctx.saved_tensors
+
+
+def test_saved_input_modified_in_place_still_raises_when_unpacked():
+    x = ag.ones(2, requires_grad=True)
+    h = x * 1
+    out = SaveThree.apply(h)
+    with ag.no_grad():
+        h.add_(1)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        _ = out.grad_fn.ctx.saved_tensors
+
+
+class DirtyAndSaved(Function):
+    @staticmethod
+    def forward(ctx, x):
+        x.mul_(2)
+        ctx.mark_dirty(x)
+        ctx.save_for_backward(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+
+
+def test_a_tensor_marked_dirty_and_saved_is_freed_without_gc():
+    gc.disable()
+    try:
+        a = ag.ones(2, requires_grad=True)
+        x = a.clone()
+        y = DirtyAndSaved.apply(x)
+        ref = weakref.ref(y)
+        del x, y
+        assert ref() is None  # no reference cycle through ctx
+    finally:
+        gc.enable()
+
+
+class MarkViewOfIntermediate(Function):
+    @staticmethod
+    def forward(ctx, x):
+        v = x.clone()[:1]
+        ctx.mark_dirty(v)
+        return v
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+class MarkIntermediate(Function):
+    @staticmethod
+    def forward(ctx, x):
+        y = x.clone()
+        ctx.mark_dirty(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+def test_mark_dirty_on_a_view_of_an_intermediate_raises_and_on_an_intermediate_warns():
+    x = ag.ones(2, requires_grad=True)
+    with pytest.raises(RuntimeError, match=r"ctx.mark_dirty\(\) received a tensor that was not an input"):
+        MarkViewOfIntermediate.apply(x)
+    with pytest.warns(UserWarning, match=r"ctx.mark_dirty\(\) received a tensor that was not an input"):
+        y = MarkIntermediate.apply(x)
+    assert y.grad_fn.name() == "MarkIntermediateBackward"
