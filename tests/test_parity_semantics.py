@@ -397,3 +397,59 @@ def test_mark_dirty_on_a_view_of_an_intermediate_raises_and_on_an_intermediate_w
     with pytest.warns(UserWarning, match=r"ctx.mark_dirty\(\) received a tensor that was not an input"):
         y = MarkIntermediate.apply(x)
     assert y.grad_fn.name() == "MarkIntermediateBackward"
+
+
+# --- 2, 4, 9. views and in-place operations ---------------------------------------------------
+
+def test_in_place_on_a_view_of_a_leaf_view_that_requires_grad_raises():
+    x = ag.zeros(2)
+    y = x.view(2)
+    y.requires_grad_(True)  # y: a leaf that views x
+    z = y.view(2)
+    with pytest.raises(RuntimeError, match="a view of a leaf Variable that requires grad is being used"):
+        z /= 2
+    assert z._version == 0 and np.array_equal(x.numpy(), [0.0, 0.0])
+
+
+def test_a_view_follows_its_plain_base_changed_in_place_by_a_recorded_op():
+    r = ag.ones(1, requires_grad=True)
+    x = ag.ones(5)
+    v = x[1:2]  # taken before the in-place op
+    x.add_(r)
+    assert v.requires_grad and v.grad_fn is not None
+    (v * r).sum().backward()
+    assert r.grad.item() == 3.0  # d/dr ((1 + r) * r) at r = 1; was 2 with a stale view
+
+
+def test_other_views_follow_an_in_place_op_through_one_view_of_a_plain_base():
+    r = ag.ones(1, requires_grad=True)
+    x = ag.ones(5)
+    v, w, overlapping = x[1:2], x[2:4], x[0:3]
+    v.mul_(r * 2)
+    assert x.grad_fn.name() == "CopySlices"
+    (w * r).sum().backward(retain_graph=True)
+    assert r.grad.item() == 2.0  # w does not overlap v: its values do not depend on r
+    r.grad = None
+    (overlapping * r).sum().backward()  # [1, 2r, 1] * r -> d/dr = 1 + 4r + 1
+    assert r.grad.item() == 6.0
+
+
+def test_writing_one_element_of_an_expanded_tensor():
+    g = ag.ones(1).expand(10)
+    g[0] = 0  # one memory location: allowed, and every element shows it (PyTorch)
+    assert np.array_equal(g.numpy(), np.zeros(10)) and g._version == 1
+    h = ag.ones(3, 1).expand(3, 4)
+    h[1, 2] = 5
+    assert np.array_equal(h.numpy()[:, 0], [1.0, 5.0, 1.0])
+
+
+@pytest.mark.parametrize("write", [
+    lambda g: g.__setitem__(slice(0, 2), 0),
+    lambda g: g.add_(1),
+    lambda g: g.__setitem__([0, 1], 0),
+])
+def test_writing_several_aliased_elements_of_an_expanded_tensor_raises(write):
+    g = ag.ones(1).expand(10)
+    with pytest.raises(RuntimeError, match="more than one element of the written-to tensor refers to a single"):
+        write(g)
+    assert np.array_equal(g.numpy(), np.ones(10)) and g._version == 0

@@ -420,8 +420,10 @@ def _view(x: Tensor, spec: OpSpec, out: np.ndarray, params: dict[str, Any]) -> T
         # a numpy view (not a copy that numpy made): share the version counter
         t._version_counter = x._version_counter
         base = t._base = x if x._base is None else x._base
-        if t.grad_fn is not None and base.grad_fn is not None:
-            base._register_view(t)  # in-place ops on the base re-point this view's grad_fn
+        if (t.grad_fn is not None and base.grad_fn is not None) or not base._requires_grad:
+            # in-place ops on the base re-point this view's grad_fn (a view of a plain
+            # tensor joins the graph when a recorded in-place op changes the tensor)
+            base._register_view(t)
     return t
 
 

@@ -6,7 +6,6 @@ are thin delegations so that ``x.exp()`` and ``ag.exp(x)`` are the same code.
 
 from __future__ import annotations
 
-import functools
 import warnings
 import weakref
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -333,7 +332,10 @@ class Tensor:
         if self._requires_grad and self.grad_fn is None:
             raise RuntimeError("a leaf Variable that requires grad is being used in an in-place operation.")
         base = self._base
-        if base is not None and base._requires_grad and base.grad_fn is None:
+        # PyTorch's check: the view requires grad and its base is a leaf (the base itself
+        # need not require grad: ``y = x.view(2); y.requires_grad_()`` makes y a leaf that
+        # views x, and an in-place op on a view of y, recorded on x, would bypass y)
+        if base is not None and base.grad_fn is None and (base._requires_grad or self._requires_grad):
             raise RuntimeError(
                 "a view of a leaf Variable that requires grad is being used in an in-place operation."
             )
@@ -357,6 +359,9 @@ class Tensor:
             self._requires_grad or any(isinstance(a, Tensor) and a._requires_grad for a in args)
         )
         if not records:
+            if out_of_place is F.index_put and not self.data.flags.writeable:
+                _write_region(self, args[0], args[1])  # e.g. one element of an expand()ed tensor
+                return self
             from .grad_mode import no_grad
 
             with no_grad():
@@ -419,14 +424,28 @@ class Tensor:
         return self
 
     def _register_view(self, view: Tensor) -> None:
-        """Remember a recording view of this (non-leaf) base, to re-point its grad_fn when
-        an in-place op rebases the base (PyTorch regenerates a view's grad_fn likewise)."""
+        """Remember a view of this base, to re-point its grad_fn when an in-place op
+        rebases the base (PyTorch regenerates a view's grad_fn likewise): views of a
+        non-leaf base, and views of a plain tensor (which join the graph when the tensor
+        is changed in place by a recorded op, ``x.add_(r)``).
+
+        Dead views are not removed one by one (a weakref callback per view costs more
+        than the view op): the registry is pruned when its size reaches a power of two.
+        Keys are ids, so a live entry is checked to be this very view (a dead view's id
+        may be reused; a WeakSet would compare tensors with ==, which is elementwise)."""
         views = self._views
         if views is None:
             views = self._views = {}
         key = id(view)
-        if key not in views:  # (a WeakSet would compare tensors with ==, which is elementwise)
-            views[key] = weakref.ref(view, functools.partial(_forget_view, weakref.ref(self), key))
+        ref = views.get(key)
+        if ref is not None and ref() is view:
+            return
+        n = len(views)
+        if n >= 16 and not n & (n - 1):
+            live = {k: r for k, r in views.items() if r() is not None}
+            views.clear()
+            views.update(live)
+        views[key] = weakref.ref(view)
 
     def _regenerate_views(self, skip: Tensor | None) -> None:
         """After this base was rebased: make every other live view read the new base."""
@@ -580,13 +599,6 @@ def _init(t: Tensor, arr: np.ndarray, node: Node | None, output_nr: int,
     t._views = None
 
 
-def _forget_view(base_ref: weakref.ref[Tensor], key: int, _ref: Any) -> None:
-    """A registered view died: drop it from its base's registry (no reference cycle)."""
-    base = base_ref()
-    if base is not None and base._views is not None:
-        base._views.pop(key, None)
-
-
 def _rebuild_leaf(data: np.ndarray, requires_grad: bool) -> Tensor:
     """Unpickling: a leaf with the pickled data (graphs are not pickled)."""
     t = Tensor._wrap(data)
@@ -594,7 +606,48 @@ def _rebuild_leaf(data: np.ndarray, requires_grad: bool) -> Tensor:
     return t
 
 
+_OVERLAP_ERROR = (
+    "unsupported operation: more than one element of the written-to tensor refers to a single "
+    "memory location. Please clone() the tensor before performing the operation."
+)
+
+
+def _overlaps(arr: np.ndarray) -> bool:
+    """Whether several elements of ``arr`` share memory (an expanded tensor's zero strides)."""
+    return any(stride == 0 and n > 1 for n, stride in zip(arr.shape, arr.strides))
+
+
+def _writable_alias(arr: np.ndarray) -> np.ndarray:
+    """A writable array over ``arr``'s memory. numpy marks broadcast views (``expand``)
+    read-only, where PyTorch lets a write go to the shared storage; refuses when the
+    memory itself is read-only (e.g. ``from_numpy`` of a read-only array)."""
+    root = arr
+    while isinstance(root.base, np.ndarray):
+        root = root.base
+    if root.flags.writeable:
+        offset = arr.__array_interface__["data"][0] - root.__array_interface__["data"][0]
+        try:
+            return np.ndarray(arr.shape, arr.dtype, buffer=root, offset=offset, strides=arr.strides)
+        except (TypeError, ValueError):
+            pass
+    raise RuntimeError("cannot write into this tensor: its memory is read-only")
+
+
+def _write_region(t: Tensor, index: Any, value: Any) -> None:
+    """``t[index] = value`` for a tensor whose array numpy made read-only (a broadcast
+    view) and that is not recorded: writes the indexed elements alone, allowed as in
+    PyTorch unless several of them share one memory location."""
+    idx, basic = F._normalise_index(index)
+    target = _writable_alias(t.data)
+    if not basic or _overlaps(target[idx]):
+        raise RuntimeError(_OVERLAP_ERROR)
+    target[idx] = value.data if isinstance(value, Tensor) else value
+    t._version_counter.value += 1
+
+
 def _write_into(t: Tensor, value: np.ndarray) -> None:
+    if not t.data.flags.writeable and _overlaps(t.data):
+        raise RuntimeError(_OVERLAP_ERROR)
     try:
         np.copyto(t.data, value, casting="same_kind")
     except TypeError as e:

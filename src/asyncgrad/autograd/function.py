@@ -465,7 +465,7 @@ def _rebase_dirty(t: Tensor, node: Node, output_nr: int) -> None:
     if t.grad_fn is None and t._requires_grad:
         raise RuntimeError("a leaf Variable that requires grad has been used in an in-place operation.")
     base = t._base
-    if base is not None and base._requires_grad and base.grad_fn is None:
+    if base is not None and base.grad_fn is None and (base._requires_grad or t._requires_grad):
         raise RuntimeError(
             "a view of a leaf Variable that requires grad is being used in an in-place operation."
         )
