@@ -453,3 +453,155 @@ def test_writing_several_aliased_elements_of_an_expanded_tensor_raises(write):
     with pytest.raises(RuntimeError, match="more than one element of the written-to tensor refers to a single"):
         write(g)
     assert np.array_equal(g.numpy(), np.ones(10)) and g._version == 0
+
+
+# --- 16. assigning .data ---------------------------------------------------------------------
+
+def test_assigning_data_swaps_the_storage_as_in_pytorch():
+    x = ag.ones(2, requires_grad=True)
+    assert isinstance(x.data, np.ndarray) and x.data is x.numpy()  # API.md: data is the ndarray
+    y = ag.zeros(3)
+    x.data = y  # PyTorch: x takes y's storage, keeps its identity and graph place
+    assert x.data is y.data and x.shape == (3,) and x.requires_grad and x.is_leaf
+    assert x._version == 0
+    (x * 2).sum().backward()  # no stale AccumulateGrad for the old shape
+    assert np.array_equal(x.grad.numpy(), [2.0, 2.0, 2.0])
+    with ag.no_grad():
+        x.add_(1)
+    assert np.array_equal(y.numpy(), [1.0, 1.0, 1.0])  # shared storage
+    x.data = np.arange(3.0)  # an ndarray works too
+    assert np.array_equal(x.numpy(), [0.0, 1.0, 2.0])
+
+
+def test_assigning_data_rejects_other_types_and_changes_nothing():
+    x = ag.ones(2)
+    with pytest.raises(TypeError, match="Variable data has to be a tensor, but got int"):
+        x.data = 5
+    assert np.array_equal(x.numpy(), [1.0, 1.0])
+
+
+# --- Autograd API: increment_version, calling a Node --------------------------------------------
+
+def test_increment_version():
+    x = ag.ones(2)
+    ag.autograd.graph.increment_version(x)
+    ag.autograd.graph.increment_version([x, x])
+    assert x._version == 3
+    w = ag.ones(2, requires_grad=True)
+    y = w.exp()
+    ag.autograd.graph.increment_version(y)  # as if y was changed through numpy()
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+    with pytest.raises(TypeError, match="increment_version expects Tensors"):
+        ag.autograd.graph.increment_version([x, 3])
+    assert x._version == 3  # nothing bumped by the rejected call
+
+
+def test_calling_a_node_directly():
+    x = ag.ones(2, requires_grad=True)
+    gx, gconst = (x * 3).grad_fn(ag.ones(2))  # one per forward input; None for the constant
+    assert np.array_equal(gx.numpy(), [3.0, 3.0]) and gconst is None
+    g = (x * x).sum().grad_fn(ag.tensor(1.0))  # a one-input node gives a Tensor, not a tuple
+    assert isinstance(g, ag.Tensor) and g.shape == (2,)
+    a, b = (x * x).grad_fn(ag.ones(2))
+    assert a.requires_grad and a.grad_fn.name() == "MulBackward0"  # grad mode on: differentiable
+    node = (x * x).grad_fn
+    with ag.no_grad():
+        a, b = node(ag.ones(2))
+    assert not a.requires_grad
+    assert (x * x).grad_fn(None) == (None, None)
+    assert x.grad is None  # a node call accumulates nothing...
+    acc = (x * 2).grad_fn.next_functions[0][0]
+    assert acc(ag.ones(2)) == ()  # ...but AccumulateGrad's does, as in PyTorch
+    assert np.array_equal(x.grad.numpy(), [1.0, 1.0])
+
+
+def test_calling_a_node_with_bad_arguments():
+    x = ag.ones(2, requires_grad=True)
+    z = x * x
+    with pytest.raises(TypeError, match="expected 1 arguments, got 2 instead"):
+        z.grad_fn(ag.ones(2), ag.ones(2))
+    with pytest.raises(RuntimeError, match=r"The size of tensor a \(3\) must match"):
+        z.grad_fn(ag.ones(3))
+    z.sum().backward()
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        z.grad_fn(ag.ones(2))
+
+
+# --- Checkpoint: use_reentrant warning, early stop, grad inside a non-reentrant checkpoint -------
+
+def test_checkpoint_warns_when_use_reentrant_is_not_passed():
+    from asyncgrad.utils.checkpoint import checkpoint, checkpoint_sequential
+
+    x = ag.ones(2, requires_grad=True)
+    with pytest.warns(UserWarning, match="use_reentrant parameter should be passed explicitly"):
+        y = checkpoint(lambda t: t.sin(), x)
+    y.sum().backward()  # the reentrant form, as before
+    assert np.allclose(x.grad.numpy(), np.cos(1.0))
+    with pytest.warns(UserWarning, match="checkpoint_sequential: the use_reentrant parameter should be passed"):
+        checkpoint_sequential([lambda t: t * 2, lambda t: t + 1], 2, x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        checkpoint(lambda t: t.sin(), x, use_reentrant=True)
+        checkpoint(lambda t: t.sin(), x, use_reentrant=False)
+
+
+def _logging_fn(log):
+    def fn(t):
+        a = t.sin()  # saves t: the only tensor the backward needs
+        log.append("recomputed past the last saved tensor")
+        return a * 2
+    return fn
+
+
+def test_non_reentrant_checkpoint_stops_recomputation_early():
+    from asyncgrad.utils.checkpoint import checkpoint, set_checkpoint_early_stop
+
+    log = []
+    x = ag.tensor([0.3, 0.6], requires_grad=True)
+    y = checkpoint(_logging_fn(log), x, use_reentrant=False)
+    log.clear()
+    y.sum().backward()
+    assert log == []  # the recomputation stopped once t was saved again
+    assert np.allclose(x.grad.numpy(), 2 * np.cos([0.3, 0.6]))
+
+    for make in (lambda f: checkpoint(f, x, use_reentrant=False, early_stop=False),
+                 lambda f: _with(set_checkpoint_early_stop(False), lambda: checkpoint(f, x, use_reentrant=False))):
+        x.grad = None
+        y = make(_logging_fn(log))
+        log.clear()
+        y.sum().backward()  # the whole function runs again
+        assert log == ["recomputed past the last saved tensor"]
+        assert np.allclose(x.grad.numpy(), 2 * np.cos([0.3, 0.6]))
+
+
+def _with(cm, fn):
+    with cm:
+        return fn()
+
+
+def test_set_checkpoint_early_stop_only_matters_in_forward():
+    from asyncgrad.utils.checkpoint import checkpoint, set_checkpoint_early_stop
+
+    log = []
+    x = ag.tensor([0.3], requires_grad=True)
+    y = checkpoint(_logging_fn(log), x, use_reentrant=False)
+    log.clear()
+    with set_checkpoint_early_stop(False):  # too late: the forward decided
+        y.sum().backward()
+    assert log == []
+
+
+def test_non_reentrant_checkpoint_of_a_function_that_calls_grad():
+    from asyncgrad.utils.checkpoint import checkpoint
+
+    def fn(t):
+        (g,) = ag.grad_sync((t ** 3).sum(), t, create_graph=True)  # 3 t^2
+        return g * 2
+
+    for early_stop in (True, False):
+        x = ag.tensor([1.0, 2.0], requires_grad=True)
+        out = checkpoint(fn, x, use_reentrant=False, early_stop=early_stop)
+        assert np.allclose(out.numpy(), [6.0, 24.0])
+        out.sum().backward()
+        assert np.allclose(x.grad.numpy(), [12.0, 24.0])  # d/dx sum(6 x^2)

@@ -61,19 +61,20 @@ def _promote(a: np.ndarray, b: np.ndarray) -> np.dtype | None:
 
 
 def _binary(spec: OpSpec, x: Any, y: Any) -> Tensor:
+    # (the hot path reads the array slot ``_data`` directly: ``data`` is a property)
     tx = type(x) is Tensor
     ty = type(y) is Tensor
-    if tx and not ty and type(y) in _SCALARS and x.data.dtype.kind == "f":
+    if tx and not ty and type(y) in _SCALARS and x._data.dtype.kind == "f":
         # A Python scalar with a float tensor takes the tensor's dtype (PyTorch's
         # wrapped-number rule), as a shared read-only 0-d array: numpy multiplies by a
         # 0-d array 3x faster than by a Python float, and the graph stores no copy.
-        c = _scalar_const(y, x.data.dtype)
-        return record(spec, (x, c), spec.forward(x.data, c))
-    if ty and not tx and type(x) in _SCALARS and y.data.dtype.kind == "f":
-        c = _scalar_const(x, y.data.dtype)
-        return record(spec, (c, y), spec.forward(c, y.data))
-    a = x.data if tx else _const(x, y)
-    b = y.data if ty else _const(y, x)
+        c = _scalar_const(y, x._data.dtype)
+        return record(spec, (x, c), spec.forward(x._data, c))
+    if ty and not tx and type(x) in _SCALARS and y._data.dtype.kind == "f":
+        c = _scalar_const(x, y._data.dtype)
+        return record(spec, (c, y), spec.forward(c, y._data))
+    a = x._data if tx else _const(x, y)
+    b = y._data if ty else _const(y, x)
     if a.dtype != b.dtype:
         want = _promote(a, b)
         if want is not None:
@@ -117,8 +118,8 @@ def _scalar_const(value: float, dtype: np.dtype) -> np.ndarray:
 def _unary(spec: OpSpec, x: Tensor, **params: Any) -> Tensor:
     x = _tensor(x)
     if params:
-        return record(spec, (x,), spec.forward(x.data, **params), params=params)
-    return record(spec, (x,), spec.forward(x.data))
+        return record(spec, (x,), spec.forward(x._data, **params), params=params)
+    return record(spec, (x,), spec.forward(x._data))
 
 
 def _tensor(x: Any) -> Tensor:
@@ -416,7 +417,7 @@ def sum_to(x: Tensor, shape: tuple[int, ...]) -> Tensor:
 # --- shapes ----------------------------------------------------------------------------------
 def _view(x: Tensor, spec: OpSpec, out: np.ndarray, params: dict[str, Any]) -> Tensor:
     t = record(spec, (x,), out, params=params)
-    if out is x.data or (out.base is not None and np.may_share_memory(out, x.data)):
+    if out is x._data or (out.base is not None and np.may_share_memory(out, x._data)):
         # a numpy view (not a copy that numpy made): share the version counter
         t._version_counter = x._version_counter
         base = t._base = x if x._base is None else x._base

@@ -6,6 +6,7 @@ are thin delegations so that ``x.exp()`` and ``ag.exp(x)`` are the same code.
 
 from __future__ import annotations
 
+import operator
 import warnings
 import weakref
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -40,16 +41,33 @@ class VersionCounter:
         self.value = 0
 
 
+def _set_data(self: Tensor, value: Any) -> None:
+    """``x.data = y``, as in PyTorch: x keeps its identity, graph place, ``.grad`` and
+    version counter and takes y's storage (shape and dtype included); a later in-place
+    change of x is one of y too. ``y`` is a Tensor or an ndarray."""
+    if isinstance(value, Tensor):
+        arr = value._data
+    elif isinstance(value, np.ndarray):
+        arr = value
+    else:
+        raise TypeError(f"Variable data has to be a tensor, but got {type(value).__name__}")
+    old = self._data
+    self._data = arr
+    self._saved = None  # a cached SavedTensor describes the old storage
+    if arr.shape != old.shape or arr.dtype != old.dtype:
+        self._acc_ref = None  # AccumulateGrad checks gradients against the old metadata
+
+
 class Tensor:
     """An n-dimensional array that records the operations applied to it for autograd."""
 
-    __slots__ = ("data", "_requires_grad", "grad_fn", "output_nr", "_grad", "_version_counter",
+    __slots__ = ("_data", "_requires_grad", "grad_fn", "output_nr", "_grad", "_version_counter",
                  "_base", "_hooks", "_post_acc_hooks", "_retains_grad", "_acc_ref", "_views",
                  "_saved", "__weakref__")
     # numpy must defer to our reflected operators (ndarray * Tensor -> Tensor.__rmul__)
     __array_ufunc__ = None
 
-    data: np.ndarray
+    _data: np.ndarray  # the array; ``data`` reads it (see the property below)
     grad_fn: Node | None
     output_nr: int
     _requires_grad: bool
@@ -89,17 +107,22 @@ class Tensor:
         return t
 
     # --- attributes -------------------------------------------------------------------
+    #: The underlying ndarray (API.md §1; ``numpy()`` returns the same array). Reading is
+    #: a C-level attribute getter; assigning goes through ``_set_data`` (PyTorch's
+    #: ``x.data = y``: x takes y's storage).
+    data = property(operator.attrgetter("_data"), _set_data, doc="The underlying ndarray.")
+
     @property
     def shape(self) -> tuple[int, ...]:
-        return self.data.shape
+        return self._data.shape
 
     @property
     def dtype(self) -> np.dtype:
-        return self.data.dtype
+        return self._data.dtype
 
     @property
     def ndim(self) -> int:
-        return self.data.ndim
+        return self._data.ndim
 
     def dim(self) -> int:
         return self.data.ndim
@@ -584,7 +607,7 @@ class Tensor:
 
 def _init(t: Tensor, arr: np.ndarray, node: Node | None, output_nr: int,
           version: VersionCounter | None) -> None:
-    t.data = arr
+    t._data = arr
     t._requires_grad = False
     t.grad_fn = node
     t.output_nr = output_nr

@@ -24,9 +24,12 @@ except (ImportError, AttributeError):  # pragma: no cover  (numpy 1.x)
     _errstate_var = None
 
 
-def quiet(kernel: Callable[..., Any]) -> Callable[..., Any]:
+def quiet(kernel: Callable[..., Any], nargs: int | None = None) -> Callable[..., Any]:
     """``kernel`` with numpy's floating-point warnings (divide, invalid, overflow,
-    underflow) ignored while it runs."""
+    underflow) ignored while it runs. ``nargs`` (1 or 2) builds a wrapper with that many
+    positional parameters, ~0.1 us cheaper than a ``*args, **kwargs`` one (measured on
+    ``np.true_divide`` of 4 floats: 0.42 us plain, 0.72-0.82 us with the 2-argument
+    wrapper, 0.96-0.98 us with the generic one)."""
     if _errstate_var is None:  # pragma: no cover
         @functools.wraps(kernel)
         def slow(*args: Any, **kwargs: Any) -> Any:
@@ -35,6 +38,22 @@ def quiet(kernel: Callable[..., Any]) -> Callable[..., Any]:
         return slow
 
     var, ignore = _errstate_var, _IGNORE_ALL
+    if nargs == 1:
+        def unary(x: Any) -> Any:
+            token = var.set(ignore)
+            try:
+                return kernel(x)
+            finally:
+                var.reset(token)
+        return functools.wraps(kernel)(unary)
+    if nargs == 2:
+        def binary(x: Any, y: Any) -> Any:
+            token = var.set(ignore)
+            try:
+                return kernel(x, y)
+            finally:
+                var.reset(token)
+        return functools.wraps(kernel)(binary)
 
     @functools.wraps(kernel)
     def wrapper(*args: Any, **kwargs: Any) -> Any:

@@ -65,14 +65,14 @@ mul = defop("MulBackward0", np.multiply,
             lambda m, g, ans, x, y: g * x, save="x@1 y@0")
 # Kernels that can divide by zero, overflow or leave their domain are ``quiet``: PyTorch
 # returns inf/nan there without a warning, numpy warns (see _quiet.py).
-div = defop("DivBackward0", quiet(np.true_divide),
+div = defop("DivBackward0", quiet(np.true_divide, 2),
             quiet(lambda m, g, ans, x, y: g / y),
             quiet(lambda m, g, ans, x, y: -g * x / (y * y)), save="x@1 y")
-pow_scalar = defop("PowBackward0", quiet(np.power),
+pow_scalar = defop("PowBackward0", quiet(np.power, 2),
                    _pow_base_rule, None, save="x y")
-pow_tensor = defop("PowBackward1", quiet(np.power),
+pow_tensor = defop("PowBackward1", quiet(np.power, 2),
                    _pow_base_rule, _pow_exponent_rule, save="x y ans")
-rpow = defop("PowBackward2", quiet(np.power),
+rpow = defop("PowBackward2", quiet(np.power, 2),
              None, _pow_exponent_rule, save="x y ans")
 maximum = defop("MaximumBackward0", np.maximum,
                 lambda m, g, ans, x, y: m.where(x > y, g, m.where(x == y, g * 0.5, 0.0)),
@@ -89,9 +89,9 @@ where = defop("WhereBackward0", np.where,
 
 neg = defop("NegBackward0", np.negative, lambda m, g, ans, x: -g)
 abs_ = defop("AbsBackward0", np.abs, lambda m, g, ans, x: g * m.sign(x), save="x")
-exp = defop("ExpBackward0", quiet(np.exp), lambda m, g, ans, x: g * ans, save="ans")
-log = defop("LogBackward0", quiet(np.log), quiet(lambda m, g, ans, x: g / x), save="x")
-sqrt = defop("SqrtBackward0", quiet(np.sqrt), quiet(lambda m, g, ans, x: g / (2.0 * ans)), save="ans")
+exp = defop("ExpBackward0", quiet(np.exp, 1), lambda m, g, ans, x: g * ans, save="ans")
+log = defop("LogBackward0", quiet(np.log, 1), quiet(lambda m, g, ans, x: g / x), save="x")
+sqrt = defop("SqrtBackward0", quiet(np.sqrt, 1), quiet(lambda m, g, ans, x: g / (2.0 * ans)), save="ans")
 sin = defop("SinBackward0", np.sin, lambda m, g, ans, x: g * m.cos(x), save="x")
 cos = defop("CosBackward0", np.cos, lambda m, g, ans, x: -g * m.sin(x), save="x")
 tanh = defop("TanhBackward0", np.tanh, lambda m, g, ans, x: g * (1.0 - ans * ans), save="ans")
