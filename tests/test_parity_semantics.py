@@ -1,7 +1,7 @@
 """PyTorch parity: behaviours where asyncgrad used to differ from PyTorch 2.13 (issue 13,
 "Wrong behaviour", "Autograd API" and "Checkpoint"). Each test states what PyTorch does;
-the expected values were checked against torch 2.13, and where torch is installed the
-tests marked ``oracle`` compare with it directly."""
+the expected values were checked against torch 2.13, and where torch is installed
+``test_issue_scenarios_match_pytorch`` replays the issue's scenarios in it directly."""
 
 import gc
 import warnings
@@ -605,3 +605,54 @@ def test_non_reentrant_checkpoint_of_a_function_that_calls_grad():
         assert np.allclose(out.numpy(), [6.0, 24.0])
         out.sum().backward()
         assert np.allclose(x.grad.numpy(), [12.0, 24.0])  # d/dx sum(6 x^2)
+
+
+# --- the issue's scenarios replayed in PyTorch (skipped without torch) ----------------------------
+
+def _scenarios(lib, F):
+    """Each scenario of issue 13 written once for a torch-like module ``lib`` (torch or
+    asyncgrad) and its Function base ``F``; returns the observable results."""
+    out = {}
+    r = lib.ones(1, requires_grad=True)
+    x = lib.ones(5)
+    v = x[1:2]
+    x.add_(r)
+    (v * r).sum().backward()
+    out["stale view (4)"] = r.grad.tolist()
+
+    class AddInPlace(F):
+        @staticmethod
+        def forward(ctx, t, b):
+            t.add_(b)
+            ctx.mark_dirty(t)
+            return t
+
+        @staticmethod
+        def backward(ctx, g):
+            return g, g
+
+    a = lib.ones(4, 4, requires_grad=True)
+    b = lib.ones(2, 2, requires_grad=True)
+    x = a.clone()
+    AddInPlace.apply(x[1:3, 2:4], b)
+    (x * x).sum().backward()
+    out["mark_dirty view (5)"] = (b.grad.tolist(), a.grad.tolist())
+
+    g = lib.ones(1).expand(10)
+    g[0] = 0
+    out["expand write (9)"] = g.tolist()
+
+    w = lib.ones(2, requires_grad=True)
+    grads = (w * w).grad_fn(lib.ones(2))
+    out["node call"] = [t.tolist() for t in grads]
+    return out
+
+
+def test_issue_scenarios_match_pytorch():
+    torch = pytest.importorskip("torch")
+    torch.set_default_dtype(torch.float64)
+    try:
+        expected = _scenarios(torch, torch.autograd.Function)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    assert _scenarios(ag, Function) == expected

@@ -228,8 +228,8 @@ class AccumulateGrad(Node):
         super().__init__(())
         self.sequence_nr = ACCUMULATE_GRAD_SEQUENCE_NR
         self.variable = variable
-        self.input_shapes = (variable.data.shape,)
-        self.input_dtypes = (variable.data.dtype,)
+        self.input_shapes = (variable._data.shape,)
+        self.input_dtypes = (variable._data.dtype,)
 
     def name(self) -> str:
         return "AccumulateGrad"
@@ -316,7 +316,7 @@ class SavedTensor:
     __slots__ = ("data", "version", "saved_version", "ref", "kind", "output_nr")
 
     def __init__(self, value: Tensor, is_output: bool = False) -> None:
-        self.data = value.data
+        self.data = value._data  # (the slot: Tensor.data is a property)
         self.version = value._version_counter
         self.saved_version = self.version.value
         self.output_nr = value.output_nr
@@ -412,7 +412,7 @@ def save_for_backward(value: Tensor, is_output: bool = False) -> SavedTensor | H
     if is_output:
         return SavedTensor(value, True)
     cached = value._saved
-    if cached is not None and cached.data is value.data and cached.ref is value.grad_fn \
+    if cached is not None and cached.data is value._data and cached.ref is value.grad_fn \
             and cached.saved_version == value._version_counter.value \
             and cached.kind == (_PLAIN if value.grad_fn is None else _NONLEAF) \
             and (value.grad_fn is not None or not value._requires_grad):
