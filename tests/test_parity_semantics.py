@@ -443,6 +443,19 @@ def test_writing_one_element_of_an_expanded_tensor():
     assert np.array_equal(h.numpy()[:, 0], [1.0, 5.0, 1.0])
 
 
+def test_writing_one_element_of_an_expanded_tensor_that_requires_grad():
+    a = ag.ones(1, requires_grad=True)
+    v = ag.tensor(5.0, requires_grad=True)
+    g = a.clone().expand(3)
+    g[1] = v  # recorded on the clone (CopySlices); g reads the new base
+    assert np.array_equal(g.numpy(), [5.0, 5.0, 5.0])
+    (g * ag.arange(3.0)).sum().backward()
+    assert a.grad.item() == 0.0 and v.grad.item() == 3.0  # PyTorch: 0 and 3
+    g = ag.ones(1, requires_grad=True).clone().expand(10)
+    with pytest.raises(RuntimeError, match="more than one element of the written-to tensor"):
+        g[0:2] = 0
+
+
 @pytest.mark.parametrize("write", [
     lambda g: g.__setitem__(slice(0, 2), 0),
     lambda g: g.add_(1),

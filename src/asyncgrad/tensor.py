@@ -505,7 +505,33 @@ class Tensor:
     def __abs__(self) -> Tensor: return F.abs(self)
     def __getitem__(self, index: Any) -> Tensor: return F.getitem(self, index)
     def __setitem__(self, index: Any, value: Any) -> None:
+        if self._base is not None and _overlaps(self._data):
+            # An expanded view: several elements share memory, but the indexed ones may
+            # not (``g[0] = 0``, allowed in PyTorch). Write through the view of just them.
+            self._setitem_through_subview(index, value)
+            return
         self._apply_inplace(F.index_put, index, value)
+
+    def _setitem_through_subview(self, index: Any, value: Any) -> None:
+        records = _context.grad_enabled.get() and (
+            self._requires_grad or (isinstance(value, Tensor) and value._requires_grad))
+        if not records:
+            self._check_inplace()
+            _write_region(self, index, value)
+            return
+        idx, basic = F._normalise_index(index)
+        if not basic:
+            raise RuntimeError(_OVERLAP_ERROR)
+        base = self._base
+        assert base is not None
+        sub = F.getitem(self, idx)  # a view of the base (the same memory)
+        sub._apply_inplace(F.index_put, Ellipsis, value)  # recorded on the base (CopySlices)
+        where = _view_index(self._data, base._data, writable=False)
+        if where is not None:  # this view now reads the new base
+            from .grad_mode import enable_grad
+
+            with enable_grad():
+                self._rebase(F.getitem(base, where).grad_fn)
 
     def __iadd__(self, other: Any) -> Tensor: return self._apply_inplace(F.add, other)
     def __isub__(self, other: Any) -> Tensor: return self._apply_inplace(F.sub, other)
@@ -669,10 +695,13 @@ def _write_region(t: Tensor, index: Any, value: Any) -> None:
 
 
 def _write_into(t: Tensor, value: np.ndarray) -> None:
-    if not t.data.flags.writeable and _overlaps(t.data):
-        raise RuntimeError(_OVERLAP_ERROR)
+    target = t._data
+    if not target.flags.writeable:  # a (part of a) broadcast view: see _writable_alias
+        if _overlaps(target):
+            raise RuntimeError(_OVERLAP_ERROR)
+        target = _writable_alias(target)
     try:
-        np.copyto(t.data, value, casting="same_kind")
+        np.copyto(target, value, casting="same_kind")
     except TypeError as e:
         raise RuntimeError(
             f"result type {value.dtype} can't be cast to the desired output type {t.data.dtype}"
