@@ -8,6 +8,7 @@ result to :func:`asyncgrad.autograd.recording.record`. Derivative rules live in
 from __future__ import annotations
 
 import builtins
+from weakref import ref as _weakref
 from typing import Any, NoReturn
 from collections.abc import Callable, Sequence
 
@@ -22,7 +23,7 @@ from .ops import nn as N
 from .ops import reductions as R
 from .ops import shape as S
 from .ops._spec import OpSpec
-from .tensor import MinMax, Tensor
+from .tensor import MinMax, Tensor, _append_view
 
 _py_max = builtins.max
 
@@ -423,8 +424,13 @@ def _view(x: Tensor, spec: OpSpec, out: np.ndarray, params: dict[str, Any]) -> T
         base = t._base = x if x._base is None else x._base
         if (t.grad_fn is not None and base.grad_fn is not None) or not base._requires_grad:
             # in-place ops on the base re-point this view's grad_fn (a view of a plain
-            # tensor joins the graph when a recorded in-place op changes the tensor)
-            base._register_view(t)
+            # tensor joins the graph when a recorded in-place op changes the tensor);
+            # Tensor._register_view, inlined: t is new, so it cannot be registered yet
+            views = base._views
+            if views is None:
+                base._views = [_weakref(t)]
+            else:
+                _append_view(views, t)
     return t
 
 

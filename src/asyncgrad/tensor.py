@@ -79,7 +79,7 @@ class Tensor:
     _retains_grad: bool
     _acc_ref: Any
     _saved: Any  # the SavedTensor last made of this tensor, shared while it stays valid
-    _views: dict[int, weakref.ref[Tensor]] | None  # live recording views of a non-leaf base
+    _views: list[weakref.ref[Tensor]] | None  # views to re-point after an in-place op (see _register_view)
 
     def __init__(self, data: Any, *, dtype: Any = None, requires_grad: bool = False) -> None:
         arr = data.data if isinstance(data, Tensor) else as_array(data, dtype)
@@ -452,23 +452,18 @@ class Tensor:
         non-leaf base, and views of a plain tensor (which join the graph when the tensor
         is changed in place by a recorded op, ``x.add_(r)``).
 
-        Dead views are not removed one by one (a weakref callback per view costs more
-        than the view op): the registry is pruned when its size reaches a power of two.
-        Keys are ids, so a live entry is checked to be this very view (a dead view's id
-        may be reused; a WeakSet would compare tensors with ==, which is elementwise)."""
+        The registry is a list of weak references, so registering a view costs one
+        weakref and an append (``functional._view`` inlines that for new views): dead
+        views are not removed one by one (a weakref callback per view costs more than
+        the view op) but pruned when the list's length reaches a power of two, and a view
+        is registered once (``_apply_inplace_to_view`` registers again: checked here)."""
         views = self._views
         if views is None:
-            views = self._views = {}
-        key = id(view)
-        ref = views.get(key)
-        if ref is not None and ref() is view:
+            self._views = [weakref.ref(view)]
             return
-        n = len(views)
-        if n >= 16 and not n & (n - 1):
-            live = {k: r for k, r in views.items() if r() is not None}
-            views.clear()
-            views.update(live)
-        views[key] = weakref.ref(view)
+        if any(ref() is view for ref in views):
+            return
+        _append_view(views, view)
 
     def _regenerate_views(self, skip: Tensor | None) -> None:
         """After this base was rebased: make every other live view read the new base."""
@@ -476,7 +471,7 @@ class Tensor:
             return
         from .grad_mode import enable_grad
 
-        for ref in list(self._views.values()):
+        for ref in list(self._views):
             view = ref()
             if view is None or view is skip or view._base is not self:
                 continue
@@ -646,6 +641,16 @@ def _init(t: Tensor, arr: np.ndarray, node: Node | None, output_nr: int,
     t._acc_ref = None
     t._saved = None
     t._views = None
+
+
+def _append_view(views: list[weakref.ref[Tensor]], view: Tensor) -> None:
+    """Append ``view`` to a base's registry, first dropping dead entries when the length
+    is a power of two (at least 16): amortised O(1), and the list stays within twice the
+    live views."""
+    n = len(views)
+    if n >= 16 and not n & (n - 1):
+        views[:] = [ref for ref in views if ref() is not None]
+    views.append(weakref.ref(view))
 
 
 def _rebuild_leaf(data: np.ndarray, requires_grad: bool) -> Tensor:
