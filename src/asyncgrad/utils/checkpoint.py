@@ -6,7 +6,8 @@ checkpoints each of ``segments`` chunks of a sequential model except the last on
 
 Two forms, as in PyTorch:
 
-* ``use_reentrant=True`` (the default). Forward keeps only ``fn``'s inputs (and the RNG
+* ``use_reentrant=True`` (used when ``use_reentrant`` is not passed, with PyTorch's
+  warning). Forward keeps only ``fn``'s inputs (and the RNG
   state). The ``CheckpointFunctionBackward`` node recomputes ``fn`` under ``enable_grad``
   and runs a nested (reentrant) backward through the recomputed graph (see Note
   [Checkpoint backward is async]). Like PyTorch it refuses ``grad()`` and
@@ -14,8 +15,10 @@ Two forms, as in PyTorch:
 * ``use_reentrant=False``. ``fn`` runs with grad mode on inside ``saved_tensors_hooks``
   whose pack hook keeps a tiny handle instead of each saved tensor. The first unpack in a
   backward recomputes ``fn`` once (under that backward's GraphTask) and hands out the
-  recomputed tensors (see Note [When recomputed values are dropped]). The graph is an
-  ordinary graph, so ``grad()``, ``inputs=`` and ``create_graph`` work.
+  recomputed tensors (see Note [When recomputed values are dropped]), stopping the
+  recomputation once every saved tensor is back (Note [Early stop]). The graph is an
+  ordinary graph, so ``grad()``, ``inputs=`` and ``create_graph`` work, and ``fn`` may
+  itself call ``ag.grad`` on what it computed.
 
 Note [Checkpoint hooks fire once]: both forms recompute ``fn`` once per backward and fire
 each parameter's hooks (tensor hooks, post-accumulate-grad hooks, AccumulateGrad node
