@@ -669,3 +669,31 @@ def test_issue_scenarios_match_pytorch():
     finally:
         torch.set_default_dtype(torch.float32)
     assert _scenarios(ag, Function) == expected
+
+
+def test_the_view_registry_of_a_plain_tensor_stays_bounded():
+    x = ag.ones(8)
+    for i in range(1000):
+        x[i % 8]  # a view made and dropped every step (a data tensor sliced per batch)
+    assert len(x._views) <= 32
+    kept = [x[i % 8] for i in range(40)]
+    for i in range(200):
+        x[i % 8]
+    assert len(x._views) <= 128 and sum(r() is not None for r in x._views) >= len(kept)
+
+
+def test_non_reentrant_checkpoint_that_saves_more_when_recomputed_raises():
+    from asyncgrad.utils.checkpoint import checkpoint
+
+    calls = []
+
+    def fn(t):
+        calls.append(1)
+        y = t.sin()
+        return y.exp() if len(calls) > 1 else y * 2  # recomputation saves one more tensor
+
+    x = ag.tensor([0.5], requires_grad=True)
+    out = checkpoint(fn, x, use_reentrant=False, early_stop=False)
+    with pytest.raises(RuntimeError, match="trying to save more tensors during recomputation"):
+        out.sum().backward()
+    assert x.grad is None
