@@ -284,3 +284,15 @@ def test_multi_output_views_without_grad_record_nothing() -> None:
         parts = (a * 1.0).split(1)
     assert all(p.grad_fn is None for p in parts)
     parts[0].mul_(2.0)  # allowed: nothing recorded
+
+
+@pytest.mark.parametrize("make_view", [lambda x: x.unbind(0)[1], lambda x: x.split(1)[1], lambda x: x.chunk(5)[1]],
+                         ids=["unbind", "split", "chunk"])
+def test_multi_output_view_of_a_plain_tensor_follows_its_in_place_history(make_view):
+    # as a slice does (issue 13 item 4): v is x[1] after x.add_(r), so d/dr (v * r) = 1 + 2r = 3
+    r = ag.ones(1, requires_grad=True)
+    x = ag.ones(5)
+    v = make_view(x)
+    x.add_(r)
+    (v * r).sum().backward()
+    assert r.grad.tolist() == [3.0]

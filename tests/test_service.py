@@ -115,7 +115,8 @@ def test_explain_learn_and_timeout(service):
     r = httpx.post(f"{url}/explain", json={"x": x.tolist(), "target": 3}, timeout=10)
     assert r.status_code == 200, r.text
     body = r.json()
-    xt = ag.tensor(x[None, :], requires_grad=True)
+    # in the model's dtype: a float32 Linear given float64 input raises, as in PyTorch
+    xt = ag.tensor(x[None, :], dtype=next(iter(model.parameters())).dtype, requires_grad=True)
     (expected,) = ag.grad_sync(model(xt)[0, 3], [xt])
     np.testing.assert_allclose(body["saliency"], expected.numpy()[0], rtol=1e-4, atol=1e-6)
     assert body["target"] == 3 and len(body["probabilities"]) == 10

@@ -256,8 +256,10 @@ def create_app(weights: str | None = None, *, hidden: int = 128, lr: float = 1e-
     app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
     app.add_exception_handler(RequestValidationError, validation_error)
 
+    dtype = next(iter(model.parameters())).dtype  # float32 unless the default dtype was changed
+
     def as_input(values: list[float], requires_grad: bool = False) -> ag.Tensor:
-        return ag.tensor(np.asarray(values, dtype=np.float32)[None, :], requires_grad=requires_grad)
+        return ag.tensor(np.asarray(values, dtype=dtype)[None, :], requires_grad=requires_grad)
 
     def apply_step() -> bool:
         """The mean of the pending gradients, clipped, then one optimizer step; False (and

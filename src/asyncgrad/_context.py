@@ -38,3 +38,7 @@ anomaly_mode: ContextVar[AnomalyMode | None] = ContextVar("asyncgrad_anomaly", d
 #: The active ``autograd.profiler.profile`` recorder, or None (the common, free case).
 #: A GraphTask reads it once when it starts; kernels are wrapped only when it is set.
 profiler: ContextVar[Any | None] = ContextVar("asyncgrad_profiler", default=None)
+
+#: ``utils.checkpoint.set_checkpoint_early_stop``'s setting (None: each checkpoint's own
+#: ``early_stop`` argument decides), read when a non-reentrant checkpoint's forward runs.
+checkpoint_early_stop: ContextVar[bool | None] = ContextVar("asyncgrad_checkpoint_early_stop", default=None)

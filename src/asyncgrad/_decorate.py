@@ -22,21 +22,41 @@ def decorate(fn: F, make_context: Callable[[], AbstractContextManager[Any]]) -> 
                 return await fn(*args, **kwargs)
         return async_wrapper  # type: ignore[return-value]
     if inspect.isgeneratorfunction(fn):
-        @functools.wraps(fn)
-        def gen_wrapper(*args: Any, **kwargs: Any) -> Any:
-            gen = fn(*args, **kwargs)
-            value = None
-            while True:
-                with make_context():
-                    try:
-                        item = gen.send(value)
-                    except StopIteration as stop:
-                        return stop.value
-                value = yield item
-        return gen_wrapper  # type: ignore[return-value]
+        return _wrap_generator(fn, make_context)  # type: ignore[return-value]
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         with make_context():
             return fn(*args, **kwargs)
     return wrapper  # type: ignore[return-value]
+
+
+def _wrap_generator(fn: Callable[..., Any], make_context: Callable[[], AbstractContextManager[Any]]
+                    ) -> Callable[..., Any]:
+    """A generator function whose body runs inside ``make_context()`` each time it is
+    resumed, whether by ``send``, ``throw`` or ``close``: an exception thrown into the
+    wrapper is thrown into the generator, and closing the wrapper closes the generator
+    there and then, so its ``except``/``finally`` blocks run under the decorator's mode
+    (as PyTorch's ``_wrap_generator`` does)."""
+    @functools.wraps(fn)
+    def gen_wrapper(*args: Any, **kwargs: Any) -> Any:
+        gen = fn(*args, **kwargs)
+        try:
+            with make_context():
+                response = gen.send(None)
+            while True:
+                try:
+                    request = yield response
+                except GeneratorExit:
+                    with make_context():
+                        gen.close()
+                    raise
+                except BaseException as e:
+                    with make_context():
+                        response = gen.throw(e)
+                else:
+                    with make_context():
+                        response = gen.send(request)
+        except StopIteration as stop:
+            return stop.value
+    return gen_wrapper

@@ -59,3 +59,21 @@ def as_array(value: Any, dtype: Any = None) -> np.ndarray:
     if arr.dtype.kind in "iu":
         return arr.astype(int64, copy=False)
     return arr
+
+
+# PyTorch's names for dtypes, as its error messages print them ("Float", and C's "float")
+_SCALAR_TYPE_NAMES = {
+    "float16": ("Half", "c10::Half"), "float32": ("Float", "float"), "float64": ("Double", "double"),
+    "int8": ("Char", "signed char"), "uint8": ("Byte", "unsigned char"), "int16": ("Short", "short int"),
+    "int32": ("Int", "int"), "int64": ("Long", "long int"), "bool": ("Bool", "bool"),
+    "complex64": ("ComplexFloat", "c10::complex<float>"), "complex128": ("ComplexDouble", "c10::complex<double>"),
+}
+
+
+def scalar_type_name(dtype: Any, c_name: bool = False) -> str:
+    """PyTorch's name of ``dtype`` in error messages: ``Float`` (or C's ``float``)."""
+    d = np.dtype(dtype)
+    names = _SCALAR_TYPE_NAMES.get(d.name)
+    if names is None:
+        return d.name
+    return names[1] if c_name else names[0]

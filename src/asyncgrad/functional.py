@@ -8,6 +8,7 @@ result to :func:`asyncgrad.autograd.recording.record`. Derivative rules live in
 from __future__ import annotations
 
 import builtins
+from weakref import ref as _weakref
 from typing import Any, NoReturn
 from collections.abc import Callable, Sequence
 
@@ -15,6 +16,7 @@ import numpy as np
 
 from ._aliases import numpy_aliases
 from ._dtype import as_array, get_default_dtype
+from ._dtype import scalar_type_name as _scalar_type_name
 from .autograd.recording import record, record_views
 from .ops import elementwise as E
 from .ops import linalg as L
@@ -22,7 +24,7 @@ from .ops import nn as N
 from .ops import reductions as R
 from .ops import shape as S
 from .ops._spec import OpSpec
-from .tensor import MinMax, Tensor
+from .tensor import MinMax, Tensor, _append_view
 from . import return_types
 
 _py_max = builtins.max
@@ -63,19 +65,20 @@ def _promote(a: np.ndarray, b: np.ndarray) -> np.dtype | None:
 
 
 def _binary(spec: OpSpec, x: Any, y: Any) -> Tensor:
+    # (the hot path reads the array slot ``_data`` directly: ``data`` is a property)
     tx = type(x) is Tensor
     ty = type(y) is Tensor
-    if tx and not ty and type(y) in _SCALARS and x.data.dtype.kind == "f":
+    if tx and not ty and type(y) in _SCALARS and x._data.dtype.kind == "f":
         # A Python scalar with a float tensor takes the tensor's dtype (PyTorch's
         # wrapped-number rule), as a shared read-only 0-d array: numpy multiplies by a
         # 0-d array 3x faster than by a Python float, and the graph stores no copy.
-        c = _scalar_const(y, x.data.dtype)
-        return record(spec, (x, c), spec.forward(x.data, c))
-    if ty and not tx and type(x) in _SCALARS and y.data.dtype.kind == "f":
-        c = _scalar_const(x, y.data.dtype)
-        return record(spec, (c, y), spec.forward(c, y.data))
-    a = x.data if tx else _const(x, y)
-    b = y.data if ty else _const(y, x)
+        c = _scalar_const(y, x._data.dtype)
+        return record(spec, (x, c), spec.forward(x._data, c))
+    if ty and not tx and type(x) in _SCALARS and y._data.dtype.kind == "f":
+        c = _scalar_const(x, y._data.dtype)
+        return record(spec, (c, y), spec.forward(c, y._data))
+    a = x._data if tx else _const(x, y)
+    b = y._data if ty else _const(y, x)
     if a.dtype != b.dtype:
         want = _promote(a, b)
         if want is not None:
@@ -119,8 +122,8 @@ def _scalar_const(value: float, dtype: np.dtype) -> np.ndarray:
 def _unary(spec: OpSpec, x: Tensor, **params: Any) -> Tensor:
     x = _tensor(x)
     if params:
-        return record(spec, (x,), spec.forward(x.data, **params), params=params)
-    return record(spec, (x,), spec.forward(x.data))
+        return record(spec, (x,), spec.forward(x._data, **params), params=params)
+    return record(spec, (x,), spec.forward(x._data))
 
 
 def _tensor(x: Any) -> Tensor:
@@ -447,12 +450,19 @@ def sum_to(x: Tensor, shape: tuple[int, ...]) -> Tensor:
 # --- shapes ----------------------------------------------------------------------------------
 def _view(x: Tensor, spec: OpSpec, out: np.ndarray, params: dict[str, Any]) -> Tensor:
     t = record(spec, (x,), out, params=params)
-    if out is x.data or (out.base is not None and np.may_share_memory(out, x.data)):
+    if out is x._data or (out.base is not None and np.may_share_memory(out, x._data)):
         # a numpy view (not a copy that numpy made): share the version counter
         t._version_counter = x._version_counter
         base = t._base = x if x._base is None else x._base
-        if t.grad_fn is not None and base.grad_fn is not None:
-            base._register_view(t)  # in-place ops on the base re-point this view's grad_fn
+        if (t.grad_fn is not None and base.grad_fn is not None) or not base._requires_grad:
+            # in-place ops on the base re-point this view's grad_fn (a view of a plain
+            # tensor joins the graph when a recorded in-place op changes the tensor);
+            # Tensor._register_view, inlined: t is new, so it cannot be registered yet
+            views = base._views
+            if views is None:
+                base._views = [_weakref(t)]
+            else:
+                _append_view(views, t)
     return t
 
 
@@ -465,7 +475,6 @@ def reshape(x: Tensor, shape: Sequence[int]) -> Tensor:
     except ValueError:
         raise RuntimeError(f"shape '{list(shape)}' is invalid for input of size {x.data.size}") from None
     return _view(x, S.view, out, {"shape": x.shape})
-
 
 
 def flatten(x: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
@@ -673,6 +682,7 @@ mm = matmul
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``x @ weight.T + bias`` as one node."""
     x = _tensor(x)
+    _check_linear_dtypes(x, weight, bias)
     if x.shape[-1] != weight.shape[-1]:
         raise RuntimeError(
             f"mat1 and mat2 shapes cannot be multiplied ({'x'.join(map(str, x.shape))} and "
@@ -681,6 +691,28 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     if bias is None:
         return record(L.linear_nobias, (x, weight), L._linear(x.data, weight.data))
     return record(L.linear, (x, weight, bias), L._linear(x.data, weight.data, bias.data))
+
+
+def _check_linear_dtypes(x: Tensor, weight: Tensor, bias: Tensor | None) -> None:
+    """PyTorch raises where numpy would promote (a float32 layer given float64 or int64
+    input must not silently compute in float64); its messages differ with and without bias."""
+    xd, wd = x.data.dtype, weight.data.dtype
+    if bias is None:
+        if xd != wd:
+            raise RuntimeError(
+                "expected m1 and m2 to have the same dtype, but got: "
+                f"{_scalar_type_name(xd, c_name=True)} != {_scalar_type_name(wd, c_name=True)}"
+            )
+        return
+    if xd != wd:
+        raise RuntimeError(
+            f"mat1 and mat2 must have the same dtype, but got {_scalar_type_name(xd)} and {_scalar_type_name(wd)}"
+        )
+    bd = bias.data.dtype
+    if bd != wd:
+        raise RuntimeError(
+            f"self and mat2 must have the same dtype, but got {_scalar_type_name(bd)} and {_scalar_type_name(wd)}"
+        )
 
 
 # --- nn ------------------------------------------------------------------------------------
@@ -804,8 +836,8 @@ def _multi_view(x: Tensor, node_name: str, dim: int, indices: Sequence[Any]) -> 
     for t in views:
         t._version_counter = x._version_counter
         t._base = base
-        if t.grad_fn is not None and base.grad_fn is not None:
-            base._register_view(t)  # in-place ops on the base re-point this view's grad_fn
+        if (t.grad_fn is not None and base.grad_fn is not None) or not base._requires_grad:
+            base._register_view(t)  # in-place ops on the base re-point this view's grad_fn (as _view)
     return tuple(views)
 
 

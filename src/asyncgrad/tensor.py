@@ -7,7 +7,7 @@ are thin delegations so that ``x.exp()`` and ``ag.exp(x)`` are the same code.
 from __future__ import annotations
 
 import builtins
-import functools
+import operator
 import warnings
 import weakref
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -40,17 +40,33 @@ class VersionCounter:
         self.value = 0
 
 
+def _set_data(self: Tensor, value: Any) -> None:
+    """``x.data = y``, as in PyTorch: x keeps its identity, graph place, ``.grad`` and
+    version counter and takes y's storage (shape and dtype included); a later in-place
+    change of x is one of y too. ``y`` is a Tensor or an ndarray."""
+    if isinstance(value, Tensor):
+        arr = value._data
+    elif isinstance(value, np.ndarray):
+        arr = value
+    else:
+        raise TypeError(f"Variable data has to be a tensor, but got {type(value).__name__}")
+    old = self._data
+    self._data = arr
+    self._saved = None  # a cached SavedTensor describes the old storage
+    if arr.shape != old.shape or arr.dtype != old.dtype:
+        self._acc_ref = None  # AccumulateGrad checks gradients against the old metadata
+
+
 class Tensor:
     """An n-dimensional array that records the operations applied to it for autograd."""
 
-    __slots__ = ("data", "_requires_grad", "grad_fn", "output_nr", "_grad", "_version_counter",
+    __slots__ = ("_data", "_requires_grad", "grad_fn", "output_nr", "_grad", "_version_counter",
                  "_base", "_hooks", "_post_acc_hooks", "_retains_grad", "_acc_ref", "_views",
                  "_saved", "__weakref__")
     # numpy must defer to our reflected operators (ndarray * Tensor -> Tensor.__rmul__)
     __array_ufunc__ = None
 
-    data: np.ndarray
-    """The numpy array holding the values (changes made through it are not tracked)."""
+    _data: np.ndarray  # the array; ``data`` reads it (see the property below)
     grad_fn: Node | None
     """The node of the operation that produced this tensor (None for a leaf)."""
     output_nr: int
@@ -64,7 +80,7 @@ class Tensor:
     _retains_grad: bool
     _acc_ref: Any
     _saved: Any  # the SavedTensor last made of this tensor, shared while it stays valid
-    _views: dict[int, weakref.ref[Tensor]] | None  # live recording views of a non-leaf base
+    _views: list[weakref.ref[Tensor]] | None  # views to re-point after an in-place op (see _register_view)
 
     def __init__(self, data: Any, *, dtype: Any = None, requires_grad: bool = False) -> None:
         arr = data.data if isinstance(data, Tensor) else as_array(data, dtype)
@@ -92,20 +108,25 @@ class Tensor:
         return t
 
     # --- attributes -------------------------------------------------------------------
+    #: The underlying ndarray (API.md §1; ``numpy()`` returns the same array). Reading is
+    #: a C-level attribute getter; assigning goes through ``_set_data`` (PyTorch's
+    #: ``x.data = y``: x takes y's storage).
+    data = property(operator.attrgetter("_data"), _set_data, doc="The underlying ndarray.")
+
     @property
     def shape(self) -> tuple[int, ...]:
         """The size of each dimension, as a tuple of ints (``torch.Size`` in PyTorch)."""
-        return self.data.shape
+        return self._data.shape
 
     @property
     def dtype(self) -> np.dtype:
         """The element type, a numpy dtype (``ag.float32``, ``ag.int64``, ...)."""
-        return self.data.dtype
+        return self._data.dtype
 
     @property
     def ndim(self) -> int:
         """The number of dimensions."""
-        return self.data.ndim
+        return self._data.ndim
 
     @property
     def device(self) -> _device.device:
@@ -171,6 +192,8 @@ class Tensor:
         if value is not None:
             if not isinstance(value, Tensor):
                 raise TypeError(f"assigned grad expected to be a Tensor or None but got {type(value).__name__}")
+            if value is self:  # the next backward would accumulate into x's own values
+                raise RuntimeError("can't assign Variable as its own grad")
             if value.shape != self.shape:
                 raise RuntimeError(
                     f"attempting to assign a gradient of size '{list(value.shape)}' to a tensor of "
@@ -368,7 +391,10 @@ class Tensor:
         base = self._base
         if base is not None and self.grad_fn is not None:
             _check_multi_output_view(self)
-        if base is not None and base._requires_grad and base.grad_fn is None:
+        # PyTorch's check: the view requires grad and its base is a leaf (the base itself
+        # need not require grad: ``y = x.view(2); y.requires_grad_()`` makes y a leaf that
+        # views x, and an in-place op on a view of y, recorded on x, would bypass y)
+        if base is not None and base.grad_fn is None and (base._requires_grad or self._requires_grad):
             raise RuntimeError(
                 "a view of a leaf Variable that requires grad is being used in an in-place operation."
             )
@@ -392,6 +418,9 @@ class Tensor:
             self._requires_grad or any(isinstance(a, Tensor) and a._requires_grad for a in args)
         )
         if not records:
+            if out_of_place is F.index_put and not self.data.flags.writeable:
+                _write_region(self, args[0], args[1])  # e.g. one element of an expand()ed tensor
+                return self
             from .grad_mode import no_grad
 
             with no_grad():
@@ -454,14 +483,23 @@ class Tensor:
         return self
 
     def _register_view(self, view: Tensor) -> None:
-        """Remember a recording view of this (non-leaf) base, to re-point its grad_fn when
-        an in-place op rebases the base (PyTorch regenerates a view's grad_fn likewise)."""
+        """Remember a view of this base, to re-point its grad_fn when an in-place op
+        rebases the base (PyTorch regenerates a view's grad_fn likewise): views of a
+        non-leaf base, and views of a plain tensor (which join the graph when the tensor
+        is changed in place by a recorded op, ``x.add_(r)``).
+
+        The registry is a list of weak references, so registering a view costs one
+        weakref and an append (``functional._view`` inlines that for new views): dead
+        views are not removed one by one (a weakref callback per view costs more than
+        the view op) but pruned when the list's length reaches a power of two, and a view
+        is registered once (``_apply_inplace_to_view`` registers again: checked here)."""
         views = self._views
         if views is None:
-            views = self._views = {}
-        key = id(view)
-        if key not in views:  # (a WeakSet would compare tensors with ==, which is elementwise)
-            views[key] = weakref.ref(view, functools.partial(_forget_view, weakref.ref(self), key))
+            self._views = [weakref.ref(view)]
+            return
+        if any(ref() is view for ref in views):
+            return
+        _append_view(views, view)
 
     def _regenerate_views(self, skip: Tensor | None) -> None:
         """After this base was rebased: make every other live view read the new base."""
@@ -469,7 +507,7 @@ class Tensor:
             return
         from .grad_mode import enable_grad
 
-        for ref in list(self._views.values()):
+        for ref in list(self._views):
             view = ref()
             if view is None or view is skip or view._base is not self:
                 continue
@@ -498,7 +536,33 @@ class Tensor:
     def __abs__(self) -> Tensor: return F.abs(self)
     def __getitem__(self, index: Any) -> Tensor: return F.getitem(self, index)
     def __setitem__(self, index: Any, value: Any) -> None:
+        if self._base is not None and _overlaps(self._data):
+            # An expanded view: several elements share memory, but the indexed ones may
+            # not (``g[0] = 0``, allowed in PyTorch). Write through the view of just them.
+            self._setitem_through_subview(index, value)
+            return
         self._apply_inplace(F.index_put, index, value)
+
+    def _setitem_through_subview(self, index: Any, value: Any) -> None:
+        records = _context.grad_enabled.get() and (
+            self._requires_grad or (isinstance(value, Tensor) and value._requires_grad))
+        if not records:
+            self._check_inplace()
+            _write_region(self, index, value)
+            return
+        idx, basic = F._normalise_index(index)
+        if not basic:
+            raise RuntimeError(_OVERLAP_ERROR)
+        base = self._base
+        assert base is not None
+        sub = F.getitem(self, idx)  # a view of the base (the same memory)
+        sub._apply_inplace(F.index_put, Ellipsis, value)  # recorded on the base (CopySlices)
+        where = _view_index(self._data, base._data, writable=False)
+        if where is not None:  # this view now reads the new base
+            from .grad_mode import enable_grad
+
+            with enable_grad():
+                self._rebase(F.getitem(base, where).grad_fn)
 
     def __iadd__(self, other: Any) -> Tensor: return self._apply_inplace(F.add, other)
     def __isub__(self, other: Any) -> Tensor: return self._apply_inplace(F.sub, other)
@@ -878,7 +942,7 @@ class Tensor:
 
 def _init(t: Tensor, arr: np.ndarray, node: Node | None, output_nr: int,
           version: VersionCounter | None) -> None:
-    t.data = arr
+    t._data = arr
     t._requires_grad = False
     t.grad_fn = node
     t.output_nr = output_nr
@@ -906,11 +970,14 @@ def _check_multi_output_view(view: Tensor) -> None:
         )
 
 
-def _forget_view(base_ref: weakref.ref[Tensor], key: int, _ref: Any) -> None:
-    """A registered view died: drop it from its base's registry (no reference cycle)."""
-    base = base_ref()
-    if base is not None and base._views is not None:
-        base._views.pop(key, None)
+def _append_view(views: list[weakref.ref[Tensor]], view: Tensor) -> None:
+    """Append ``view`` to a base's registry, first dropping dead entries when the length
+    is a power of two (at least 16): amortised O(1), and the list stays within twice the
+    live views."""
+    n = len(views)
+    if n >= 16 and not n & (n - 1):
+        views[:] = [ref for ref in views if ref() is not None]
+    views.append(weakref.ref(view))
 
 
 def _rebuild_leaf(data: np.ndarray, requires_grad: bool) -> Tensor:
@@ -920,9 +987,53 @@ def _rebuild_leaf(data: np.ndarray, requires_grad: bool) -> Tensor:
     return t
 
 
+_OVERLAP_ERROR = (
+    "unsupported operation: more than one element of the written-to tensor refers to a single "
+    "memory location. Please clone() the tensor before performing the operation."
+)
+
+
+def _overlaps(arr: np.ndarray) -> bool:
+    """Whether several elements of ``arr`` share memory (an expanded tensor's zero strides)."""
+    return any(stride == 0 and n > 1 for n, stride in zip(arr.shape, arr.strides))
+
+
+def _writable_alias(arr: np.ndarray) -> np.ndarray:
+    """A writable array over ``arr``'s memory. numpy marks broadcast views (``expand``)
+    read-only, where PyTorch lets a write go to the shared storage; refuses when the
+    memory itself is read-only (e.g. ``from_numpy`` of a read-only array)."""
+    root = arr
+    while isinstance(root.base, np.ndarray):
+        root = root.base
+    if root.flags.writeable:
+        offset = arr.__array_interface__["data"][0] - root.__array_interface__["data"][0]
+        try:
+            return np.ndarray(arr.shape, arr.dtype, buffer=root, offset=offset, strides=arr.strides)
+        except (TypeError, ValueError):
+            pass
+    raise RuntimeError("cannot write into this tensor: its memory is read-only")
+
+
+def _write_region(t: Tensor, index: Any, value: Any) -> None:
+    """``t[index] = value`` for a tensor whose array numpy made read-only (a broadcast
+    view) and that is not recorded: writes the indexed elements alone, allowed as in
+    PyTorch unless several of them share one memory location."""
+    idx, basic = F._normalise_index(index)
+    target = _writable_alias(t.data)
+    if not basic or _overlaps(target[idx]):
+        raise RuntimeError(_OVERLAP_ERROR)
+    target[idx] = value.data if isinstance(value, Tensor) else value
+    t._version_counter.value += 1
+
+
 def _write_into(t: Tensor, value: np.ndarray) -> None:
+    target = t._data
+    if not target.flags.writeable:  # a (part of a) broadcast view: see _writable_alias
+        if _overlaps(target):
+            raise RuntimeError(_OVERLAP_ERROR)
+        target = _writable_alias(target)
     try:
-        np.copyto(t.data, value, casting="same_kind")
+        np.copyto(target, value, casting="same_kind")
     except TypeError as e:
         raise RuntimeError(
             f"result type {value.dtype} can't be cast to the desired output type {t.data.dtype}"

@@ -111,7 +111,12 @@ class AnomalyMode:
         error.add_note(note)
         level = _caller_stacklevel()
         for part in parts:
-            warnings.warn(part, UserWarning, stacklevel=level)
+            try:
+                warnings.warn(part, UserWarning, stacklevel=level)
+            except Warning:
+                # Warnings are turned into errors: the original error must still be the
+                # one raised, so the report goes to stderr instead (as PyTorch does).
+                sys.stderr.write(f"UserWarning: {part}\n")
 
 
 def _caller_stacklevel() -> int:

@@ -177,12 +177,34 @@ def _grad_results(task: GraphTask, inputs: tuple[Tensor, ...], allow_unused: boo
     return tuple(results)
 
 
+# A ``saved_tensors_hooks`` block entered while a backward runs (e.g. inside an unpack
+# hook, which runs in the caller's context) must end with that backward, as in PyTorch:
+# each entry point restores the caller's stack of hooks when the backward returns.
+_saved_hooks = _context.saved_tensors_hooks
+
+
+async def _execute(task: GraphTask) -> None:
+    token = _saved_hooks.set(_saved_hooks.get())
+    try:
+        await task.engine.execute(task)
+    finally:
+        _saved_hooks.reset(token)
+
+
+def _execute_sync(task: GraphTask) -> None:
+    token = _saved_hooks.set(_saved_hooks.get())
+    try:
+        task.engine.execute_sync(task)
+    finally:
+        _saved_hooks.reset(token)
+
+
 async def backward(tensors: Any, grad_tensors: Any = None, *, retain_graph: bool | None = None,
                    create_graph: bool = False, inputs: Any = None) -> None:
     """Accumulate the gradients of ``tensors`` into ``.grad`` of the leaves (and of
     tensors that ``retain_grad()``), committing only if the whole backward succeeds."""
     task = _prepare_backward(tensors, grad_tensors, retain_graph, create_graph, inputs)
-    await task.engine.execute(task)
+    await _execute(task)
 
 
 async def grad(outputs: Any, inputs: Any, grad_outputs: Any = None, *,
@@ -192,7 +214,7 @@ async def grad(outputs: Any, inputs: Any, grad_outputs: Any = None, *,
     """The gradients of ``outputs`` with respect to ``inputs``; no ``.grad`` is touched."""
     task, ins, allow = _prepare_grad(outputs, inputs, grad_outputs, retain_graph, create_graph,
                                      allow_unused, materialize_grads)
-    await task.engine.execute(task)
+    await _execute(task)
     return _grad_results(task, ins, allow, materialize_grads, create_graph)
 
 
@@ -211,7 +233,7 @@ def backward_sync(tensors: Any, grad_tensors: Any = None, *, retain_graph: bool 
     a callback) it runs a nested (reentrant) backward on this thread."""
     _check_sync_allowed("backward_sync")
     task = _prepare_backward(tensors, grad_tensors, retain_graph, create_graph, inputs)
-    task.engine.execute_sync(task)
+    _execute_sync(task)
 
 
 def grad_sync(outputs: Any, inputs: Any, grad_outputs: Any = None, *,
@@ -222,7 +244,7 @@ def grad_sync(outputs: Any, inputs: Any, grad_outputs: Any = None, *,
     _check_sync_allowed("grad_sync")
     task, ins, allow = _prepare_grad(outputs, inputs, grad_outputs, retain_graph, create_graph,
                                      allow_unused, materialize_grads)
-    task.engine.execute_sync(task)
+    _execute_sync(task)
     return _grad_results(task, ins, allow, materialize_grads, create_graph)
 
 

@@ -44,7 +44,7 @@ import numpy as np
 
 from .. import _context
 from ..tensor import Tensor
-from .graph import FREED_MESSAGE, NO_EDGE, Edge, Node
+from .graph import FREED_MESSAGE, NO_EDGE, Edge, Node, SavedTensor
 from .graph import save_for_backward as _save
 
 __all__ = ["Function", "FunctionCtx", "FunctionNode", "once_differentiable"]
@@ -66,6 +66,10 @@ _DIRTY_NOT_RETURNED = (
     "Some elements marked as dirty during the forward method were not returned as output. "
     "The inputs that are modified inplace must all be outputs of the Function."
 )
+_DIRTY_NOT_INPUT = (
+    "ctx.mark_dirty() received a tensor that was not an input. Only input Tensors that have "
+    "been mutated should be passed to ctx.mark_dirty()."
+)
 ONCE_DIFFERENTIABLE_ERROR = (
     "trying to differentiate twice a function that was marked with @once_differentiable"
 )
@@ -83,8 +87,11 @@ class FunctionCtx:
         self._to_save: tuple[Tensor | None, ...] = ()
         self._dirty: tuple[Tensor, ...] = ()
         self._non_differentiable: tuple[Tensor, ...] = ()
-        # after apply: one saved entry (graph.save_for_backward's result) or None per value
+        # after apply: one saved entry (graph.save_for_backward's result) or None per value,
+        # and the Tensor object itself for a saved input or intermediate (not an output:
+        # that would be a cycle through the node), which ``saved_tensors`` hands back
         self._saved: list[Any] | None = None
+        self._originals: list[Tensor | None] = []
         self._freed = False
         self._node_ref: weakref.ref[Node] | None = None
 
@@ -107,7 +114,16 @@ class FunctionCtx:
         if self._saved is None:  # no node was built (or still inside forward)
             return tuple(self._to_save)
         node = self._node_ref() if self._node_ref is not None else None
-        return tuple(None if s is None else s.unpack_tensor(node) for s in self._saved)
+        out: list[Tensor | None] = []
+        for s, original in zip(self._saved, self._originals):
+            if s is None:
+                out.append(None)
+            elif original is not None:  # the same object, as PyTorch returns it
+                s.unpack_array(node)  # (the in-place modification check)
+                out.append(original)
+            else:
+                out.append(s.unpack_tensor(node))
+        return tuple(out)
 
     def mark_dirty(self, *tensors: Tensor) -> None:
         """Declare inputs that ``forward`` modified in place (they must be returned)."""
@@ -124,6 +140,7 @@ class FunctionCtx:
 
     def _release(self) -> None:
         self._saved = None
+        self._originals = []
         self._to_save = ()
         self._freed = True
 
@@ -347,20 +364,24 @@ def _wrap_outputs(cls: type[Function], ctx: FunctionCtx, args: tuple[Any, ...],
     input_ids = {id(a) for a in args if isinstance(a, Tensor)}
     for t in ctx._dirty:
         if id(t) not in input_ids:
-            warnings.warn(
-                "ctx.mark_dirty() received a tensor that was not an input. Only input Tensors "
-                "that have been mutated should be passed to ctx.mark_dirty().", UserWarning,
-                stacklevel=3,
-            )
+            if t._base is not None:  # a view of an intermediate: PyTorch raises
+                raise RuntimeError(_DIRTY_NOT_INPUT)
+            warnings.warn(_DIRTY_NOT_INPUT, UserWarning, stacklevel=3)
+    for t in ctx._dirty:
         t._version_counter.value += 1  # PyTorch's _mark_dirty bumps the version
+    # ctx must not keep the tensors it was told about: a dirty tensor's grad_fn becomes
+    # the node, which holds ctx (a reference cycle that only gc.collect() would free)
+    ctx._dirty = ()
+    non_differentiable, ctx._non_differentiable = ctx._non_differentiable, ()
     if not executable:
-        for t in ctx._non_differentiable:
+        for t in non_differentiable:
             if isinstance(t, Tensor) and t.grad_fn is None and id(t) not in input_ids:
                 t._requires_grad = False
         return output
 
     node = cls._backward_cls(edges, ctx)
-    non_diff_ids = {id(t) for t in ctx._non_differentiable}
+    non_diff_ids = {id(t) for t in non_differentiable}
+    dirty_views: list[Tensor] = []
     new_outputs: list[Any] = []
     meta: list[tuple[tuple[int, ...], np.dtype] | None] = []
     non_diff: set[int] = set()
@@ -380,6 +401,8 @@ def _wrap_outputs(cls: type[Function], ctx: FunctionCtx, args: tuple[Any, ...],
             new = o if (o.grad_fn is None and not o._requires_grad) else _alias(o, None, 0)
         elif id(o) in dirty_ids:
             _rebase_dirty(o, node, i)
+            if o._base is not None:
+                dirty_views.append(o)
             new = o
         elif id(o) in input_ids or o.grad_fn is not None or o._requires_grad:
             new = _alias(o, node, i)  # an input returned as-is: a new view with our grad_fn
@@ -399,19 +422,25 @@ def _wrap_outputs(cls: type[Function], ctx: FunctionCtx, args: tuple[Any, ...],
     node.input_shapes = tuple(a.data.shape if r else None for a, r in zip(args, requires))
     node.input_dtypes = tuple(a.data.dtype if r else None for a, r in zip(args, requires))
     saved: list[Any] = []
+    originals: list[Tensor | None] = []
     work = sum(a.data.size for a in args if isinstance(a, Tensor))
     work += sum(int(np.prod(m[0])) for m in meta if m is not None)
     for value in ctx._to_save:
         if value is None:
             saved.append(None)
+            originals.append(None)
             continue
         nr = output_nr.get(id(value))
         if nr is not None and new_outputs[nr].grad_fn is node:
             saved.append(_save(new_outputs[nr], True))  # no output -> node -> output cycle
+            originals.append(None)
         else:
-            saved.append(_save(value))
+            entry = _save(value)
+            saved.append(entry)
+            originals.append(value if type(entry) is SavedTensor else None)
         work += value.data.size
     ctx._saved = saved
+    ctx._originals = originals
     ctx._to_save = ()
     ctx._node_ref = weakref.ref(node)
     node.work = work
@@ -419,6 +448,8 @@ def _wrap_outputs(cls: type[Function], ctx: FunctionCtx, args: tuple[Any, ...],
         from .anomaly_mode import record_forward_trace
 
         record_forward_trace(node)
+    for view in dirty_views:  # (after saving: a saved dirty view is saved as an output)
+        _record_on_base(view)
     return tuple(new_outputs) if is_tuple else new_outputs[0]
 
 
@@ -434,7 +465,7 @@ def _rebase_dirty(t: Tensor, node: Node, output_nr: int) -> None:
     if t.grad_fn is None and t._requires_grad:
         raise RuntimeError("a leaf Variable that requires grad has been used in an in-place operation.")
     base = t._base
-    if base is not None and base._requires_grad and base.grad_fn is None:
+    if base is not None and base.grad_fn is None and (base._requires_grad or t._requires_grad):
         raise RuntimeError(
             "a view of a leaf Variable that requires grad is being used in an in-place operation."
         )
@@ -446,6 +477,33 @@ def _rebase_dirty(t: Tensor, node: Node, output_nr: int) -> None:
         old_node._hooks.retains_grad.pop(old_nr, None)  # retain_grad follows the tensor
         t._retains_grad = False
         t.retain_grad()
+
+
+def _record_on_base(view: Tensor) -> None:
+    """A view that ``forward`` modified in place (marked dirty; its grad_fn is now the
+    Function's node): record the change on its base too, as PyTorch does. The base
+    becomes ``CopySlices(old base, the node's output)`` and the view a fresh view of the
+    new base, so gradients reaching the base (or other views of it) flow through the
+    Function's backward."""
+    from .. import functional as F
+    from ..grad_mode import enable_grad
+    from ..tensor import _view_index
+
+    base = view._base
+    assert base is not None
+    where = _view_index(view.data, base.data)
+    if where is None:
+        raise RuntimeError(
+            "asyncgrad cannot record an in-place operation on this view (its layout in the "
+            "base's memory is not supported); use an out-of-place operation or clone() it first."
+        )
+    out = Tensor._nonleaf(view.data, view.grad_fn, view.output_nr, None)
+    with enable_grad():
+        new_base = F.index_put(base._snapshot(), where, out, copy_slices=True)
+        base._rebase(new_base.grad_fn)
+        view._rebase(F.getitem(base, where).grad_fn)
+    base._register_view(view)
+    base._regenerate_views(skip=view)
 
 
 # --------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import numpy as np
 from ..grad_mode import enable_grad, no_grad
 from ..tensor import Tensor
 from .engine import _run_on_fresh_thread, in_event_loop_thread
+from .graph import Node
 
 
 class GradcheckError(RuntimeError):
@@ -26,30 +27,57 @@ def _outputs(fn: Callable[..., Any], inputs: tuple[Any, ...]) -> tuple[Tensor, .
     return tuple(o for o in _as_tuple(fn(*inputs)) if isinstance(o, Tensor))
 
 
-def _numerical(fn: Callable[..., Any], inputs: tuple[Any, ...], i: int, eps: float) -> list[np.ndarray]:
-    """d outputs / d inputs[i] as one (out.size, in.size) matrix per output."""
+def _numerical(fn: Callable[..., Any], inputs: tuple[Any, ...], i: int, eps: float,
+               reference: tuple[Tensor, ...]) -> list[np.ndarray]:
+    """d outputs / d inputs[i] as one (out.size, in.size) matrix per output.
+
+    ``fn`` runs with the caller's grad mode (on, normally), as in PyTorch, so a function
+    that registers hooks on its intermediates works. Every perturbed evaluation must give
+    outputs of the same shapes and dtypes as ``reference`` (else the differences mean
+    nothing)."""
     x = inputs[i].data
     flat = x.reshape(-1)
     cols: list[list[np.ndarray]] = []
     for j in range(flat.size):
         orig = flat[j]
         flat[j] = orig + eps
-        with no_grad():
-            plus = [o.data.astype(np.float64).ravel().copy() for o in _outputs(fn, inputs)]
-        flat[j] = orig - eps
-        with no_grad():
-            minus = [o.data.astype(np.float64).ravel().copy() for o in _outputs(fn, inputs)]
-        flat[j] = orig
+        try:
+            plus = _perturbed(fn, inputs, reference, i, eps)
+            flat[j] = orig - eps
+            minus = _perturbed(fn, inputs, reference, i, -eps)
+        finally:
+            flat[j] = orig
         cols.append([(p - m) / (2 * eps) for p, m in zip(plus, minus)])
-    n_out = len(_outputs(fn, inputs))
-    return [np.stack([c[k] for c in cols], axis=1) if cols else np.zeros((0, 0)) for k in range(n_out)]
+    return [np.stack([c[k] for c in cols], axis=1) if cols else np.zeros((0, 0))
+            for k in range(len(reference))]
 
 
-def _analytical(fn: Callable[..., Any], inputs: tuple[Any, ...], diff: list[int]) -> list[list[np.ndarray]]:
+def _perturbed(fn: Callable[..., Any], inputs: tuple[Any, ...], reference: tuple[Tensor, ...],
+               i: int, eps: float) -> list[np.ndarray]:
+    outs = _outputs(fn, inputs)
+    if len(outs) != len(reference):
+        raise GradcheckError(
+            f"Expected `func` to return the same number of outputs when inputs are perturbed on "
+            f"index {i} by {eps}, but got {len(outs)} and {len(reference)}."
+        )
+    for o, ref in zip(outs, reference):
+        if o.shape != ref.shape:
+            raise GradcheckError(
+                "Expected `func` to return outputs with the same shape when inputs are perturbed "
+                f"on index {i} by {eps}, but got: shapes {list(ref.shape)} and {list(o.shape)}."
+            )
+        if o.dtype != ref.dtype:
+            raise GradcheckError(
+                "Expected `func` to return outputs with the same dtype when inputs are perturbed "
+                f"on index {i} by {eps}, but got: dtypes {ref.dtype} and {o.dtype}."
+            )
+    return [o.data.astype(np.float64).ravel().copy() for o in outs]
+
+
+def _analytical(outs: tuple[Tensor, ...], inputs: tuple[Any, ...], diff: list[int]) -> list[list[np.ndarray]]:
     """[output k][input i] Jacobian blocks, one vector-Jacobian product per output element."""
     from .api import grad_sync
 
-    outs = _outputs(fn, inputs)
     blocks: list[list[np.ndarray]] = []
     for o in outs:
         rows: list[list[np.ndarray]] = [[] for _ in diff]
@@ -69,8 +97,15 @@ def _analytical(fn: Callable[..., Any], inputs: tuple[Any, ...], diff: list[int]
     return blocks
 
 
+_NONDET_MESSAGE = (
+    "Backward is not reentrant, i.e., running backward with same input and grad_output "
+    "multiple times gives different values, although analytical gradient matches numerical "
+    "gradient. The tolerance for nondeterminism was {tol}."
+)
+
+
 def _check(fn: Callable[..., Any], inputs: tuple[Any, ...], eps: float, atol: float, rtol: float,
-           raise_exception: bool) -> bool:
+           raise_exception: bool, nondet_tol: float = 0.0, check_undefined_grad: bool = True) -> bool:
     diff = [i for i, t in enumerate(inputs) if isinstance(t, Tensor) and t.requires_grad]
     for i in diff:
         if inputs[i].dtype != np.float64:
@@ -78,15 +113,83 @@ def _check(fn: Callable[..., Any], inputs: tuple[Any, ...], eps: float, atol: fl
 
             warnings.warn(f"Input #{i} requires gradient and is not a double precision floating "
                           "point. gradcheck is only reliable in float64.", UserWarning, stacklevel=3)
-    analytical = _analytical(fn, inputs, diff)
+    outs = _outputs(fn, inputs)
+    analytical = _analytical(outs, inputs, diff)
+    # PyTorch computes every vector-Jacobian product twice: a backward that gives different
+    # values for the same input and grad_output is reported even when it matches
+    again = _analytical(outs, inputs, diff)
+    for blocks, blocks2 in zip(analytical, again):
+        for a, b in zip(blocks, blocks2):
+            if a.size and np.abs(a - b).max() > nondet_tol:
+                if not raise_exception:
+                    return False
+                raise GradcheckError(_NONDET_MESSAGE.format(tol=nondet_tol))
     for r, i in enumerate(diff):
-        numerical = _numerical(fn, inputs, i, eps)
+        numerical = _numerical(fn, inputs, i, eps, outs)
         for k, (num, blocks) in enumerate(zip(numerical, analytical)):
             ana = blocks[r]
             if not np.allclose(ana, num, rtol=rtol, atol=atol):
                 if not raise_exception:
                     return False
                 raise GradcheckError(_mismatch_message(k, i, num, ana, atol, rtol))
+    if check_undefined_grad and diff:
+        return _check_undefined_grad(fn, inputs, diff, raise_exception)
+    return True
+
+
+class UndefinedGradBackward(Node):
+    """PyTorch's ``UndefinedGrad``: an identity in forward whose backward hands an
+    undefined (None) gradient on, to check that backward functions accept one."""
+
+    __slots__ = ("input_shapes", "input_dtypes")
+
+    def __init__(self, t: Tensor) -> None:
+        super().__init__((t._gradient_edge(),))
+        self.input_shapes = (t.shape,)
+        self.input_dtypes = (t.dtype,)
+
+    def apply(self, grads: list[Any], m: Any) -> list[Any]:
+        return [None]
+
+
+def _undefined_grad(t: Tensor) -> Tensor:
+    return Tensor._nonleaf(t.data, UndefinedGradBackward(t), 0, None)
+
+
+def _check_undefined_grad(fn: Callable[..., Any], inputs: tuple[Any, ...], diff: list[int],
+                          raise_exception: bool) -> bool:
+    """``check_undefined_grad``: with undefined gradients for every output (then for one
+    at a time), backward must run, and give None or zeros for every input."""
+    from .api import grad_sync
+
+    def differentiable() -> list[Tensor]:
+        return [o for o in _outputs(fn, inputs) if o.requires_grad]
+
+    cases = [[_undefined_grad(o) for o in differentiable()]]
+    if len(cases[0]) > 1:
+        for k in range(len(cases[0])):
+            cases.append([_undefined_grad(o) if j == k else o for j, o in enumerate(differentiable())])
+    for outs in cases:
+        if not outs:
+            continue
+        zeros = [Tensor._wrap(np.zeros_like(o.data)) for o in outs]
+        try:
+            grads = grad_sync(outs, [inputs[i] for i in diff], zeros, allow_unused=True)
+        except RuntimeError as e:
+            if not raise_exception:
+                return False
+            raise GradcheckError(
+                "Expected backward function to handle undefined output grads. Please look at "
+                '"Notes about undefined output gradients" in "tools/autograd/derivatives.yaml"'
+            ) from e
+        if any(g is not None and np.any(g.data != 0) for g in grads):
+            if not raise_exception:
+                return False
+            raise GradcheckError(
+                "Expected all input grads to be undefined or zero when all output grads are "
+                'undefined or zero. Please look at "Notes about undefined output gradients" in '
+                '"tools/autograd/derivatives.yaml"'
+            )
     return True
 
 
@@ -109,21 +212,29 @@ def _mismatch_message(k: int, i: int, num: np.ndarray, ana: np.ndarray, atol: fl
 
 
 def gradcheck(fn: Callable[..., Any], inputs: Any, *, eps: float = 1e-6, atol: float = 1e-5,
-              rtol: float = 1e-3, raise_exception: bool = True) -> bool:
+              rtol: float = 1e-3, raise_exception: bool = True, nondet_tol: float = 0.0,
+              check_undefined_grad: bool = True) -> bool:
     """Check the gradients of ``fn`` at ``inputs`` against finite differences.
 
     Returns True, or raises :class:`GradcheckError` (False with ``raise_exception=False``).
-    Works from synchronous code and from inside a running event loop.
+    As in PyTorch, every vector-Jacobian product is computed twice and may differ by at
+    most ``nondet_tol``; with ``check_undefined_grad``, backward must also accept
+    undefined (None) output gradients and give None or zeros for them. ``fn`` must return
+    outputs of the same shapes and dtypes when its inputs are perturbed (else
+    :class:`GradcheckError`, whatever ``raise_exception``). Works from synchronous code
+    and from inside a running event loop.
     """
     ins = _as_tuple(inputs)
+    args = (fn, ins, eps, atol, rtol, raise_exception, nondet_tol, check_undefined_grad)
     if in_event_loop_thread():
-        return bool(_run_on_fresh_thread(_check, fn, ins, eps, atol, rtol, raise_exception))
-    return _check(fn, ins, eps, atol, rtol, raise_exception)
+        return bool(_run_on_fresh_thread(_check, *args))
+    return _check(*args)
 
 
 def gradgradcheck(fn: Callable[..., Any], inputs: Any, grad_outputs: Sequence[Tensor] | None = None, *,
                   eps: float = 1e-6, atol: float = 1e-5, rtol: float = 1e-3,
-                  raise_exception: bool = True, seed: int = 0) -> bool:
+                  raise_exception: bool = True, seed: int = 0, nondet_tol: float = 0.0,
+                  check_undefined_grad: bool = True) -> bool:
     """Check second derivatives: gradcheck of the vector-Jacobian product of ``fn``."""
     from .api import grad_sync
 
@@ -146,7 +257,7 @@ def gradgradcheck(fn: Callable[..., Any], inputs: Any, grad_outputs: Sequence[Te
                               allow_unused=True, materialize_grads=True)
         return tuple(g for g in grads if g is not None)
 
-    args = ins + gos
+    checked = (vjp, ins + gos, eps, atol, rtol, raise_exception, nondet_tol, check_undefined_grad)
     if in_event_loop_thread():
-        return bool(_run_on_fresh_thread(_check, vjp, args, eps, atol, rtol, raise_exception))
-    return _check(vjp, args, eps, atol, rtol, raise_exception)
+        return bool(_run_on_fresh_thread(_check, *checked))
+    return _check(*checked)

@@ -145,7 +145,32 @@ class Node:
         return f"<{self.name()} object at {id(self):#x}>"
 
     def __call__(self, *grads: Any) -> Any:
-        raise RuntimeError("call backward through asyncgrad.backward / asyncgrad.grad")
+        """Run this backward function directly, outside any backward (PyTorch's
+        ``node(grad)``): one gradient (Tensor or None) per forward output in, the
+        gradients of the forward inputs out: a Tensor for a node with one input, else a
+        tuple (None where an input needs no gradient). Grad mode is the caller's, so with
+        it on (and a saved input that requires grad) the results are differentiable.
+        No hooks run, and a node whose saved tensors were freed raises."""
+        n = self.num_outputs
+        if len(grads) != n:
+            raise TypeError(f"expected {n} arguments, got {len(grads)} instead")
+        for g in grads:
+            if g is not None and not isinstance(g, _tensor_cls):
+                raise TypeError(f"expected Tensor or None as gradient, but got {type(g).__name__}")
+        from .._tensor_math import TENSOR_MATH
+        from ..ops._array_math import ARRAY_MATH
+        from .validation import validate_outputs
+
+        tensor_mode = _context.grad_enabled.get()
+        math = TENSOR_MATH if tensor_mode else ARRAY_MATH
+        inputs = [g if g is None or tensor_mode else g.data for g in grads]
+        try:
+            outputs = validate_outputs(self, self.apply(inputs, math))
+        except ValueError as e:  # numpy's broadcasting error for a wrong-shaped gradient
+            raise RuntimeError(str(e)) from None
+        results = tuple(None if g is None else g if isinstance(g, _tensor_cls) else _tensor_cls._wrap(np.asarray(g))
+                        for g in outputs)
+        return results[0] if len(results) == 1 else results
 
     # --- what the engine uses -------------------------------------------------------
     #: elements of work the node's kernel touches; large nodes run on worker threads
@@ -203,11 +228,32 @@ class AccumulateGrad(Node):
         super().__init__(())
         self.sequence_nr = ACCUMULATE_GRAD_SEQUENCE_NR
         self.variable = variable
-        self.input_shapes = (variable.data.shape,)
-        self.input_dtypes = (variable.data.dtype,)
+        self.input_shapes = (variable._data.shape,)
+        self.input_dtypes = (variable._data.dtype,)
 
     def name(self) -> str:
         return "AccumulateGrad"
+
+    def __call__(self, *grads: Any) -> Any:
+        """Accumulate ``grad`` into the leaf's ``.grad`` now (PyTorch's ``acc(grad)``);
+        returns ``()``. No hooks run."""
+        if len(grads) != 1:
+            raise TypeError(f"expected 1 arguments, got {len(grads)} instead")
+        g = grads[0]
+        if g is None:
+            return ()
+        if not isinstance(g, _tensor_cls):
+            raise TypeError(f"expected Tensor or None as gradient, but got {type(g).__name__}")
+        if g.shape != self.variable.shape:
+            raise RuntimeError(
+                f"Function AccumulateGrad returned an invalid gradient at index 0 - got "
+                f"{list(g.shape)} but expected shape compatible with {list(self.variable.shape)}"
+            )
+        from .graph_task import _COMMIT_LOCK, _accumulate
+
+        with _COMMIT_LOCK:
+            _accumulate(self.variable, g.data.copy(), _context.grad_enabled.get() and g._requires_grad)
+        return ()
 
     @staticmethod
     def for_leaf(leaf: Tensor) -> AccumulateGrad:
@@ -270,7 +316,7 @@ class SavedTensor:
     __slots__ = ("data", "version", "saved_version", "ref", "kind", "output_nr")
 
     def __init__(self, value: Tensor, is_output: bool = False) -> None:
-        self.data = value.data
+        self.data = value._data  # (the slot: Tensor.data is a property)
         self.version = value._version_counter
         self.saved_version = self.version.value
         self.output_nr = value.output_nr
@@ -366,7 +412,7 @@ def save_for_backward(value: Tensor, is_output: bool = False) -> SavedTensor | H
     if is_output:
         return SavedTensor(value, True)
     cached = value._saved
-    if cached is not None and cached.data is value.data and cached.ref is value.grad_fn \
+    if cached is not None and cached.data is value._data and cached.ref is value.grad_fn \
             and cached.saved_version == value._version_counter.value \
             and cached.kind == (_PLAIN if value.grad_fn is None else _NONLEAF) \
             and (value.grad_fn is not None or not value._requires_grad):
@@ -398,6 +444,19 @@ class saved_tensors_hooks:
 
     def __exit__(self, *exc: object) -> None:
         _context.saved_tensors_hooks.reset(self._tokens.pop())
+
+
+def increment_version(tensor: Any) -> None:
+    """Bump the version counter of ``tensor`` (or of each tensor of an iterable), as an
+    in-place operation would: a saved copy of it then raises when backward unpacks it.
+    For code that changes a tensor's memory behind autograd's back (through
+    ``numpy()``)."""
+    tensors = (tensor,) if isinstance(tensor, _tensor_cls) else tuple(tensor)
+    for t in tensors:
+        if not isinstance(t, _tensor_cls):
+            raise TypeError(f"increment_version expects Tensors, got {type(t).__name__}")
+    for t in tensors:
+        t._version_counter.value += 1
 
 
 def iter_graph(root: Node | None) -> Iterator[Node]:

@@ -14,22 +14,23 @@ from dataclasses import replace
 
 import numpy as np
 
+from ._quiet import quiet
 from ._spec import defop
 from ._special import erf as _erf
 
 _2_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
 
 
+@quiet  # 0 ** negative is masked out
 def _pow_base_rule(m, g, ans, x, y):  # type: ignore[no-untyped-def]
     # d/dx x**y = y * x**(y-1); zero when y == 0 (PyTorch's pow_backward)
-    with np.errstate(divide="ignore", invalid="ignore"):  # 0 ** negative is masked out
-        return m.where(y == 0, 0.0, g * y * x ** (y - 1))
+    return m.where(y == 0, 0.0, g * y * x ** (y - 1))
 
 
+@quiet  # log(0) is masked out
 def _pow_exponent_rule(m, g, ans, x, y):  # type: ignore[no-untyped-def]
     # d/dy x**y = x**y * log(x); zero where x == 0 and y >= 0 (PyTorch's pow_backward_exponent)
-    with np.errstate(divide="ignore", invalid="ignore"):  # log(0) is masked out
-        return m.where((x == 0) & (y >= 0), 0.0, g * ans * m.log(x))
+    return m.where((x == 0) & (y >= 0), 0.0, g * ans * m.log(x))
 
 
 def _sigmoid(x):  # type: ignore[no-untyped-def]
@@ -63,14 +64,16 @@ rsub = defop("RsubBackward1", np.subtract,  # ``scalar - tensor``, named as PyTo
 mul = defop("MulBackward0", np.multiply,
             lambda m, g, ans, x, y: g * y,
             lambda m, g, ans, x, y: g * x, save="x@1 y@0")
-div = defop("DivBackward0", np.true_divide,
-            lambda m, g, ans, x, y: g / y,
-            lambda m, g, ans, x, y: -g * x / (y * y), save="x@1 y")
-pow_scalar = defop("PowBackward0", np.power,
+# Kernels that can divide by zero, overflow or leave their domain are ``quiet``: PyTorch
+# returns inf/nan there without a warning, numpy warns (see _quiet.py).
+div = defop("DivBackward0", quiet(np.true_divide, 2),
+            quiet(lambda m, g, ans, x, y: g / y),
+            quiet(lambda m, g, ans, x, y: -g * x / (y * y)), save="x@1 y")
+pow_scalar = defop("PowBackward0", quiet(np.power, 2),
                    _pow_base_rule, None, save="x y")
-pow_tensor = defop("PowBackward1", np.power,
+pow_tensor = defop("PowBackward1", quiet(np.power, 2),
                    _pow_base_rule, _pow_exponent_rule, save="x y ans")
-rpow = defop("PowBackward2", np.power,
+rpow = defop("PowBackward2", quiet(np.power, 2),
              None, _pow_exponent_rule, save="x y ans")
 maximum = defop("MaximumBackward0", np.maximum,
                 lambda m, g, ans, x, y: m.where(x > y, g, m.where(x == y, g * 0.5, 0.0)),
@@ -87,9 +90,9 @@ where = defop("WhereBackward0", np.where,
 
 neg = defop("NegBackward0", np.negative, lambda m, g, ans, x: -g)
 abs_ = defop("AbsBackward0", np.abs, lambda m, g, ans, x: g * m.sign(x), save="x")
-exp = defop("ExpBackward0", np.exp, lambda m, g, ans, x: g * ans, save="ans")
-log = defop("LogBackward0", np.log, lambda m, g, ans, x: g / x, save="x")
-sqrt = defop("SqrtBackward0", np.sqrt, lambda m, g, ans, x: g / (2.0 * ans), save="ans")
+exp = defop("ExpBackward0", quiet(np.exp, 1), lambda m, g, ans, x: g * ans, save="ans")
+log = defop("LogBackward0", quiet(np.log, 1), quiet(lambda m, g, ans, x: g / x), save="x")
+sqrt = defop("SqrtBackward0", quiet(np.sqrt, 1), quiet(lambda m, g, ans, x: g / (2.0 * ans)), save="ans")
 sin = defop("SinBackward0", np.sin, lambda m, g, ans, x: g * m.cos(x), save="x")
 cos = defop("CosBackward0", np.cos, lambda m, g, ans, x: -g * m.sin(x), save="x")
 tanh = defop("TanhBackward0", np.tanh, lambda m, g, ans, x: g * (1.0 - ans * ans), save="ans")

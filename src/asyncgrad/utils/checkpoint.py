@@ -6,7 +6,8 @@ checkpoints each of ``segments`` chunks of a sequential model except the last on
 
 Two forms, as in PyTorch:
 
-* ``use_reentrant=True`` (the default). Forward keeps only ``fn``'s inputs (and the RNG
+* ``use_reentrant=True`` (used when ``use_reentrant`` is not passed, with PyTorch's
+  warning). Forward keeps only ``fn``'s inputs (and the RNG
   state). The ``CheckpointFunctionBackward`` node recomputes ``fn`` under ``enable_grad``
   and runs a nested (reentrant) backward through the recomputed graph (see Note
   [Checkpoint backward is async]). Like PyTorch it refuses ``grad()`` and
@@ -14,8 +15,10 @@ Two forms, as in PyTorch:
 * ``use_reentrant=False``. ``fn`` runs with grad mode on inside ``saved_tensors_hooks``
   whose pack hook keeps a tiny handle instead of each saved tensor. The first unpack in a
   backward recomputes ``fn`` once (under that backward's GraphTask) and hands out the
-  recomputed tensors (see Note [When recomputed values are dropped]). The graph is an
-  ordinary graph, so ``grad()``, ``inputs=`` and ``create_graph`` work.
+  recomputed tensors (see Note [When recomputed values are dropped]), stopping the
+  recomputation once every saved tensor is back (Note [Early stop]). The graph is an
+  ordinary graph, so ``grad()``, ``inputs=`` and ``create_graph`` work, and ``fn`` may
+  itself call ``ag.grad`` on what it computed.
 
 Note [Checkpoint hooks fire once]: both forms recompute ``fn`` once per backward and fire
 each parameter's hooks (tensor hooks, post-accumulate-grad hooks, AccumulateGrad node
@@ -75,7 +78,7 @@ from ..autograd.graph import (
 )
 from ..autograd.graph_task import GraphTask
 
-__all__ = ["checkpoint", "checkpoint_sequential"]
+__all__ = ["checkpoint", "checkpoint_sequential", "set_checkpoint_early_stop"]
 
 REENTRANT_GRAD_ERROR = (
     "When use_reentrant=True, asyncgrad.utils.checkpoint is incompatible with .grad() or "
@@ -84,26 +87,65 @@ REENTRANT_GRAD_ERROR = (
 )
 NO_OUTPUT_REQUIRES_GRAD = "none of output has requires_grad=True, this checkpoint() is not necessary"
 NO_INPUT_REQUIRES_GRAD = "None of the inputs have requires_grad=True. Gradients will be None"
+# PyTorch's texts (torch 2.13), with asyncgrad's module name
+USE_REENTRANT_WARNING = (
+    "asyncgrad.utils.checkpoint: the use_reentrant parameter should be passed explicitly. "
+    "Starting in PyTorch 2.9, calling checkpoint without use_reentrant will raise an exception. "
+    "use_reentrant=False is recommended, but if you need to preserve the current default "
+    "behavior, you can pass use_reentrant=True. Refer to docs for more details on the "
+    "differences between the two variants."
+)
+SEQUENTIAL_USE_REENTRANT_WARNING = (
+    "asyncgrad.utils.checkpoint.checkpoint_sequential: the use_reentrant parameter should be "
+    "passed explicitly. In version 2.9 we will raise an exception if use_reentrant is not "
+    "passed. use_reentrant=False is recommended, but if you need to preserve the current "
+    "default behavior, you can pass use_reentrant=True. Refer to docs for more details on the "
+    "differences between the two variants."
+)
 
 
-def checkpoint(fn: Callable[..., Any], *args: Any, use_reentrant: bool = True,
-               preserve_rng_state: bool = True, **kwargs: Any) -> Any:
+def checkpoint(fn: Callable[..., Any], *args: Any, use_reentrant: bool | None = None,
+               preserve_rng_state: bool = True, early_stop: bool = True, **kwargs: Any) -> Any:
     """``fn(*args, **kwargs)``, keeping only the inputs for backward, which recomputes
     ``fn`` (see the module docstring for the two forms). Non-tensor arguments and
-    results pass through unchanged. Under ``no_grad`` this is just ``fn(*args)``."""
+    results pass through unchanged. Under ``no_grad`` this is just ``fn(*args)``.
+
+    ``use_reentrant`` should be passed: without it, PyTorch's warning, and the
+    reentrant form. ``early_stop`` (non-reentrant form; overridden by
+    :func:`set_checkpoint_early_stop`) stops each recomputation as soon as every tensor
+    the forward saved is back (Note [Early stop])."""
+    if use_reentrant is None:
+        warnings.warn(USE_REENTRANT_WARNING, UserWarning, stacklevel=2)
+        use_reentrant = True
     if not _context.grad_enabled.get():
         return fn(*args, **kwargs)
     rng = get_rng_state() if preserve_rng_state else None
     if use_reentrant:
         return _checkpoint_reentrant(fn, args, kwargs, rng)
-    return _checkpoint_with_hooks(fn, args, kwargs, rng)
+    override = _context.checkpoint_early_stop.get()
+    return _checkpoint_with_hooks(fn, args, kwargs, rng, early_stop if override is None else override)
 
 
-def checkpoint_sequential(functions: Any, segments: int, input: Any, use_reentrant: bool = True,
+@contextmanager
+def set_checkpoint_early_stop(enable: bool) -> Iterator[None]:
+    """Whether non-reentrant checkpoints whose forward runs inside this block stop their
+    recomputation early (the default) or run the whole function again. Only the forward
+    needs to be inside; the setting is context-local (a ContextVar), like grad mode."""
+    token = _context.checkpoint_early_stop.set(bool(enable))
+    try:
+        yield
+    finally:
+        _context.checkpoint_early_stop.reset(token)
+
+
+def checkpoint_sequential(functions: Any, segments: int, input: Any, use_reentrant: bool | None = None,
                           **kwargs: Any) -> Any:
     """Run ``functions`` (callables, or a module with ``children()``) in sequence on
     ``input``, checkpointing each of the first ``segments - 1`` chunks; the last chunk
     runs normally, as in PyTorch. ``preserve_rng_state`` may be passed as a keyword."""
+    if use_reentrant is None:
+        warnings.warn(SEQUENTIAL_USE_REENTRANT_WARNING, UserWarning, stacklevel=2)
+        use_reentrant = True
     preserve = kwargs.pop("preserve_rng_state", True)
     if kwargs:
         raise ValueError("Unexpected keyword arguments: " + ",".join(kwargs))
@@ -157,8 +199,11 @@ def _discard(t: Tensor) -> None:
 
 
 def _discarded(packed: Any) -> Any:
-    raise RuntimeError("asyncgrad.utils.checkpoint: a tensor saved while discovering the inputs "
-                       "of a checkpointed function was unpacked (this is a bug)")
+    # Only reachable when the checkpointed function itself runs a backward through what
+    # it computed (``ag.grad`` inside ``fn``): the reentrant form's forward keeps nothing.
+    raise RuntimeError("asyncgrad.utils.checkpoint: with use_reentrant=True the checkpointed "
+                       "function cannot run a backward (ag.grad) through its own computation in "
+                       "forward; use use_reentrant=False")
 
 
 def _detach_args(args: tuple[Any, ...]) -> list[Any]:
@@ -452,14 +497,17 @@ class _Frame:
     dropped frame be unpacked again (interleaved branches), it is recomputed again.
     """
 
-    __slots__ = ("fn", "args", "kwargs", "rng", "count", "lock", "by_task", "__weakref__")
+    __slots__ = ("fn", "args", "kwargs", "rng", "count", "lock", "by_task", "early_stop",
+                 "forward_completed", "__weakref__")
 
     def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-                 rng: dict[str, Any] | None) -> None:
+                 rng: dict[str, Any] | None, early_stop: bool = True) -> None:
         self.fn = fn
         self.args = args
         self.kwargs = kwargs
         self.rng = rng
+        self.early_stop = early_stop
+        self.forward_completed = False
         self.count = 0
         self.lock = threading.Lock()
         self.by_task: weakref.WeakKeyDictionary[Any, _Recomputed] = weakref.WeakKeyDictionary()
@@ -490,18 +538,54 @@ class _Frame:
                 _complete[task] = self
         return value
 
+    # Note [Early stop]: the recomputation needs the tensors the forward saved, in order,
+    # and nothing after the last of them, so with ``early_stop`` it is cut short (by an
+    # exception from the pack hook) as soon as it saved that many: trailing work that
+    # saves nothing is not redone. The same bound makes a backward *inside* the forward
+    # work (``fn`` calls ``ag.grad`` on what it computed so far): that backward unpacks
+    # while the forward has saved only ``count`` tensors yet, and the recomputation must
+    # stop there too, before it reaches the inner backward again. Without early stop,
+    # tensors saved past ``count`` before the forward completed are not needed and are
+    # passed through, as in PyTorch.
     def _recompute(self) -> list[Any]:
         values: list[Any] = []
-        with _restored_rng(self.rng), enable_grad(), saved_tensors_hooks(values.append, _discarded):
-            self.fn(*self.args, **self.kwargs)
-        if len(values) != self.count:
+        needed = self.count  # what the forward saved so far (all of it once it completed)
+
+        def pack(t: Tensor) -> Any:
+            if len(values) >= needed:
+                if not self.forward_completed:
+                    return t  # see Note [Early stop]
+                raise RuntimeError(
+                    "asyncgrad.utils.checkpoint: trying to save more tensors during recomputation "
+                    "than during the original forward pass."
+                )
+            values.append(t)
+            if self.early_stop and len(values) == needed:
+                raise _StopRecomputation
+            return t
+
+        try:
+            with _restored_rng(self.rng), enable_grad(), saved_tensors_hooks(pack, _identity):
+                self.fn(*self.args, **self.kwargs)
+        except _StopRecomputation:
+            pass
+        if len(values) != needed:
             raise RuntimeError(
                 "asyncgrad.utils.checkpoint: A different number of tensors was saved during the "
                 "original forward and recomputation.\n"
-                f"Number of tensors saved during forward: {self.count}\n"
+                f"Number of tensors saved during forward: {needed}\n"
                 f"Number of tensors saved during recomputation: {len(values)}"
             )
         return values
+
+
+class _StopRecomputation(BaseException):
+    """Ends a recomputation once it saved every tensor needed (Note [Early stop]). A
+    BaseException, so that an ``except Exception`` in the user's function lets it pass."""
+
+
+def _identity(packed: Any) -> Any:
+    return packed
 
 
 class _Handle:
@@ -517,8 +601,10 @@ def _unpack_handle(handle: _Handle) -> Any:
 
 
 def _checkpoint_with_hooks(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-                           rng: dict[str, Any] | None) -> Any:
-    frame = _Frame(fn, args, kwargs, rng)
+                           rng: dict[str, Any] | None, early_stop: bool) -> Any:
+    frame = _Frame(fn, args, kwargs, rng, early_stop)
     with saved_tensors_hooks(frame.pack, _unpack_handle):
-        return fn(*args, **kwargs)
+        result = fn(*args, **kwargs)
+    frame.forward_completed = True
+    return result
 
