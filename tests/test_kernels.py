@@ -1,0 +1,144 @@
+"""The fast kernels of ``asyncgrad.ops`` (issue 15) against the plain numpy rules, a
+float64 reference and PyTorch where installed, in float32 and float64, with tricky values
+(0, -0, +-inf, NaN, huge, subnormal) and sizes that cross the block boundaries."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import asyncgrad as ag
+import asyncgrad.nn.functional as AF
+from asyncgrad.autograd import gradcheck, gradgradcheck
+from asyncgrad.ops import _kernels as K
+from asyncgrad.ops import nn as N
+from asyncgrad.ops._array_math import ARRAY_MATH
+from asyncgrad.ops._special import erf
+
+TRICKY = [0.0, -0.0, math.inf, -math.inf, math.nan, 1e30, -1e30, 1e-30, -1e-30, 3.3, -3.3, 4.0, 10.0]
+SIZES = [7, 2 * K.BLOCK + 1, 3 * K.BLOCK + 5]  # whole, and blocks with a ragged tail
+
+
+def _erf_ref(x: np.ndarray) -> np.ndarray:
+    return np.array([math.erf(v) if not math.isnan(v) else math.nan for v in x.astype(np.float64).ravel()])
+
+
+def _values(n: int, dtype: type, scale: float = 3.0) -> np.ndarray:
+    x = np.random.default_rng(n).standard_normal(n) * scale
+    x[: min(n, len(TRICKY))] = TRICKY[: min(n, len(TRICKY))]
+    return x.astype(dtype)
+
+
+# --- blockwise -------------------------------------------------------------------------------
+@pytest.mark.parametrize("n", SIZES)
+def test_blockwise_equals_the_kernel_on_the_whole_array(n: int) -> None:
+    x = np.random.default_rng(0).standard_normal(n).astype(np.float32)
+    y = np.random.default_rng(1).standard_normal(n).astype(np.float32)
+
+    def kernel(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return np.tanh(a) * b + 1
+
+    np.testing.assert_array_equal(K.blockwise(kernel, x, y), kernel(x, y))
+
+
+def test_blockwise_keeps_shape_and_reads_non_contiguous_and_0d_input() -> None:
+    x = np.random.default_rng(0).standard_normal((3 * K.BLOCK // 64, 128)).astype(np.float32)
+    xt = x.T  # not contiguous
+    out = K.blockwise(np.exp, xt)
+    assert out.shape == xt.shape and out.dtype == np.float32
+    np.testing.assert_array_equal(out, np.exp(xt))
+    zero_d = K.blockwise(K.erf_f32_block, np.array(0.5, dtype=np.float32))
+    assert isinstance(zero_d, np.ndarray) and zero_d.shape == ()
+
+
+# --- erf -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("n", SIZES)
+def test_erf_float32_within_7_ulps_of_float64_and_never_upcast(n: int) -> None:
+    x = _values(n, np.float32)
+    got = erf(x)
+    assert got.dtype == np.float32
+    want = _erf_ref(x)
+    finite = ~np.isnan(want)
+    np.testing.assert_array_equal(np.isnan(got), ~finite)  # NaN in, NaN out
+    ulp = np.spacing(np.abs(want[finite]).astype(np.float32)).astype(np.float64)
+    assert np.max(np.abs(got[finite] - want[finite]) / ulp) <= 7.5
+    np.testing.assert_allclose(got[finite], want[finite], rtol=0, atol=4.5e-7)
+
+
+def test_erf_float32_tricky_values_exactly() -> None:
+    x = np.array([0.0, -0.0, np.inf, -np.inf, 1e30, -1e30, 4.0, -4.0], dtype=np.float32)
+    got = erf(x)
+    np.testing.assert_array_equal(got, [0.0, -0.0, 1.0, -1.0, 1.0, -1.0, 1.0, -1.0])
+    assert np.signbit(got[1]) and not np.signbit(got[0])
+    tiny = np.array([1e-30, -1e-30, 1e-40], dtype=np.float32)  # relative accuracy near 0
+    # subnormals carry fewer bits: 1e-43 is 70 steps of the smallest float32
+    np.testing.assert_allclose(erf(tiny), tiny.astype(np.float64) * (2 / math.sqrt(math.pi)), rtol=1e-6, atol=1e-43)
+
+
+def test_erf_float64_matches_math_erf_including_infinities() -> None:
+    x = _values(3 * K.BLOCK + 5, np.float64)
+    got = erf(x)
+    want = _erf_ref(x)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    ok = ~np.isnan(want)
+    np.testing.assert_allclose(got[ok], want[ok], rtol=2e-15, atol=1e-300)
+    np.testing.assert_array_equal(erf(np.array([np.inf, -np.inf, 1e300])), [1.0, -1.0, 1.0])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_erf_matches_torch(dtype: type) -> None:
+    torch = pytest.importorskip("torch")
+    x = _values(2 * K.BLOCK + 3, dtype)
+    want = torch.erf(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(erf(x), want, rtol=1e-6 if dtype == np.float32 else 1e-14,
+                               atol=5e-7 if dtype == np.float32 else 1e-15, equal_nan=True)
+
+
+# --- gelu ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n", [7, 2 * K.BLOCK + 9])
+def test_gelu_fused_backward_equals_the_plain_numpy_rule(approximate: str, dtype: type, n: int) -> None:
+    x = _values(n, dtype)
+    g = np.random.default_rng(5).standard_normal(n).astype(dtype)
+    if approximate == "tanh":
+        out = N._gelu_tanh(x, approximate="tanh")
+        fast = N._gelu_tanh_rule(ARRAY_MATH, g, out, x, approximate="tanh")
+    else:
+        out, cdf = N._gelu(x, approximate="none")
+        fast = N._gelu_rule(ARRAY_MATH, g, out, x, approximate="none", aux=cdf)
+    with np.errstate(all="ignore"):
+        plain = N._gelu_rule_composite(ARRAY_MATH, g, out, x, approximate=approximate)
+    assert fast.dtype == np.dtype(dtype) and out.dtype == np.dtype(dtype)
+    tol = {"rtol": 2e-6, "atol": 2e-6} if dtype == np.float32 else {"rtol": 1e-13, "atol": 1e-14}
+    np.testing.assert_allclose(fast, plain, equal_nan=True, **tol)
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_gelu_forward_and_backward_match_torch(approximate: str, dtype: type) -> None:
+    torch = pytest.importorskip("torch")
+    n = 2 * K.BLOCK + 9
+    x = _values(n, dtype)
+    x[np.isinf(x)] = 0.0  # +-inf: torch's float32 and float64 kernels disagree with each other
+    g = np.random.default_rng(5).standard_normal(n).astype(dtype)
+    t = ag.from_numpy(x.copy()).requires_grad_()
+    y = AF.gelu(t, approximate=approximate)
+    ag.backward_sync(y, ag.from_numpy(g))
+    tx = torch.from_numpy(x.copy()).requires_grad_()
+    ty = torch.nn.functional.gelu(tx, approximate=approximate)
+    ty.backward(torch.from_numpy(g))
+    # float32 atol: for x << 0 the tanh form's 1 + tanh cancels; both libraries round
+    # differently there, leaving up to 4e-6 where the gradient is ~0
+    tol = {"rtol": 2e-6, "atol": 5e-6} if dtype == np.float32 else {"rtol": 1e-12, "atol": 1e-14}
+    np.testing.assert_allclose(y.numpy(), ty.detach().numpy(), equal_nan=True, **tol)
+    np.testing.assert_allclose(t.grad.numpy(), tx.grad.numpy(), equal_nan=True, **tol)
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_gradcheck_and_gradgradcheck_in_float64(approximate: str) -> None:
+    x = ag.tensor(np.linspace(-4.0, 4.0, 11), requires_grad=True)
+    assert gradcheck(lambda a: AF.gelu(a, approximate=approximate), (x,))
+    assert gradgradcheck(lambda a: AF.gelu(a, approximate=approximate), (x,))
