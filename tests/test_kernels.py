@@ -142,3 +142,81 @@ def test_gelu_gradcheck_and_gradgradcheck_in_float64(approximate: str) -> None:
     x = ag.tensor(np.linspace(-4.0, 4.0, 11), requires_grad=True)
     assert gradcheck(lambda a: AF.gelu(a, approximate=approximate), (x,))
     assert gradgradcheck(lambda a: AF.gelu(a, approximate=approximate), (x,))
+
+
+# --- layer_norm: one fused node ---------------------------------------------------------------
+def _layer_norm_composite(x: ag.Tensor, dims: tuple[int, ...], w: ag.Tensor | None, b: ag.Tensor | None,
+                          eps: float = 1e-5) -> ag.Tensor:
+    """The layer norm from primitives (what ``F.layer_norm`` recorded before it was fused)."""
+    out = (x - x.mean(dims, keepdim=True)) / (x.var(dims, correction=0, keepdim=True) + eps).sqrt()
+    if w is not None:
+        out = out * w
+    if b is not None:
+        out = out + b
+    return out
+
+
+def _ln_inputs(dtype: type, shape: tuple[int, ...], norm: tuple[int, ...], affine: str) -> list[ag.Tensor | None]:
+    rng = np.random.default_rng(3)
+    x = ag.from_numpy((rng.standard_normal(shape) * 2 + 0.5).astype(dtype)).requires_grad_()
+    w = ag.from_numpy(rng.uniform(0.5, 1.5, norm).astype(dtype)).requires_grad_() if affine != "none" else None
+    b = ag.from_numpy(rng.standard_normal(norm).astype(dtype)).requires_grad_() if affine == "both" else None
+    return [x, w, b]
+
+
+@pytest.mark.parametrize("affine", ["both", "weight", "none"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape,norm", [((4, 6, 16), (16,)), ((3, 5, 4), (5, 4))])
+def test_layer_norm_fused_equals_the_composite(affine: str, dtype: type, shape: tuple[int, ...],
+                                               norm: tuple[int, ...]) -> None:
+    x, w, b = _ln_inputs(dtype, shape, norm, affine)
+    dims = tuple(range(len(shape) - len(norm), len(shape)))
+    g = ag.from_numpy(np.random.default_rng(4).standard_normal(shape).astype(dtype))
+    leaves = [t for t in (x, w, b) if t is not None]
+    fused = AF.layer_norm(x, norm, w, b)
+    assert fused.grad_fn.name() == "NativeLayerNormBackward0" and fused.dtype == np.dtype(dtype)
+    plain = _layer_norm_composite(x, dims, w, b)
+    got = ag.grad_sync(fused, leaves, g)
+    want = ag.grad_sync(plain, leaves, g)
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == np.float32 else {"rtol": 1e-12, "atol": 1e-12}
+    np.testing.assert_allclose(fused.numpy(), plain.numpy(), **tol)
+    for a, c in zip(got, want):
+        assert a.shape == c.shape and a.dtype == c.dtype
+        np.testing.assert_allclose(a.numpy(), c.numpy(), **tol)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_layer_norm_matches_torch(dtype: type) -> None:
+    torch = pytest.importorskip("torch")
+    x, w, b = _ln_inputs(dtype, (8, 16, 32), (32,), "both")
+    g = np.random.default_rng(4).standard_normal((8, 16, 32)).astype(dtype)
+    y = AF.layer_norm(x, 32, w, b)
+    ag.backward_sync(y, ag.from_numpy(g))
+    tx, tw, tb = (torch.from_numpy(t.numpy().copy()).requires_grad_() for t in (x, w, b))
+    ty = torch.nn.functional.layer_norm(tx, (32,), tw, tb)
+    ty.backward(torch.from_numpy(g))
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == np.float32 else {"rtol": 1e-12, "atol": 1e-12}
+    np.testing.assert_allclose(y.numpy(), ty.detach().numpy(), **tol)
+    for a, t in ((x, tx), (w, tw), (b, tb)):
+        np.testing.assert_allclose(a.grad.numpy(), t.grad.numpy(), **tol)
+
+
+@pytest.mark.parametrize("affine", ["both", "weight", "none"])
+def test_layer_norm_gradcheck_and_gradgradcheck(affine: str) -> None:
+    x, w, b = _ln_inputs(np.float64, (2, 3, 4), (4,), affine)
+    leaves = tuple(t for t in (x, w, b) if t is not None)
+
+    def fn(*ts: ag.Tensor) -> ag.Tensor:
+        return AF.layer_norm(ts[0], 4, ts[1] if len(ts) > 1 else None, ts[2] if len(ts) > 2 else None)
+
+    assert gradcheck(fn, leaves)
+    assert gradgradcheck(fn, leaves)
+
+
+def test_layer_norm_sees_in_place_changes_of_its_input() -> None:
+    x, w, b = _ln_inputs(np.float64, (2, 4), (4,), "both")
+    h = x * 1.0
+    y = AF.layer_norm(h, 4, w, b)
+    h.add_(1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        ag.backward_sync(y.sum())

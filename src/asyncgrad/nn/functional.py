@@ -16,6 +16,8 @@ from .. import functional as _F
 from ..functional import (
     cross_entropy, gelu, linear, log_softmax, mse_loss, nll_loss, relu, sigmoid, softmax, tanh,
 )
+from ..autograd.recording import record
+from ..ops import nn as _N
 from ..random import Generator, default_generator
 from ..tensor import Tensor
 
@@ -55,6 +57,13 @@ def layer_norm(input: Tensor, normalized_shape: int | Sequence[int], weight: Ten
             f"{', '.join(map(str, shape))}], but got input of size{list(input.shape)}"
         )
     dims = tuple(range(input.ndim - len(shape), input.ndim))
+    if input.dtype.kind == "f" and (bias is None or weight is not None):
+        # one node (PyTorch's NativeLayerNormBackward0) instead of eight
+        spec, affine = ((_N.layer_norm_plain, ()) if weight is None else
+                        (_N.layer_norm_weight, (weight,)) if bias is None else
+                        (_N.layer_norm, (weight, bias)))
+        out, stats = _N._layer_norm(input.data, *(t.data for t in affine), dims=dims, eps=eps)
+        return record(spec, (input, *affine), out, aux=stats, params={"dims": dims, "eps": eps})
     mean = _F.mean(input, dims, keepdim=True)
     var = _F.var(input, dims, correction=0, keepdim=True)
     out = _F.div(_F.sub(input, mean), _F.sqrt(_F.add(var, eps)))

@@ -114,12 +114,77 @@ def _mse_rule_x(m, g, ans, x, y, *, reduction):  # type: ignore[no-untyped-def]
     return g * scale * (x - y)
 
 
+def _layer_norm(x, *affine, dims, eps):  # type: ignore[no-untyped-def]
+    """``(x - mean) / sqrt(var + eps) * w + b`` over ``dims``; ``affine`` is ``(w, b)``,
+    ``(w,)`` or ``()``. Returns the output and, as aux, ``(mean, rstd)`` for the backward
+    (PyTorch's ``native_layer_norm`` saves the same)."""
+    mean = x.mean(axis=dims, keepdims=True)
+    out = x - mean
+    var = np.mean(out * out, axis=dims, keepdims=True)
+    rstd = 1 / np.sqrt(var + eps)
+    out *= rstd
+    if affine:
+        out *= affine[0]
+    if len(affine) > 1:
+        out += affine[1]
+    return out, (mean, rstd)
+
+
+def _ln_xhat(m, x, dims, eps, aux):  # type: ignore[no-untyped-def]
+    """The normalised input and ``rstd``: from the forward's aux in a plain backward, from
+    ``x`` by differentiable ops under create_graph."""
+    if not m.tensor_mode:
+        mean, rstd = aux
+        xhat = x - mean
+        xhat *= rstd
+        return xhat, rstd
+    xc = x - m.mean(x, dims, True)
+    rstd = 1.0 / m.sqrt(m.mean(xc * xc, dims, True) + eps)
+    return xc * rstd, rstd
+
+
+def _ln_rule_x(m, g, ans, x, w=None, b=None, *, dims, eps, aux):  # type: ignore[no-untyped-def]
+    # dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)), gw = g * w
+    xhat, rstd = _ln_xhat(m, x, dims, eps, aux)
+    gw = g if w is None else g * w
+    if m.tensor_mode:
+        return rstd * (gw - m.mean(gw, dims, True) - xhat * m.mean(gw * xhat, dims, True))
+    proj = np.mean(gw * xhat, axis=dims, keepdims=True)
+    dx = gw - np.mean(gw, axis=dims, keepdims=True)
+    xhat *= proj
+    dx -= xhat
+    dx *= rstd
+    return dx
+
+
+def _ln_rule_w(m, g, ans, x, w, b=None, *, dims, eps, aux):  # type: ignore[no-untyped-def]
+    xhat, _ = _ln_xhat(m, x, dims, eps, aux)
+    if m.tensor_mode:
+        return g * xhat  # summed over the leading dims by the engine
+    xhat *= g
+    return _sum_rows(xhat, dims)
+
+
+def _ln_rule_b(m, g, ans, x, w, b, *, dims, eps, aux):  # type: ignore[no-untyped-def]
+    return g if m.tensor_mode else _sum_rows(g, dims)
+
+
+def _sum_rows(a: np.ndarray, dims: tuple[int, ...]) -> np.ndarray:
+    """Sum over the dims before the normalised ones (one reduction over a 2-D view)."""
+    return a.reshape(-1, *a.shape[a.ndim - len(dims):]).sum(axis=0)
+
+
 # name ---------- node name ------------- forward ------- derivative ---------------------
 softmax = defop("SoftmaxBackward0", _softmax,
                 lambda m, g, ans, x, *, dim: ans * (g - m.sum(g * ans, dim, True)), save="ans")
 log_softmax = defop("LogSoftmaxBackward0", _log_softmax,
                     lambda m, g, ans, x, *, dim: g - m.exp(ans) * m.sum(g, dim, True),
                     save="ans")
+layer_norm = defop("NativeLayerNormBackward0", _layer_norm, _ln_rule_x, _ln_rule_w, _ln_rule_b,
+                   save="x@0,1 y@0,1", has_aux=True)
+layer_norm_weight = defop("NativeLayerNormBackward0", _layer_norm, _ln_rule_x, _ln_rule_w,
+                          save="x@0,1 y@0,1", has_aux=True)
+layer_norm_plain = defop("NativeLayerNormBackward0", _layer_norm, _ln_rule_x, save="x", has_aux=True)
 gelu = defop("GeluBackward0", _gelu, _gelu_rule, save="x", has_aux=True)
 gelu_tanh = defop("GeluBackward0", _gelu_tanh, _gelu_tanh_rule, save="x")
 nll_loss = defop("NllLossBackward0", _nll_loss, _nll_rule, has_aux=True)
