@@ -220,3 +220,59 @@ def test_layer_norm_sees_in_place_changes_of_its_input() -> None:
     h.add_(1.0)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         ag.backward_sync(y.sum())
+
+
+# --- embedding backward: rows summed by sort + reduceat ----------------------------------------
+def _add_at(g: np.ndarray, index: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    out = np.zeros(shape, dtype=g.dtype)
+    np.add.at(out, index, g)
+    return out
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("index,shape", [
+    (np.array([3, 1, 3, 3, 0, -1, 4]), (5, 3)),            # repeats, and -1 is row 4
+    (np.random.default_rng(0).integers(0, 65, (16, 64)), (65, 8)),  # an embedding lookup
+    (np.array([[2, 2], [0, 2]], dtype=np.uint8), (3, 2, 4)),  # unsigned, rows of a 3-D array
+    (np.array([1]), (2,)),                                  # 1-D: rows are scalars
+])
+def test_index_add_rows_equals_np_add_at(dtype: type, index: np.ndarray, shape: tuple[int, ...]) -> None:
+    from asyncgrad.ops._index import index_add_zeros
+
+    g = np.random.default_rng(1).standard_normal(index.shape + shape[1:]).astype(dtype)
+    got = index_add_zeros(g, index, shape, False)
+    assert got.dtype == np.dtype(dtype) and got.shape == shape
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(got, _add_at(g, index, shape), rtol=tol, atol=tol)
+
+
+def test_index_add_other_indices_still_accumulate() -> None:
+    from asyncgrad.ops._index import index_add_zeros
+
+    g = np.arange(4.0)
+    index = (np.array([0, 0, 1, 1]), np.array([1, 1, 0, 2]))  # a tuple of arrays: np.add.at
+    np.testing.assert_array_equal(index_add_zeros(g, index, (2, 3), False), [[0, 1, 0], [2, 0, 3]])
+    mask = np.array([True, False, True])
+    np.testing.assert_array_equal(index_add_zeros(np.array([1.0, 2.0]), mask, (3,), False), [1, 0, 2])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_embedding_backward_matches_torch(dtype: type) -> None:
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(2)
+    idx = rng.integers(0, 33, (8, 20))
+    w0 = rng.standard_normal((33, 16)).astype(dtype)
+    g = rng.standard_normal((8, 20, 16)).astype(dtype)
+    w = ag.from_numpy(w0.copy()).requires_grad_()
+    ag.backward_sync(AF.embedding(idx, w), ag.from_numpy(g))
+    tw = torch.from_numpy(w0.copy()).requires_grad_()
+    torch.nn.functional.embedding(torch.from_numpy(idx), tw).backward(torch.from_numpy(g))
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(w.grad.numpy(), tw.grad.numpy(), rtol=tol, atol=tol)
+
+
+def test_embedding_gradcheck_and_gradgradcheck_with_repeated_rows() -> None:
+    idx = np.array([[0, 2, 2], [1, 0, 2]])
+    w = ag.tensor(np.random.default_rng(3).standard_normal((4, 3)), requires_grad=True)
+    assert gradcheck(lambda t: AF.embedding(idx, t) ** 2, (w,))
+    assert gradgradcheck(lambda t: AF.embedding(idx, t) ** 2, (w,))
