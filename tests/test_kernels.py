@@ -276,3 +276,61 @@ def test_embedding_gradcheck_and_gradgradcheck_with_repeated_rows() -> None:
     w = ag.tensor(np.random.default_rng(3).standard_normal((4, 3)), requires_grad=True)
     assert gradcheck(lambda t: AF.embedding(idx, t) ** 2, (w,))
     assert gradgradcheck(lambda t: AF.embedding(idx, t) ** 2, (w,))
+
+
+# --- softmax, log_softmax, sigmoid: one buffer per rule ---------------------------------------
+def _masked_logits(dtype: type) -> np.ndarray:
+    x = (np.random.default_rng(6).standard_normal((3, 4, 9)) * 4).astype(dtype)
+    x[..., 5:] = np.where(np.tril(np.ones((4, 4), dtype=bool))[None, :, :], x[..., 5:], -np.inf)  # a causal mask
+    x[0, 0, 0] = 80.0  # exp would overflow without the max shift
+    return x
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("op", ["softmax", "log_softmax", "sigmoid"])
+def test_softmax_family_equals_the_plain_formulas_and_torch(dtype: type, op: str) -> None:
+    x0 = _masked_logits(dtype)
+    if op == "sigmoid":
+        x0[np.isinf(x0)] = -1e30  # sigmoid(-huge) = 0 exactly
+    g = np.random.default_rng(7).standard_normal(x0.shape).astype(dtype)
+    fns = {"softmax": lambda t: AF.softmax(t, -1), "log_softmax": lambda t: AF.log_softmax(t, -1),
+           "sigmoid": ag.sigmoid}
+    x = ag.from_numpy(x0.copy()).requires_grad_()
+    y = fns[op](x)
+    ag.backward_sync(y, ag.from_numpy(g))
+    with np.errstate(all="ignore"):  # the plain formulas, in float64
+        xd, gd = x0.astype(np.float64), g.astype(np.float64)
+        if op == "sigmoid":
+            want = 1 / (1 + np.exp(-xd))
+            dwant = gd * want * (1 - want)
+        else:
+            e = np.exp(xd - xd.max(-1, keepdims=True))
+            sm = e / e.sum(-1, keepdims=True)
+            want = sm if op == "softmax" else np.log(sm)
+            if op == "softmax":
+                dwant = sm * (gd - (gd * sm).sum(-1, keepdims=True))
+            else:
+                dwant = gd - sm * gd.sum(-1, keepdims=True)
+    assert y.dtype == np.dtype(dtype) and x.grad.dtype == np.dtype(dtype)
+    tol = 2e-6 if dtype == np.float32 else 1e-13
+    np.testing.assert_allclose(y.numpy(), want, rtol=tol, atol=tol)
+    np.testing.assert_allclose(x.grad.numpy(), dwant, rtol=tol, atol=tol * 10)
+    torch = pytest.importorskip("torch")
+    tx = torch.from_numpy(x0.copy()).requires_grad_()
+    tfn = {"softmax": lambda t: t.softmax(-1), "log_softmax": lambda t: t.log_softmax(-1), "sigmoid": torch.sigmoid}
+    ty = tfn[op](tx)
+    ty.backward(torch.from_numpy(g))
+    np.testing.assert_allclose(y.numpy(), ty.detach().numpy(), rtol=tol, atol=tol)
+    np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=tol, atol=tol * 10)
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax", "sigmoid"])
+def test_softmax_family_gradcheck_gradgradcheck_and_0d(op: str) -> None:
+    fns = {"softmax": lambda t: AF.softmax(t, -1), "log_softmax": lambda t: AF.log_softmax(t, -1),
+           "sigmoid": ag.sigmoid}
+    x = ag.tensor(np.random.default_rng(8).standard_normal((2, 5)), requires_grad=True)
+    assert gradcheck(fns[op], (x,))
+    assert gradgradcheck(fns[op], (x,))
+    s = ag.tensor(0.3, requires_grad=True)
+    (g,) = ag.grad_sync(fns[op](s), s)
+    assert g.shape == ()

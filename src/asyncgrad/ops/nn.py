@@ -15,14 +15,42 @@ _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 
+# softmax and log_softmax work in one buffer where they can (fewer full-size temporaries);
+# 0-d input goes the plain way, as ufuncs return scalars for it and out= needs arrays
 def _softmax(x, *, dim):  # type: ignore[no-untyped-def]
-    e = np.exp(x - np.max(x, axis=dim, keepdims=True))
-    return e / np.sum(e, axis=dim, keepdims=True)
+    if x.ndim == 0:
+        e = np.exp(x - np.max(x, axis=dim, keepdims=True))
+        return e / np.sum(e, axis=dim, keepdims=True)
+    out = x - np.max(x, axis=dim, keepdims=True)
+    np.exp(out, out=out)
+    out /= np.sum(out, axis=dim, keepdims=True)
+    return out
 
 
 def _log_softmax(x, *, dim):  # type: ignore[no-untyped-def]
     shifted = x - np.max(x, axis=dim, keepdims=True)
-    return shifted - np.log(np.sum(np.exp(shifted), axis=dim, keepdims=True))
+    if x.ndim == 0:
+        return shifted - np.log(np.sum(np.exp(shifted), axis=dim, keepdims=True))
+    shifted -= np.log(np.sum(np.exp(shifted), axis=dim, keepdims=True))
+    return shifted
+
+
+def _softmax_rule(m, g, ans, x, *, dim):  # type: ignore[no-untyped-def]
+    if m.tensor_mode or ans.ndim == 0:
+        return ans * (g - m.sum(g * ans, dim, True))
+    d = g * ans
+    np.subtract(g, d.sum(axis=dim, keepdims=True), out=d)
+    d *= ans
+    return d
+
+
+def _log_softmax_rule(m, g, ans, x, *, dim):  # type: ignore[no-untyped-def]
+    if m.tensor_mode or ans.ndim == 0:
+        return g - m.exp(ans) * m.sum(g, dim, True)
+    d = np.exp(ans)
+    d *= g.sum(axis=dim, keepdims=True)
+    np.subtract(g, d, out=d)
+    return d
 
 
 _FAST = (np.dtype(np.float32), np.dtype(np.float64))
@@ -175,11 +203,8 @@ def _sum_rows(a: np.ndarray, dims: tuple[int, ...]) -> np.ndarray:
 
 
 # name ---------- node name ------------- forward ------- derivative ---------------------
-softmax = defop("SoftmaxBackward0", _softmax,
-                lambda m, g, ans, x, *, dim: ans * (g - m.sum(g * ans, dim, True)), save="ans")
-log_softmax = defop("LogSoftmaxBackward0", _log_softmax,
-                    lambda m, g, ans, x, *, dim: g - m.exp(ans) * m.sum(g, dim, True),
-                    save="ans")
+softmax = defop("SoftmaxBackward0", _softmax, _softmax_rule, save="ans")
+log_softmax = defop("LogSoftmaxBackward0", _log_softmax, _log_softmax_rule, save="ans")
 layer_norm = defop("NativeLayerNormBackward0", _layer_norm, _ln_rule_x, _ln_rule_w, _ln_rule_b,
                    save="x@0,1 y@0,1", has_aux=True)
 layer_norm_weight = defop("NativeLayerNormBackward0", _layer_norm, _ln_rule_x, _ln_rule_w,
