@@ -100,7 +100,17 @@ def ag_model(cfg: GPTConfig) -> Any:
             logits = self.ln_f(x) @ self.wte.weight.transpose(0, 1)  # tied weights
             return F.cross_entropy(logits.reshape((B * T, cfg.vocab)), targets.reshape(-1))
 
-    return GPT()
+    model = GPT()
+    for name, p in model.named_parameters():  # nanoGPT's initialisation
+        if name.endswith("bias"):
+            nn.init.zeros_(p)
+        elif p.ndim == 2:
+            nn.init.normal_(p, 0.0, _init_std(name, cfg))
+    return model
+
+
+def _init_std(name: str, cfg: GPTConfig) -> float:
+    return 0.02 / math.sqrt(2 * cfg.layers) if name.endswith("c_proj.weight") else 0.02
 
 
 # --- PyTorch ---------------------------------------------------------------------------------
@@ -167,7 +177,14 @@ def torch_model(cfg: GPTConfig, attention: str = "manual") -> Any:
             logits = self.ln_f(x) @ self.wte.weight.t()
             return F.cross_entropy(logits.view(B * T, cfg.vocab), targets.view(-1))
 
-    return GPT()
+    model = GPT()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.zero_()
+            elif p.ndim == 2:
+                p.normal_(0.0, _init_std(name, cfg))
+    return model
 
 
 def copy_weights(torch_gpt: Any, ag_gpt: Any) -> None:

@@ -5,7 +5,10 @@ Sizes: ``small`` is the GPT of the transformer workload (batch 16, block 64, 128
 4 heads, vocab 65); ``large`` is batch 32, block 128, 256 dims, 8 heads, vocab 512.
 
 Each op is measured as four cases, interleaved round by round with the order rotating
-(asyncgrad forward, torch forward, asyncgrad backward, torch backward), medians reported.
+(asyncgrad forward, torch forward, asyncgrad backward, torch backward, and asyncgrad
+backward with every node inline), medians reported. "bwd inline" runs the same backward on
+an ``Engine(inline_threshold=2**62)``: the kernel alone, without the default engine's hop
+of large nodes to a worker thread, which on a busy machine costs milliseconds.
 The forward is timed with its inputs requiring grad (it records the graph, as in training);
 the backward is timed from a graph built untimed, with a fixed random output gradient.
 Both libraries run on one thread (numpy's BLAS limited to 1, ``torch.set_num_threads(1)``):
@@ -58,8 +61,12 @@ def _causal(T: int) -> np.ndarray:
 def _cases() -> list[OpCase]:
     import asyncgrad as ag
     import asyncgrad.nn.functional as AF
-    import torch
-    import torch.nn.functional as TF
+
+    try:
+        import torch
+        import torch.nn.functional as TF
+    except ImportError:  # asyncgrad alone: the torch column stays empty
+        torch = TF = None  # type: ignore[assignment]
 
     def heads(s: dict[str, int]) -> tuple[int, int, int, int]:
         return s["B"], s["H"], s["T"], s["C"] // s["H"]
@@ -84,7 +91,7 @@ def _cases() -> list[OpCase]:
                lambda a, v: a @ v, lambda a, v: torch.bmm(a, v)),
         OpCase("linear C->4C", lambda r, s: [_f32(r, *bt(s, s["C"])), _f32(r, 4 * s["C"], s["C"]) * 0.05,
                                               _f32(r, 4 * s["C"])],
-               AF.linear, TF.linear),
+               AF.linear, lambda *a: TF.linear(*a)),
         OpCase("softmax (attention)", lambda r, s: [_f32(r, s["B"], s["H"], s["T"], s["T"])],
                lambda x: AF.softmax(x, -1), lambda x: TF.softmax(x, -1)),
         OpCase("log_softmax (logits)", lambda r, s: [_f32(r, s["B"] * s["T"], s["V"])],
@@ -95,7 +102,7 @@ def _cases() -> list[OpCase]:
                lambda x, w, b: AF.layer_norm(x, x.shape[-1:], w, b),
                lambda x, w, b: TF.layer_norm(x, x.shape[-1:], w, b)),
         OpCase("gelu exact", lambda r, s: [_f32(r, *bt(s, 4 * s["C"]))],
-               AF.gelu, TF.gelu),
+               AF.gelu, lambda x: TF.gelu(x)),
         OpCase("gelu tanh", lambda r, s: [_f32(r, *bt(s, 4 * s["C"]))],
                lambda x: AF.gelu(x, approximate="tanh"), lambda x: TF.gelu(x, approximate="tanh")),
         OpCase("embedding", lambda r, s: [r.integers(0, s["V"], (s["B"], s["T"])), _f32(r, s["V"], s["C"])],
@@ -105,9 +112,9 @@ def _cases() -> list[OpCase]:
                lambda y: y.transpose(1, 2).reshape(y.shape[0], y.shape[2], -1)),
         OpCase("where / masked_fill", lambda r, s: [_f32(r, s["B"], s["H"], s["T"], s["T"])],
                mask_ag, mask_torch),
-        OpCase("exp", lambda r, s: [_f32(r, *bt(s, 4 * s["C"]))], ag.exp, torch.exp),
-        OpCase("tanh", lambda r, s: [_f32(r, *bt(s, 4 * s["C"]))], ag.tanh, torch.tanh),
-        OpCase("sigmoid", lambda r, s: [_f32(r, *bt(s, 4 * s["C"]))], ag.sigmoid, torch.sigmoid),
+        OpCase("exp", lambda r, s: [_f32(r, *bt(s, 4 * s["C"]))], ag.exp, lambda x: torch.exp(x)),
+        OpCase("tanh", lambda r, s: [_f32(r, *bt(s, 4 * s["C"]))], ag.tanh, lambda x: torch.tanh(x)),
+        OpCase("sigmoid", lambda r, s: [_f32(r, *bt(s, 4 * s["C"]))], ag.sigmoid, lambda x: torch.sigmoid(x)),
         OpCase("sum over last dim", lambda r, s: [_f32(r, *bt(s, 4 * s["C"]))],
                lambda x: x.sum(-1), lambda x: x.sum(-1)),
         OpCase("mean over last dim", lambda r, s: [_f32(r, *bt(s, 4 * s["C"]))],
@@ -130,12 +137,33 @@ def _ag_impl(op: OpCase, arrays: list[np.ndarray], grad_seed: int) -> tuple[Call
     async def backward(out: Any) -> None:
         await ag.backward(out, g)
 
+    async def backward_inline(out: Any) -> None:
+        default = ag.autograd.get_engine()
+        ag.autograd.set_engine(_inline_engine())
+        try:
+            await ag.backward(out, g)
+        finally:
+            ag.autograd.set_engine(default)
+
     def reset() -> None:
         for t in leaves:
             if not isinstance(t, np.ndarray):
                 t.grad = None
 
-    return forward, (backward, reset)
+    return forward, (backward, reset, backward_inline)
+
+
+_INLINE: list[Any] = []
+
+
+def _inline_engine() -> Any:
+    """An engine that runs every node on the loop's thread: the kernels' own cost, without
+    the hop to a worker thread that the default engine makes for large nodes."""
+    if not _INLINE:
+        from asyncgrad.autograd.engine import Engine
+
+        _INLINE.append(Engine(inline_threshold=2**62))
+    return _INLINE[0]
 
 
 def _torch_impl(op: OpCase, arrays: list[np.ndarray], grad_seed: int) -> tuple[Callable[[], Any], Any]:
@@ -156,7 +184,7 @@ def _torch_impl(op: OpCase, arrays: list[np.ndarray], grad_seed: int) -> tuple[C
             if not isinstance(t, np.ndarray):
                 t.grad = None
 
-    return forward, (backward, reset)
+    return forward, (backward, reset, None)
 
 
 async def _measure_op(op: OpCase, size: dict[str, int], impls: list[str], rounds: int) -> dict[str, list[float]]:
@@ -165,9 +193,11 @@ async def _measure_op(op: OpCase, size: dict[str, int], impls: list[str], rounds
     builders = {ASYNCGRAD: _ag_impl, TORCH: _torch_impl}
     cases: list[tuple[str, str, Any]] = []
     for impl in impls:
-        fwd, (bwd, reset) = builders[impl](op, arrays, 1)
+        fwd, (bwd, reset, bwd_inline) = builders[impl](op, arrays, 1)
         cases.append((impl, "forward", (fwd, None, reset)))
         cases.append((impl, "backward", (fwd, bwd, reset)))
+        if bwd_inline is not None:
+            cases.append((impl, "backward inline", (fwd, bwd_inline, reset)))
     times: dict[str, list[float]] = {f"{i} {k}": [] for i, k, _ in cases}
     for r in range(rounds + 1):  # round 0 warms up
         k = r % len(cases)
@@ -203,7 +233,9 @@ def run(impls: list[str], rounds: int | None = None, sizes: tuple[str, ...] = ("
          Column("ag_fwd_ms", "asyncgrad fwd ms", "{:.3f}"), Column("torch_fwd_ms", "torch fwd ms", "{:.3f}"),
          Column("fwd_ratio", "fwd x torch", "{:.2f}"),
          Column("ag_bwd_ms", "asyncgrad bwd ms", "{:.3f}"), Column("torch_bwd_ms", "torch bwd ms", "{:.3f}"),
-         Column("bwd_ratio", "bwd x torch", "{:.2f}")],
+         Column("bwd_ratio", "bwd x torch", "{:.2f}"),
+         Column("ag_bwd_inline_ms", "asyncgrad bwd inline ms", "{:.3f}"),
+         Column("bwd_inline_ratio", "bwd inline x torch", "{:.2f}")],
     )
     t_start = time.perf_counter()
     ops = [op for op in _cases() if only is None or op.name in only]
@@ -218,21 +250,28 @@ def run(impls: list[str], rounds: int | None = None, sizes: tuple[str, ...] = ("
                         key = f"{prefix}_{short}_ms"
                         row[key] = median(t[f"{impl} {kind}"]) * 1e3 if f"{impl} {kind}" in t else None
                         row[f"{key}_rounds"] = t.get(f"{impl} {kind}")
-                for kind in ("fwd", "bwd"):
-                    a, b = row[f"ag_{kind}_ms"], row[f"torch_{kind}_ms"]
+                inline = t.get(f"{ASYNCGRAD} backward inline")
+                row["ag_bwd_inline_ms"] = median(inline) * 1e3 if inline else None
+                row["ag_bwd_inline_ms_rounds"] = inline
+                for kind in ("fwd", "bwd", "bwd_inline"):
+                    a, b = row[f"ag_{kind}_ms"], row[f"torch_{kind[:3]}_ms"]
                     row[f"{kind}_ratio"] = a / b if a is not None and b else None
                 res.rows.append(row)
 
-    import torch
     from threadpoolctl import threadpool_limits
 
-    torch_threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch = None
+    if TORCH in impls:
+        import torch
+
+        torch_threads = torch.get_num_threads()
+        torch.set_num_threads(1)
     try:
         with threadpool_limits(1, user_api="blas"):
             asyncio.run(main())
     finally:
-        torch.set_num_threads(torch_threads)
+        if torch is not None:
+            torch.set_num_threads(torch_threads)
     res.notes.append("one thread each: numpy's BLAS limited to 1, torch.set_num_threads(1)")
     res.seconds = time.perf_counter() - t_start
     ratios = [r[k] for r in res.rows for k in ("fwd_ratio", "bwd_ratio") if r.get(k) is not None]
