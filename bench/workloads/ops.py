@@ -31,7 +31,7 @@ import numpy as np
 
 from ..common import ASYNCGRAD, TORCH, Column, Result, Target, median, no_gc
 
-DEFAULT_ROUNDS = 15
+DEFAULT_ROUNDS = 9
 SIZES = {
     "small": {"B": 16, "T": 64, "C": 128, "H": 4, "V": 65},
     "large": {"B": 32, "T": 128, "C": 256, "H": 8, "V": 512},

@@ -3,13 +3,15 @@ architecture (``bench/gpt.py``: 4 layers, 4 heads, 128 dims, block 64, batch 16,
 
 asyncgrad (``await ag.backward``) beside PyTorch with the same manual attention and with
 ``F.scaled_dot_product_attention``, all from the same weights, interleaved round by round;
-both libraries with their default threads. Reported in ms per step and as a ratio to
+both libraries with their default threads, then again with one thread each (rows marked
+"(1 thread)"). Reported in ms per step and as a ratio to
 PyTorch's faster path (issue 15's target: at most 1.5x).
 """
 
 from __future__ import annotations
 
 import math
+import sys
 import time
 from typing import Any
 
@@ -82,15 +84,36 @@ def run(impls: list[str], rounds: int | None = None, layers: int = 4, heads: int
     for name, t in times.items():
         res.rows.append({"impl": name, "step_ms": median(t) * 1e3, "rounds_s": t, "loss": losses.get(name)})
     res.notes.append(BLAS.describe())
+    # the same steps with one thread each (numpy's BLAS and torch's intra-op pool): on a
+    # 2-core machine shared with other processes, two libraries' spinning thread pools
+    # slow each other down; this pair of figures compares the libraries' own work
+    from threadpoolctl import threadpool_limits
+
+    torch_mod = sys.modules.get("torch")
+    before = torch_mod.get_num_threads() if torch_mod is not None else None
+    one_cases = [Case(f"{c.name} (1 thread)", c.setup, c.timed) for c in cases]
+    try:
+        if torch_mod is not None:
+            torch_mod.set_num_threads(1)
+        with threadpool_limits(1, user_api="blas"):
+            times1 = measure_cases(one_cases, rounds)
+    finally:
+        if torch_mod is not None:
+            torch_mod.set_num_threads(before)
+    for name, t in times1.items():
+        res.rows.append({"impl": name, "step_ms": median(t) * 1e3, "rounds_s": t,
+                         "loss": losses.get(name.removesuffix(" (1 thread)"))})
     res.seconds = time.perf_counter() - t_start
-    peers = [res.value(f"{TORCH} {a}", "step_ms") for a in ("manual", "sdpa")]
-    peers = [p for p in peers if not math.isnan(p)]
-    fastest = min(peers) if peers else math.nan
-    for r in res.rows:
-        r["x_torch"] = r["step_ms"] / fastest if peers else None
-    a = res.value(ASYNCGRAD, "step_ms")
-    ratio = res.add_ratio("asyncgrad/torch (faster path)", a, fastest)
-    res.add_ratio("asyncgrad/torch manual attention", a, res.value(f"{TORCH} manual", "step_ms"))
-    if not math.isnan(ratio):
-        res.targets.append(Target("transformer step <= 1.5x torch's faster path", ratio, 1.5, "x"))
+    for suffix, label in (("", ""), (" (1 thread)", ", 1 thread each")):
+        peers = [res.value(f"{TORCH} {a}{suffix}", "step_ms") for a in ("manual", "sdpa")]
+        peers = [p for p in peers if not math.isnan(p)]
+        fastest = min(peers) if peers else math.nan
+        for r in res.rows:
+            if r["impl"].endswith(" (1 thread)") == bool(suffix):
+                r["x_torch"] = r["step_ms"] / fastest if peers else None
+        a = res.value(ASYNCGRAD + suffix, "step_ms")
+        ratio = res.add_ratio(f"asyncgrad/torch (faster path){label}", a, fastest)
+        res.add_ratio(f"asyncgrad/torch manual attention{label}", a, res.value(f"{TORCH} manual{suffix}", "step_ms"))
+        if not math.isnan(ratio):
+            res.targets.append(Target(f"transformer step <= 1.5x torch's faster path{label}", ratio, 1.5, "x"))
     return res

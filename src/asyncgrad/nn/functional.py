@@ -1,8 +1,8 @@
 """``ag.nn.functional``: the stateless forms of the layers, as ``torch.nn.functional``.
 
 ``relu``, ``gelu``, ``softmax``, ``log_softmax``, ``cross_entropy``, ``nll_loss``,
-``mse_loss`` and ``linear`` are asyncgrad's primitives (one node each); ``dropout``,
-``layer_norm`` and ``embedding`` are composites of primitives.
+``mse_loss``, ``linear`` and ``layer_norm`` are asyncgrad's primitives (one node each);
+``dropout`` and ``embedding`` are composites of primitives.
 """
 
 from __future__ import annotations
