@@ -2,12 +2,17 @@
 under ``create_graph`` the rules use their composite form, see ``ops/nn.py``).
 
 Why blocks: a numpy expression of k ufuncs over n elements streams k temporaries of n
-elements through main memory, and every fresh temporary above malloc's mmap threshold is
-page-faulted in again. Evaluating the same expression on blocks of :data:`BLOCK` elements
-keeps the temporaries in L2 cache and lets malloc reuse them: the 24-ufunc float32 ``erf``
-below takes 1.4 ms on 1024x512 floats in blocks against 6.2 ms on the whole array (this
-machine, one thread). Each kernel takes and returns blocks of the same shape; the result
-is a fresh array the kernel's dtype.
+elements through main memory, and with glibc's default thresholds every fresh temporary
+above 128 KB is mmap'd and page-faulted in again. Evaluating it on blocks of :data:`BLOCK`
+elements keeps the temporaries in L2 cache and lets malloc reuse them. The 24-ufunc float32
+``erf`` below, on 1024x512 floats, one thread (medians, this machine):
+
+    blocks of 16,384: 4.0 ms   65,536: 2.3 ms   131,072: 1.8 ms   whole array: 9.5 ms
+    the same after the engine raised malloc's thresholds (no page faults):
+    blocks of 16,384: 2.7 ms   65,536: 2.0 ms   131,072: 2.0 ms   whole array: 1.95 ms
+
+so 65,536 elements (256 KB of float32): near the best either way. Each kernel takes and
+returns blocks of the same shape; the result is a fresh array of the kernel's dtype.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-BLOCK = 16384  # elements: 64 KB of float32, a few temporaries fit in L2
+BLOCK = 65536  # elements: 256 KB of float32 (see above)
 
 Kernel = Callable[..., np.ndarray]
 

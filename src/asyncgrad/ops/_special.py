@@ -3,8 +3,9 @@ approximations (as in Cephes' ``ndtr.c``), accurate to double precision, vectori
 arrays; float32 has its own float32 kernel (``_kernels.erf_f32_block``), never upcast.
 
 Why not ``scipy.special.erf``: it evaluates float32 through the scalar double-precision
-Cephes routine, 8.2 ms for 1024x512 floats here against 1.4 ms for the blocked float32
-kernel (``python bench/erf_choice.py``), and would add a 40 MB dependency."""
+Cephes routine, 11.1 ms for 1024x512 floats here against 1.6-3.2 ms for the float32 kernel
+and 26 ms for the float64 Cephes code used before (``python -m bench.erf_choice``), and it
+would add a 40 MB dependency. The float32 kernel is within 7 ulps (torch.erf: 0.65)."""
 
 from __future__ import annotations
 
