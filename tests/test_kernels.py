@@ -254,6 +254,8 @@ def test_index_add_other_indices_still_accumulate() -> None:
     np.testing.assert_array_equal(index_add_zeros(g, index, (2, 3), False), [[0, 1, 0], [2, 0, 3]])
     mask = np.array([True, False, True])
     np.testing.assert_array_equal(index_add_zeros(np.array([1.0, 2.0]), mask, (3,), False), [1, 0, 2])
+    empty_rows = index_add_zeros(np.zeros((2, 0)), np.array([1, 1]), (3, 0), False)  # zero-width rows
+    assert empty_rows.shape == (3, 0)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

@@ -29,7 +29,7 @@ def index_add_zeros(g: np.ndarray, index: Any, shape: tuple[int, ...], basic: bo
 
 def _row_index(index: Any, g: np.ndarray, shape: tuple[int, ...]) -> bool:
     """True for one non-empty integer array picking whole rows (axis 0) of ``shape``."""
-    return (type(index) is np.ndarray and index.dtype.kind in "iu" and index.size > 0
+    return (type(index) is np.ndarray and index.dtype.kind in "iu" and index.size > 0 and g.size > 0
             and len(shape) >= 1 and g.shape == index.shape + shape[1:])
 
 
