@@ -2,6 +2,7 @@
 
     python -m bench                      # every workload, every importable peer
     python -m bench --only chain --only mlp --rounds 5
+    python -m bench ops transformer      # the same as --only ops --only transformer
     python -m bench --impl asyncgrad --impl numpy   # skip the peers
     python -m bench --plot               # also draw bench/results/*.png
 
@@ -30,7 +31,7 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` importable
 
 from bench.common import ALL_IMPLS, Result, about_of, format_table, select_impls  # noqa: E402
 
-WORKLOADS = ("chain", "mlp", "wide", "loop_lag", "concurrent", "deep", "ddp")
+WORKLOADS = ("chain", "mlp", "wide", "loop_lag", "concurrent", "deep", "ops", "transformer", "ddp")
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -155,6 +156,8 @@ def format_summary(results: list[Result]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
+    p.add_argument("workloads", nargs="*", metavar="WORKLOAD",
+                   help=f"run only these workloads (as --only): {', '.join(WORKLOADS)}")
     p.add_argument("--only", action="append", choices=WORKLOADS, metavar="NAME",
                    help=f"run only this workload (repeatable): {', '.join(WORKLOADS)}")
     p.add_argument("--rounds", type=int, default=None, help="timed rounds per measurement (default: per workload)")
@@ -166,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mallopt", action="store_true",
                    help="raise glibc malloc's mmap/trim thresholds first (keeps large arrays' pages faulted in)")
     args = p.parse_args(argv)
+    for name in args.workloads:
+        if name not in WORKLOADS:
+            p.error(f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)}")
     if args.mallopt:
         from bench.common import tune_malloc
 
@@ -174,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
 
     impls = select_impls(args.impl)
     missing = [i for i in (args.impl or ALL_IMPLS) if i not in impls]
-    names = args.only or list(WORKLOADS)
+    names = [*args.workloads, *(args.only or [])] or list(WORKLOADS)
     machine = machine_info()
     machine["mallopt_tuned"] = bool(args.mallopt)
     from bench.common import BLAS

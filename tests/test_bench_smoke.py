@@ -14,3 +14,18 @@ def test_chain_workload_runs_tiny():
     assert [row["impl"] for row in r.rows] == ["asyncgrad", "numpy"]
     assert all(row["backward_us_per_node"] > 0 for row in r.rows)
     assert "asyncgrad/numpy backward" in r.ratios
+
+
+def test_ops_workload_runs_tiny():
+    r = run_workload("ops", ["asyncgrad"], rounds=1, sizes=("small",), only=("exp", "layer_norm"))
+    assert [row["impl"] for row in r.rows] == ["layer_norm", "exp"]
+    assert all(row["ag_fwd_ms"] > 0 and row["ag_bwd_ms"] > 0 and row["ag_bwd_inline_ms"] > 0 for row in r.rows)
+    assert all(row["torch_fwd_ms"] is None and row["fwd_ratio"] is None for row in r.rows)
+
+
+def test_transformer_workload_runs_tiny():
+    r = run_workload("transformer", ["asyncgrad"], rounds=1, layers=1, heads=2, dims=16, block=8, batch=2)
+    assert [row["impl"] for row in r.rows] == ["asyncgrad", "asyncgrad (1 thread)"]
+    for row in r.rows:
+        assert row["step_ms"] > 0
+        assert 3.0 < row["loss"] < 6.0  # cross-entropy over 65 characters starts near log(65) = 4.17

@@ -47,6 +47,22 @@ def test_train_digits_with_checkpoint_sequential():
     assert "final test accuracy" in proc.stdout
 
 
+needs_tqdm = pytest.mark.skipif(not _has("tqdm"), reason="needs the examples extra (tqdm)")
+
+
+@needs_tqdm
+def test_train_gpt_tiny_loss_falls_and_it_samples_text():
+    proc = run("train_gpt.py", "--tiny", "--steps", "60", "--no-progress", "--sample", "40")
+    out = proc.stdout
+    first, last = (float(v) for v in out.split("train loss: first ")[1].split(" (")[0].split(" -> last "))
+    assert last < first - 0.5, out  # from ~4.2 (uniform over ~96 characters) to ~3.2
+    val, uniform = (float(v) for v in out.split("validation loss: ")[1].split(")")[0].split(" (uniform guess: "))
+    assert val < uniform - 0.5, out
+    sample = out.split("-" * 60 + "\n")[1]  # between the two rules
+    assert len(sample) == 16 // 2 + 40 + 1, out  # half a block of prompt, 40 generated, a newline
+    assert "1 layers, 2 heads, 32 dims, block 16" in out
+
+
 @pytest.mark.parametrize("backend", ["asyncio", pytest.param("trio", marks=pytest.mark.skipif(
     not _has("trio"), reason="trio is not installed"))])
 def test_concurrent_backward_example(backend):

@@ -740,7 +740,11 @@ def gelu(x: Tensor, approximate: str = "none") -> Tensor:
     """GELU, exact (erf) unless ``approximate="tanh"``."""
     if approximate not in ("none", "tanh"):
         raise ValueError(f"approximate argument must be either none or tanh, got {approximate!r}")
-    return _unary(N.gelu, x, approximate=approximate)
+    if approximate == "tanh":
+        return _unary(N.gelu_tanh, x, approximate=approximate)
+    x = _tensor(x)
+    out, cdf = N._gelu(x.data, approximate=approximate)  # cdf: kept for the backward
+    return record(N.gelu, (x,), out, aux=cdf, params={"approximate": approximate})
 
 
 def nll_loss(logp: Tensor, target: Any, reduction: str = "mean", ignore_index: int = -100) -> Tensor:

@@ -1,8 +1,8 @@
 """``ag.nn.functional``: the stateless forms of the layers, as ``torch.nn.functional``.
 
 ``relu``, ``gelu``, ``softmax``, ``log_softmax``, ``cross_entropy``, ``nll_loss``,
-``mse_loss`` and ``linear`` are asyncgrad's primitives (one node each); ``dropout``,
-``layer_norm``, ``embedding`` and ``scaled_dot_product_attention`` are composites of
+``mse_loss``, ``linear`` and ``layer_norm`` are asyncgrad's primitives (one node each);
+``dropout``, ``embedding`` and ``scaled_dot_product_attention`` are composites of
 primitives.
 """
 
@@ -18,6 +18,8 @@ from .. import functional as _F
 from ..functional import (
     cross_entropy, gelu, linear, log_softmax, mse_loss, nll_loss, sigmoid, softmax, tanh,
 )
+from ..autograd.recording import record
+from ..ops import nn as _N
 from ..random import Generator, default_generator
 from ..tensor import Tensor
 
@@ -68,6 +70,13 @@ def layer_norm(input: Tensor, normalized_shape: int | Sequence[int], weight: Ten
             f"{', '.join(map(str, shape))}], but got input of size{list(input.shape)}"
         )
     dims = tuple(range(input.ndim - len(shape), input.ndim))
+    if input.dtype.kind == "f" and (bias is None or weight is not None):
+        # one node (PyTorch's NativeLayerNormBackward0) instead of eight
+        spec, affine = ((_N.layer_norm_plain, ()) if weight is None else
+                        (_N.layer_norm_weight, (weight,)) if bias is None else
+                        (_N.layer_norm, (weight, bias)))
+        out, stats = _N._layer_norm(input.data, *(t.data for t in affine), dims=dims, eps=eps)
+        return record(spec, (input, *affine), out, aux=stats, params={"dims": dims, "eps": eps})
     mean = _F.mean(input, dims, keepdim=True)
     var = _F.var(input, dims, correction=0, keepdim=True)
     out = _F.div(_F.sub(input, mean), _F.sqrt(_F.add(var, eps)))

@@ -9,16 +9,8 @@ from typing import Any
 import numpy as np
 
 from ._broadcast import sum_to
+from ._index import index_add_zeros
 from ._special import erf
-
-
-def _index_add(g: np.ndarray, index: Any, shape: tuple[int, ...], basic: bool) -> np.ndarray:
-    out = np.zeros(shape, dtype=g.dtype)
-    if basic:
-        out[index] = g
-    else:
-        np.add.at(out, index, g)
-    return out
 
 
 class ArrayMath:
@@ -36,7 +28,7 @@ class ArrayMath:
     reshape = staticmethod(np.reshape)
     broadcast_to = staticmethod(np.broadcast_to)
     sum_to = staticmethod(sum_to)
-    index_add = staticmethod(_index_add)
+    index_add = staticmethod(index_add_zeros)
     zeros_like = staticmethod(np.zeros_like)
     stack = staticmethod(np.stack)
     cat = staticmethod(np.concatenate)

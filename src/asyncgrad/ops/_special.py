@@ -1,9 +1,17 @@
-"""Special functions numpy lacks. ``erf`` follows W. J. Cody's rational approximations
-(as in Cephes' ``ndtr.c``), accurate to double precision, vectorised over arrays."""
+"""Special functions numpy lacks. ``erf`` in float64 follows W. J. Cody's rational
+approximations (as in Cephes' ``ndtr.c``), accurate to double precision, vectorised over
+arrays; float32 has its own float32 kernel (``_kernels.erf_f32_block``), never upcast.
+
+Why not ``scipy.special.erf``: it evaluates float32 through the scalar double-precision
+Cephes routine, 11.1 ms for 1024x512 floats here against 1.6-3.2 ms for the float32 kernel
+and 26 ms for the float64 Cephes code used before (``python -m bench.erf_choice``), and it
+would add a 40 MB dependency. The float32 kernel is within 7 ulps (torch.erf: 0.65)."""
 
 from __future__ import annotations
 
 import numpy as np
+
+from ._kernels import blockwise, erf_f32_block
 
 # Cephes erf/erfc coefficients (ndtr.c).
 _T = [9.60497373987051638749e0, 9.00260197203842689217e1, 2.23200534594684319226e3,
@@ -44,14 +52,22 @@ def _erfc_large(a: np.ndarray) -> np.ndarray:
     return z * p
 
 
-def erf(x: np.ndarray) -> np.ndarray:
-    """The error function, elementwise, in the dtype of ``x``."""
-    x = np.asarray(x)
-    dtype = x.dtype if x.dtype.kind == "f" else np.dtype(np.float64)
-    xd = x.astype(np.float64)
+def erf_f64(xd: np.ndarray) -> np.ndarray:
+    """erf of a float64 array (Cephes: a rational in x^2 for |x| <= 1, 1 - erfc beyond)."""
     a = np.abs(xd)
     with np.errstate(over="ignore", under="ignore", invalid="ignore"):
         z2 = xd * xd
         inner = xd * _polevl(z2, _T) / _p1evl(z2, _U)
-        outer = np.sign(xd) * (1.0 - _erfc_large(np.maximum(a, 1.0)))
-    return np.where(a <= 1.0, inner, outer).astype(dtype, copy=False)
+        # erfc(6) < 2.2e-17 rounds 1 - erfc to exactly 1; the clip keeps inf from giving inf/inf
+        outer = np.sign(xd) * (1.0 - _erfc_large(np.clip(a, 1.0, 6.0)))
+    return np.where(a <= 1.0, inner, outer)
+
+
+def erf(x: np.ndarray) -> np.ndarray:
+    """The error function, elementwise, in the dtype of ``x`` (float64 for integers)."""
+    x = np.asarray(x)
+    if x.dtype == np.float32:
+        with np.errstate(over="ignore", invalid="ignore"):
+            return blockwise(erf_f32_block, x)
+    dtype = x.dtype if x.dtype.kind == "f" else np.dtype(np.float64)
+    return blockwise(erf_f64, x.astype(np.float64, copy=False)).astype(dtype, copy=False)

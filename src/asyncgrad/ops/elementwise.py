@@ -35,7 +35,22 @@ def _pow_exponent_rule(m, g, ans, x, y):  # type: ignore[no-untyped-def]
 
 def _sigmoid(x):  # type: ignore[no-untyped-def]
     with np.errstate(over="ignore"):  # exp(-x) -> inf for very negative x gives exactly 0
-        return 1.0 / (1.0 + np.exp(-x))
+        if x.dtype.kind != "f" or x.ndim == 0:
+            return 1.0 / (1.0 + np.exp(-x))
+        t = np.negative(x)  # one buffer for the four steps
+        np.exp(t, out=t)
+        t += 1
+        np.reciprocal(t, out=t)
+        return t
+
+
+def _sigmoid_rule(m, g, ans, x):  # type: ignore[no-untyped-def]
+    if m.tensor_mode or ans.ndim == 0:
+        return g * ans * (1.0 - ans)
+    d = 1 - ans
+    d *= ans
+    d *= g
+    return d
 
 
 def _clamp(x, *, lo, hi):  # type: ignore[no-untyped-def]
@@ -96,8 +111,7 @@ sqrt = defop("SqrtBackward0", quiet(np.sqrt, 1), quiet(lambda m, g, ans, x: g / 
 sin = defop("SinBackward0", np.sin, lambda m, g, ans, x: g * m.cos(x), save="x")
 cos = defop("CosBackward0", np.cos, lambda m, g, ans, x: -g * m.sin(x), save="x")
 tanh = defop("TanhBackward0", np.tanh, lambda m, g, ans, x: g * (1.0 - ans * ans), save="ans")
-sigmoid = defop("SigmoidBackward0", _sigmoid,
-                lambda m, g, ans, x: g * ans * (1.0 - ans), save="ans")
+sigmoid = defop("SigmoidBackward0", _sigmoid, _sigmoid_rule, save="ans")
 relu = defop("ReluBackward0", lambda x: np.maximum(x, 0),
              lambda m, g, ans, x: m.threshold_backward(g, ans), save="ans")
 erf = defop("ErfBackward0", _erf,

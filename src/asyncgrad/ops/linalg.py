@@ -38,7 +38,10 @@ def _flat(m, t):  # type: ignore[no-untyped-def]
 
 
 def _linear(x, w, b=None):  # type: ignore[no-untyped-def]
-    out = x @ w.T
+    if x.ndim > 2:  # one GEMM over all rows, not numpy's loop of one per leading index
+        out = (x.reshape(-1, x.shape[-1]) @ w.T).reshape(*x.shape[:-1], w.shape[0])
+    else:
+        out = x @ w.T
     if b is not None:
         out += b
     return out

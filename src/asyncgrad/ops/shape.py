@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from ._broadcast import sum_to as _sum_to_array
+from ._index import index_add_zeros
 from ._spec import defop
 
 
@@ -47,12 +48,7 @@ def _index_put(x, v, *, index):  # type: ignore[no-untyped-def]
 
 
 def _index_add_forward(g, *, index, shape, basic):  # type: ignore[no-untyped-def]
-    out = np.zeros(shape, dtype=g.dtype)
-    if basic:
-        out[index] = g
-    else:
-        np.add.at(out, index, g)
-    return out
+    return index_add_zeros(g, index, shape, basic)
 
 
 # name ------------ node name ------------ forward ------------------- derivative ----------

@@ -1,0 +1,130 @@
+"""transformer: one training step (forward, backward, AdamW step) of a GPT with nanoGPT's
+architecture (``bench/gpt.py``: 4 layers, 4 heads, 128 dims, block 64, batch 16, float32).
+
+asyncgrad (``await ag.backward``) beside PyTorch with the same manual attention and with
+``F.scaled_dot_product_attention``, all from the same weights, interleaved round by round;
+both libraries with their default threads, then again with one thread each (rows marked
+"(1 thread)"). Reported in ms per step and as a ratio to
+PyTorch's faster path (issue 15's target: at most 1.5x).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from typing import Any
+
+from .. import gpt
+from ..common import ASYNCGRAD, BLAS, TORCH, About, Case, Column, Result, Target, measure_cases, median
+
+ABOUT = About(
+    title="A transformer training step beside PyTorch",
+    measures="One training step (forward, backward, AdamW step) of a GPT with nanoGPT's architecture (4 layers, "
+             "4 heads, 128 dims, block 64, batch 16, float32), asyncgrad beside PyTorch with the same manual "
+             "attention and with scaled_dot_product_attention, from the same weights; with each library's "
+             "default threads, then with one thread each.",
+    reading="\"x torch\" is the step time over PyTorch's faster path: 1.0 is parity. The first loss is the "
+            "same in every row, a check that all rows compute the same model.",
+    plots=(("step_ms", "step ms", False), ("x_torch", "x torch (faster path)", False)),
+)
+
+DEFAULT_ROUNDS = 15
+
+
+def run(impls: list[str], rounds: int | None = None, layers: int = 4, heads: int = 4, dims: int = 128,
+        block: int = 64, batch: int = 16) -> Result:
+    rounds = rounds or DEFAULT_ROUNDS
+    cfg = gpt.GPTConfig(block=block, layers=layers, heads=heads, dims=dims, batch=batch)
+    res = Result(
+        "transformer", f"GPT training step (forward + backward + AdamW): {cfg.describe()}",
+        {"layers": layers, "heads": heads, "dims": dims, "block": block, "batch": batch, "vocab": cfg.vocab,
+         "rounds": rounds, "dtype": "float32"},
+        [Column("step_ms", "step ms", "{:.1f}"), Column("x_torch", "x torch (faster path)", "{:.2f}"),
+         Column("loss", "first loss", "{:.4f}")],
+    )
+    t_start = time.perf_counter()
+    idx, targets = gpt.make_batch(cfg)
+    cases: list[Case] = []
+    losses: dict[str, float] = {}
+    torch_ref = None
+    if TORCH in impls or ASYNCGRAD in impls:
+        try:
+            import torch
+
+            torch.manual_seed(0)
+            torch_ref = gpt.torch_model(cfg)
+        except ImportError:
+            torch_ref = None
+    if ASYNCGRAD in impls:
+        import asyncgrad as ag
+
+        ag.manual_seed(0)
+        model = gpt.ag_model(cfg)
+        if torch_ref is not None:
+            gpt.copy_weights(torch_ref, model)
+        opt = ag.optim.AdamW(model.parameters(), lr=1e-3)
+
+        async def ag_step(_: Any) -> None:
+            opt.zero_grad()
+            loss = model(idx, targets)
+            await ag.backward(loss)
+            opt.step()
+            losses.setdefault(ASYNCGRAD, float(loss.item()))
+
+        cases.append(Case(ASYNCGRAD, lambda: None, ag_step))
+    if TORCH in impls and torch_ref is not None:
+        import torch
+
+        ti, tt = torch.from_numpy(idx), torch.from_numpy(targets)
+        for attention in ("manual", "sdpa"):
+            m = gpt.torch_model(cfg, attention)
+            m.load_state_dict(torch_ref.state_dict())
+            topt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+            name = f"{TORCH} {attention}"
+
+            def t_step(_: Any, m: Any = m, topt: Any = topt, name: str = name) -> None:
+                topt.zero_grad()
+                loss = m(ti, tt)
+                loss.backward()
+                topt.step()
+                losses.setdefault(name, float(loss.item()))
+
+            cases.append(Case(name, lambda: None, t_step))
+    times = measure_cases(cases, rounds)
+    for name, t in times.items():
+        res.rows.append({"impl": name, "step_ms": median(t) * 1e3, "rounds_s": t, "loss": losses.get(name)})
+    res.notes.append(BLAS.describe())
+    # the same steps with one thread each (numpy's BLAS and torch's intra-op pool): on a
+    # 2-core machine shared with other processes, two libraries' spinning thread pools
+    # slow each other down; this pair of figures compares the libraries' own work
+    from threadpoolctl import threadpool_limits
+
+    torch_mod = sys.modules.get("torch")
+    before = torch_mod.get_num_threads() if torch_mod is not None else None
+    one_cases = [Case(f"{c.name} (1 thread)", c.setup, c.timed) for c in cases]
+    try:
+        if torch_mod is not None:
+            torch_mod.set_num_threads(1)
+        with threadpool_limits(1, user_api="blas"):
+            times1 = measure_cases(one_cases, rounds)
+    finally:
+        if torch_mod is not None:
+            torch_mod.set_num_threads(before)
+    for name, t in times1.items():
+        res.rows.append({"impl": name, "step_ms": median(t) * 1e3, "rounds_s": t,
+                         "loss": losses.get(name.removesuffix(" (1 thread)"))})
+    res.seconds = time.perf_counter() - t_start
+    for suffix, label in (("", ""), (" (1 thread)", ", 1 thread each")):
+        peers = [res.value(f"{TORCH} {a}{suffix}", "step_ms") for a in ("manual", "sdpa")]
+        peers = [p for p in peers if not math.isnan(p)]
+        fastest = min(peers) if peers else math.nan
+        for r in res.rows:
+            if r["impl"].endswith(" (1 thread)") == bool(suffix):
+                r["x_torch"] = r["step_ms"] / fastest if peers else None
+        a = res.value(ASYNCGRAD + suffix, "step_ms")
+        ratio = res.add_ratio(f"asyncgrad/torch (faster path){label}", a, fastest)
+        res.add_ratio(f"asyncgrad/torch manual attention{label}", a, res.value(f"{TORCH} manual{suffix}", "step_ms"))
+        if not math.isnan(ratio):
+            res.targets.append(Target(f"transformer step <= 1.5x torch's faster path{label}", ratio, 1.5, "x"))
+    return res
