@@ -498,15 +498,15 @@ async def test_deepcopy_and_pickle_of_a_leaf_share_no_graph():
 async def test_fresh_leaf_gradient_is_stolen_not_copied(engine, threshold, monkeypatch):
     """Like PyTorch's AccumulateGrad, a gradient nobody else holds becomes .grad without
     a copy (a copy per leaf would double the commit's memory); others are copied."""
-    from asyncgrad.autograd import graph_task
+    from asyncgrad.autograd import commit
     from asyncgrad.functional import linear
 
     if threshold is not None:
         engine.inline_threshold = threshold
     stolen: list[bool] = []
-    real_owned = graph_task._owned
+    real_owned = commit._owned
     # (+1: this wrapper's own parameter is one more reference to the array)
-    monkeypatch.setattr(graph_task, "_owned", lambda a, refs: stolen.append(real_owned(a, refs + 1)) or stolen[-1])
+    monkeypatch.setattr(commit, "_owned", lambda a, refs: stolen.append(real_owned(a, refs + 1)) or stolen[-1])
     w = ag.tensor(np.ones((3, 4)), requires_grad=True)
     x = ag.tensor(np.ones((5, 4)))
     await ag.backward(linear(x, w).sum())

@@ -219,6 +219,6 @@ def test_blas_kernels_from_several_loops_share_one_bound():
         await ag.backward(y)
 
     _backwards_on_loop_threads(engine, one_backward)
-    slots = min(engine.max_workers, max(1, (os.cpu_count() or 1) // engine._blas_threads_per_call))
+    slots = min(engine.max_workers, max(1, (os.cpu_count() or 1) // engine.policy.blas_threads_per_call))
     assert engine.statistics().graph_tasks_succeeded == 12
     assert 1 <= matmuls.peak <= slots

@@ -18,6 +18,8 @@ from .functional import (
     relu, reshape, sigmoid, sin, softmax, sqrt, squeeze, stack, sub, sum, swapaxes, tanh,
     transpose, unsqueeze, var, where,
 )
+from . import functional as _functional
+from .tensor import bind_functional as _bind_functional
 from .grad_mode import (
     enable_grad, inference_mode, is_grad_enabled, is_inference_mode_enabled, no_grad, set_grad_enabled,
 )
@@ -27,6 +29,12 @@ from . import utils
 from .autograd import backward, backward_sync, grad, grad_sync
 from . import nn, optim
 from . import viz
+
+# Registration instead of a ring of imports (Note [The graph layer never imports Tensor]):
+# Tensor's methods delegate to ``functional``, which imports ``tensor``; the autograd
+# package's names are bound once everything they import is complete.
+_bind_functional(_functional)
+autograd.load_all()
 
 __version__ = "0.1.0"
 

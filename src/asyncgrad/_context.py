@@ -38,3 +38,8 @@ anomaly_mode: ContextVar[AnomalyMode | None] = ContextVar("asyncgrad_anomaly", d
 #: The active ``autograd.profiler.profile`` recorder, or None (the common, free case).
 #: A GraphTask reads it once when it starts; kernels are wrapped only when it is set.
 profiler: ContextVar[Any | None] = ContextVar("asyncgrad_profiler", default=None)
+
+#: Who runs the current node: the asyncio/trio task or the worker thread's id (set by
+#: the engine around the nodes it runs). A backward started elsewhere, e.g. in a task
+#: created from a hook, is not nested (Note [Explicit nesting] in autograd/threads.py).
+node_owner: ContextVar[object | None] = ContextVar("asyncgrad_node_owner", default=None)

@@ -16,9 +16,13 @@ import numpy as np
 
 from . import _context
 from ._dtype import as_array, is_floating
+from .autograd.graph import AccumulateGrad, HookDict, register_tensor_type
 
 if TYPE_CHECKING:
-    from .autograd.graph import Edge, HookDict, Node, RemovableHandle
+    from . import functional as F
+    from .autograd.graph import Edge, Node, RemovableHandle
+else:
+    F = None  # the ops module, bound by bind_functional (functional.py imports this one)
 
 _NONLEAF_GRAD_WARNING = (
     "The .grad attribute of a Tensor that is not a leaf Tensor is being accessed. Its .grad "
@@ -662,6 +666,11 @@ class MinMax(NamedTuple):
     indices: Tensor
 
 
-# Imported last: the graph and the functional layer both need the Tensor class above.
-from .autograd.graph import AccumulateGrad, HookDict  # noqa: E402
-from . import functional as F  # noqa: E402  (methods above delegate to it)
+register_tensor_type(Tensor)
+
+
+def bind_functional(module: Any) -> None:
+    """Called once by the package (``asyncgrad/__init__.py``) after importing
+    ``functional``, which imports this module: the ops the methods above delegate to."""
+    global F
+    F = module

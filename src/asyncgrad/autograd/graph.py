@@ -57,7 +57,7 @@ class RemovableHandle:
         self.remove()
 
 
-class HookDict(dict):  # type: ignore[type-arg]
+class HookDict(dict[int, Callable[..., Any]]):
     """A dict of hooks keyed by handle id; weak-referenceable so handles don't keep it."""
 
     __slots__ = ("__weakref__",)
@@ -112,10 +112,10 @@ class Node:
     def metadata(self) -> dict[str, Any]:
         if self._extra is None:
             self._extra = {}
-        meta = self._extra.get("metadata")
+        meta: dict[str, Any] | None = self._extra.get("metadata")
         if meta is None:
             meta = self._extra["metadata"] = {}
-        return meta  # type: ignore[no-any-return]
+        return meta
 
     @property
     def anomaly_trace(self) -> Any:
@@ -161,6 +161,10 @@ class Node:
     def is_async(self) -> bool:
         """True when the engine must await ``apply_async`` instead of calling ``apply``."""
         return False
+
+    async def apply_async(self, grads: list[Any], m: Any) -> list[Any]:
+        """``apply`` for a node whose ``is_async()`` is true."""
+        raise NotImplementedError
 
     #: False for node classes that never override ``is_async`` (set per class), so the
     #: engine's hot loop can skip the call
@@ -415,4 +419,15 @@ def iter_graph(root: Node | None) -> Iterator[Node]:
                 stack.append(child)
 
 
-from ..tensor import Tensor as _tensor_cls  # noqa: E402  (tensor.py imports this module first)
+# Note [The graph layer never imports Tensor]: tensor.py imports this module, so this
+# module cannot import tensor.py back (that ring ran half a package while tensor.py was
+# half-initialised). Tensor registers itself here instead, once its class exists (as
+# HIPS autograd's box types register with its tracer); saved tensors need it only to
+# rebuild a Tensor when unpacked, long after every import finished.
+_tensor_cls: Any = None
+
+
+def register_tensor_type(cls: type) -> None:
+    """Called once by tensor.py: the class saved tensors are unpacked into."""
+    global _tensor_cls
+    _tensor_cls = cls

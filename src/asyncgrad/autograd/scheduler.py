@@ -1,0 +1,119 @@
+"""One fair scheduler per event loop, shared by every GraphTask on it.
+
+Note [One runner per loop]: all backward calls on a loop share one queue of GraphTasks
+with nodes ready to run inline, and one *runner* drains it: whichever driver finds no
+runner takes the role (the others wait on their own event). The runner runs the queued
+GraphTasks' nodes in turn for at most ``yield_interval`` of the loop's time, then lets
+the loop run once, and goes on. So the loop gets a turn at least every
+``yield_interval`` whatever the number of backward calls in flight, and a waiting
+GraphTask costs the loop nothing (PyTorch likewise shares one ready queue per device
+among all GraphTasks). A GraphTask whose time slice ran out goes to the back of the
+queue. The runner runs another GraphTask's nodes in that GraphTask's own context, marked
+as their owner (Note [Explicit nesting] in threads.py). When its own GraphTask needs its
+driver (nothing left to run inline, a node to start elsewhere, an error) the runner
+hands the role to the next queued GraphTask's driver.
+
+Everything here runs on the loop's thread: no locks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import anyio
+import anyio.lowlevel
+
+from .. import _context
+from .execute import run_inline
+from .graph_task import GraphTask
+from .threads import current_owner
+
+_scheduler: anyio.lowlevel.RunVar[LoopScheduler] = anyio.lowlevel.RunVar("asyncgrad_loop_scheduler")
+
+
+def loop_scheduler() -> LoopScheduler:
+    """The scheduler of the running event loop (created on first use)."""
+    try:
+        return _scheduler.get()
+    except LookupError:
+        scheduler = LoopScheduler()
+        _scheduler.set(scheduler)
+        return scheduler
+
+
+def wake(task: GraphTask) -> None:
+    """Wake ``task``'s driver if it waits (it re-checks its state before waiting)."""
+    if task.wakeup is not None:
+        task.wakeup.set()
+
+
+def _run_as(owner: object, task: GraphTask, threshold: float, deadline: float) -> bool:
+    _context.node_owner.set(owner)
+    return run_inline(task, threshold, deadline)
+
+
+class LoopScheduler:
+    """The queue of GraphTasks with inline work, and who runs it (see the note)."""
+
+    def __init__(self) -> None:
+        self.queue: deque[GraphTask] = deque()
+        self.queued: set[GraphTask] = set()
+        self.runner: GraphTask | None = None  # the GraphTask whose driver runs the queue
+
+    def add(self, task: GraphTask) -> None:
+        """Queue ``task`` (it has ready nodes); without a runner, wake its driver."""
+        if task not in self.queued:
+            self.queued.add(task)
+            self.queue.append(task)
+        if self.runner is None:
+            wake(task)
+
+    def discard(self, task: GraphTask) -> None:
+        if task in self.queued:
+            self.queued.discard(task)
+            self.queue.remove(task)
+
+    def _drop(self, task: GraphTask) -> None:
+        self.queue.popleft()
+        self.queued.discard(task)
+        if task is not self.runner:
+            wake(task)
+
+    async def run(self, me: GraphTask, threshold: float, interval: float) -> None:
+        """Be the runner until ``me`` needs its driver; then hand over."""
+        self.runner = me
+        owner = current_owner()
+        clock = time.perf_counter
+        try:
+            while True:
+                self._run_slice(owner, threshold, clock() + interval)
+                if me not in self.queued or me.to_start or me.error is not None or not self.queue:
+                    return
+                await anyio.lowlevel.checkpoint()
+        finally:
+            self.runner = None
+            if self.queue:
+                wake(self.queue[0])
+
+    def _run_slice(self, owner: object, threshold: float, deadline: float) -> None:
+        queue = self.queue
+        while queue:
+            task = queue[0]
+            if task.stopping or task.active_children or task.context is None:
+                self._drop(task)  # its driver handles it (a nested task wakes it at its end)
+                continue
+            try:
+                more = task.context.run(_run_as, owner, task, threshold, deadline)
+            except Exception:  # recorded on the task by run_inline; its driver raises it
+                self._drop(task)
+                continue
+            if task.to_start and task is not self.runner:
+                wake(task)
+            if not more:
+                self._drop(task)
+            elif time.perf_counter() >= deadline:
+                queue.rotate(-1)  # its slice ran out: to the back
+                return
+            elif task.to_start and task is self.runner:
+                return
