@@ -30,7 +30,7 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` importable
 
 from bench.common import ALL_IMPLS, Result, format_table, select_impls  # noqa: E402
 
-WORKLOADS = ("chain", "mlp", "wide", "loop_lag", "concurrent", "deep")
+WORKLOADS = ("chain", "mlp", "wide", "loop_lag", "concurrent", "deep", "many_tasks")
 RESULTS = Path(__file__).resolve().parent / "results"
 
 

@@ -17,12 +17,11 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .. import _context
 from ..tensor import Tensor
-from .engine import get_engine, nesting_parent
+from .engine import get_engine
 from .graph import Edge
 from .graph_task import GraphTask
-from .threads import in_event_loop_thread
+from .threads import in_event_loop_thread, running_graph_task
 
 _CREATE_GRAPH_WARNING = (
     "Using backward() with create_graph=True will create a reference cycle between the "
@@ -198,7 +197,7 @@ async def grad(outputs: Any, inputs: Any, grad_outputs: Any = None, *,
 
 
 def _check_sync_allowed(name: str) -> None:
-    if nesting_parent() is None and in_event_loop_thread():
+    if running_graph_task() is None and in_event_loop_thread():
         raise RuntimeError(
             f"{name}() was called from a thread that is running an event loop; it would "
             f"block the loop. Use `await asyncgrad.{name.replace('_sync', '')}(...)` instead "
@@ -230,7 +229,7 @@ def grad_sync(outputs: Any, inputs: Any, grad_outputs: Any = None, *,
 def queue_callback(fn: Callable[[], Any]) -> None:
     """Run ``fn`` (sync or async) when the current GraphTask's nodes have all finished,
     before its ``await`` returns. Only valid while a backward is running."""
-    task = _context.current_graph_task.get()
+    task = running_graph_task()
     if task is None:
         raise RuntimeError("Final callbacks can only be installed during backward pass.")
     task.queue_callback(fn)
@@ -245,7 +244,7 @@ def queue_pre_commit(fn: Callable[[dict[Any, Any]], Any]) -> None:
     Errors: if ``fn`` raises, nothing is committed and the exception propagates from
     the backward call. Cancellation: an ``async`` ``fn`` may be cancelled with the
     backward; nothing is committed then either."""
-    task = _context.current_graph_task.get()
+    task = running_graph_task()
     if task is None:
         raise RuntimeError("Pre-commit functions can only be installed during backward pass.")
     task.pre_commits.append(fn)

@@ -43,11 +43,12 @@ from ..tensor import Tensor
 from .graph_task import GraphTask
 from .input_buffer import PendingSum
 
-COMMIT_LOCK = threading.Lock()
+# Re-entrant: an optimizer step holds it and its closure may run a (synchronous) backward.
+COMMIT_LOCK = threading.RLock()
 RELEASE_STEP = 1024  # nodes whose saved tensors are freed between two chances to yield
 
 
-def grad_lock() -> threading.Lock:
+def grad_lock() -> threading.RLock:
     """The lock every commit publishes under: hold it to read or change several
     ``.grad`` at once without seeing a commit half done (Note [Atomic commits])."""
     return COMMIT_LOCK

@@ -48,6 +48,7 @@ from .scheduler import loop_scheduler, wake
 from .statistics import EngineStatistics
 from .threads import (
     as_owner, await_blocking, block_on, current_owner, is_awaitable, run_in_executor, run_on_fresh_thread,
+    running_graph_task,
 )
 from .threads import in_event_loop_thread, run_on_fresh_thread as _run_on_fresh_thread  # noqa: F401  (gradcheck.py)
 from .workers import WorkerPool, shared_pool
@@ -57,15 +58,6 @@ DEFAULT_INLINE_THRESHOLD = 131_072
 YIELD_INTERVAL = 0.0005
 WORKER_NICE = 10
 _INF = float("inf")
-
-
-def nesting_parent() -> GraphTask | None:
-    """The GraphTask a backward started here is nested in: the running one, if this
-    task or thread is the one running its node (Note [Explicit nesting])."""
-    parent = _context.current_graph_task.get()
-    if parent is None or _context.node_owner.get() != current_owner():
-        return None
-    return parent
 
 
 class Engine:
@@ -144,7 +136,7 @@ class Engine:
 
     def execute_sync(self, task: GraphTask) -> None:
         """Drain ``task`` on this thread, every node inline (sync forms, reentrancy)."""
-        parent = nesting_parent()
+        parent = running_graph_task()
         if parent is not None and (parent.depth + 1) % REENTRANT_HANDOFF_DEPTH == 0:
             # the fresh thread runs this nested backward as the node's owner
             run_on_fresh_thread(as_owner, self._execute_sync_here, task)
@@ -160,16 +152,7 @@ class Engine:
         try:
             for _ in task.setup_steps():
                 pass
-            while run_inline(task, _INF, _INF) or task.to_start:
-                while task.to_start:  # an async backward: run it to completion here
-                    node, inputs = task.to_start.popleft()
-                    try:
-                        outputs = block_on(async_kernel_for(task), node, inputs, task.math)
-                        task.nodes_inline += 1
-                        finish(task, node, inputs, outputs)
-                    except BaseException as e:
-                        task.fail(e, node)
-                        raise
+            self._drain_sync(task)
             _check_complete(task)
             if task.pre_commits:
                 _call_each(task.pre_commits, await_blocking, commit.pre_commit_view(task))
@@ -181,6 +164,20 @@ class Engine:
         finally:
             _exit(tokens)
             self._end(task, parent, outcome)
+
+    def _drain_sync(self, task: GraphTask) -> None:
+        """Every node inline on this thread; an ``async def`` backward is run to its end
+        here (threads.block_on)."""
+        while run_inline(task, _INF, _INF) or task.to_start:
+            while task.to_start:
+                node, inputs = task.to_start.popleft()
+                try:
+                    outputs = block_on(async_kernel_for(task), node, inputs, task.math)
+                    task.nodes_inline += 1
+                    finish(task, node, inputs, outputs)
+                except BaseException as e:
+                    task.fail(e, node)
+                    raise
 
     async def _drain(self, task: GraphTask) -> None:
         """Until every node ran. Small graphs run inline only; the task group for
@@ -337,7 +334,7 @@ class Engine:
 
     # --- bookkeeping ----------------------------------------------------------------------
     def _begin(self, task: GraphTask) -> GraphTask | None:
-        parent = nesting_parent()
+        parent = running_graph_task()
         if parent is not None:
             task.parent = parent
             task.depth = parent.depth + 1

@@ -21,7 +21,7 @@ import contextvars
 import itertools
 from collections import deque
 from collections.abc import Callable, Iterator
-from heapq import heappush
+from heapq import heappop, heappush
 from typing import TYPE_CHECKING, Any
 
 from .. import _context
@@ -202,6 +202,14 @@ class GraphTask:
 
     def has_ready(self) -> bool:
         return bool(self.ready_leaves or self.heap)
+
+    def pop_ready(self) -> tuple[Node, list[Any]]:
+        """The next ready node and its buffer (Note [Ready-queue order]); execute.run_inline
+        does the same in its locals."""
+        if self.ready_leaves:
+            return self.ready_leaves.popleft()
+        _, node, buf = heappop(self.heap)
+        return node, buf
 
     def nodes_left(self) -> bool:
         """Whether some node has yet to run: ready, waiting, to start or in flight."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .. import _context
+from .threads import running_graph_task
 
 if TYPE_CHECKING:
     from .graph_task import GraphTask
@@ -52,11 +52,11 @@ def graph_task_statistics(task: GraphTask) -> GraphTaskStatistics:
 def current_graph_task_statistics() -> GraphTaskStatistics | None:
     """Statistics of the GraphTask running in this context (from a hook, a Function's
     backward or a callback), or None outside backward."""
-    task = _context.current_graph_task.get()
+    task = running_graph_task()
     return None if task is None else graph_task_statistics(task)
 
 
 def current_graph_task_id() -> int | None:
     """The id of the GraphTask running in this context, or None outside backward."""
-    task = _context.current_graph_task.get()
+    task = running_graph_task()
     return None if task is None else task.id

@@ -13,11 +13,14 @@ import sys
 import threading
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Executor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from .. import _context
+
+if TYPE_CHECKING:
+    from .graph_task import GraphTask
 
 
 def current_owner() -> object:
@@ -41,6 +44,16 @@ def current_owner() -> object:
         except RuntimeError:
             pass
     return threading.get_ident()
+
+
+def running_graph_task() -> GraphTask | None:
+    """The GraphTask whose node (hook, callback) this task or thread is running, or
+    None: also in a task that merely inherited the context of one (Note [Explicit
+    nesting]). A backward started now is nested in it."""
+    task = _context.current_graph_task.get()
+    if task is None or _context.node_owner.get() != current_owner():
+        return None
+    return task
 
 
 def as_owner(fn: Callable[..., Any], *args: Any) -> Any:
