@@ -201,10 +201,10 @@ async def test_cancel_waits_for_running_kernels(offload_all, monkeypatch):
 
     finished: list[float] = []
     original = recording.OpNode.apply
+    started = threading.Event()
 
     def slow_apply(self, grads, m):
-        import time
-
+        started.set()
         time.sleep(0.05)
         out = original(self, grads, m)
         finished.append(time.perf_counter())
@@ -213,11 +213,16 @@ async def test_cancel_waits_for_running_kernels(offload_all, monkeypatch):
     monkeypatch.setattr(recording.OpNode, "apply", slow_apply)
     x = ag.tensor([1.0, 2.0], requires_grad=True)
     y = (x.exp() + x.sin()).sum()
-    with anyio.move_on_after(0.01):
-        await ag.backward(y)
-    import time
+    with anyio.CancelScope() as scope:
+        async def cancel_once_a_kernel_runs() -> None:
+            await anyio.to_thread.run_sync(started.wait)
+            scope.cancel()
 
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(cancel_once_a_kernel_runs)
+            await ag.backward(y)
     returned = time.perf_counter()
+    assert scope.cancelled_caught
     assert finished and max(finished) <= returned
     assert x.grad is None
 

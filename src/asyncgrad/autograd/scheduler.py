@@ -3,8 +3,9 @@
 Note [One runner per loop]: all backward calls on a loop share one queue of GraphTasks
 with nodes ready to run inline, and one *runner* drains it: whichever driver finds no
 runner takes the role (the others wait on their own event). The runner runs the queued
-GraphTasks' nodes in turn for at most ``yield_interval`` of the loop's time, then lets
-the loop run once, and goes on. So the loop gets a turn at least every
+GraphTasks' nodes in turn until the current slice of the loop's time ends
+(``yield_interval`` after the loop's last turn), then lets the loop run once, and goes
+on. So the loop gets a turn at least every
 ``yield_interval`` whatever the number of backward calls in flight, and a waiting
 GraphTask costs the loop nothing (PyTorch likewise shares one ready queue per device
 among all GraphTasks). A GraphTask whose time slice ran out goes to the back of the
@@ -60,6 +61,7 @@ class LoopScheduler:
         self.queue: deque[GraphTask] = deque()
         self.queued: set[GraphTask] = set()
         self.runner: GraphTask | None = None  # the GraphTask whose driver runs the queue
+        self.slice_end = 0.0  # perf_counter() when the current slice of the loop's time ends
 
     def add(self, task: GraphTask) -> None:
         """Queue ``task`` (it has ready nodes); without a runner, wake its driver."""
@@ -81,16 +83,23 @@ class LoopScheduler:
             wake(task)
 
     async def run(self, me: GraphTask, threshold: float, interval: float) -> None:
-        """Be the runner until ``me`` needs its driver; then hand over."""
+        """Be the runner until ``me`` needs its driver; then hand over.
+
+        The slice is the loop's, not the runner's: ``slice_end`` carries over from one
+        runner (and one backward call) to the next, and is renewed only after the loop
+        had a turn. So a task awaiting many small backward calls in a row, each done
+        within a slice, still lets the loop run every ``interval``."""
         self.runner = me
         owner = current_owner()
         clock = time.perf_counter
         try:
             while True:
-                self._run_slice(owner, threshold, clock() + interval)
+                if clock() >= self.slice_end:
+                    await anyio.lowlevel.checkpoint()  # the loop's turn, then a new slice
+                    self.slice_end = clock() + interval
+                self._run_slice(owner, threshold, self.slice_end)
                 if me not in self.queued or me.to_start or me.error is not None or not self.queue:
                     return
-                await anyio.lowlevel.checkpoint()
         finally:
             self.runner = None
             if self.queue:
