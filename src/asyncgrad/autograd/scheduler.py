@@ -19,6 +19,9 @@ Everything here runs on the loop's thread: no locks.
 
 from __future__ import annotations
 
+import asyncio
+import sys
+import threading
 import time
 from collections import deque
 
@@ -28,19 +31,36 @@ import anyio.lowlevel
 from .. import _context
 from .execute import run_inline
 from .graph_task import GraphTask
-from .threads import current_owner
 
 _scheduler: anyio.lowlevel.RunVar[LoopScheduler] = anyio.lowlevel.RunVar("asyncgrad_loop_scheduler")
+_last = threading.local()  # (loop, its scheduler): a thread runs one loop at a time
+
+
+def _running_loop() -> object:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        trio = sys.modules.get("trio")
+        if trio is None:
+            raise
+        return trio.lowlevel.current_trio_token()
 
 
 def loop_scheduler() -> LoopScheduler:
-    """The scheduler of the running event loop (created on first use)."""
+    """The scheduler of the running event loop (created on first use; kept in a RunVar
+    so it lives as long as the loop, and cached per thread for the per-call lookup)."""
+    loop = _running_loop()
+    last = getattr(_last, "pair", None)
+    if last is not None and last[0] is loop:
+        cached: LoopScheduler = last[1]
+        return cached
     try:
-        return _scheduler.get()
+        scheduler = _scheduler.get()
     except LookupError:
         scheduler = LoopScheduler()
         _scheduler.set(scheduler)
-        return scheduler
+    _last.pair = (loop, scheduler)
+    return scheduler
 
 
 def wake(task: GraphTask) -> None:
@@ -90,7 +110,7 @@ class LoopScheduler:
         had a turn. So a task awaiting many small backward calls in a row, each done
         within a slice, still lets the loop run every ``interval``."""
         self.runner = me
-        owner = current_owner()
+        owner = _context.node_owner.get()  # this driver's task (engine._enter set it)
         clock = time.perf_counter
         try:
             while True:
