@@ -264,11 +264,11 @@ def test_first_backward_of_a_process_inspects_blas_off_the_loop():
         import asyncio, threading
         import threadpoolctl
         calls = []
-        real = threadpoolctl.threadpool_info
-        def recorded(*a, **k):
-            calls.append(threading.current_thread().name)
-            return real(*a, **k)
-        threadpoolctl.threadpool_info = recorded
+        class Recorded(threadpoolctl.ThreadpoolController):
+            def __init__(self, *a, **k):
+                calls.append(threading.current_thread().name)
+                super().__init__(*a, **k)
+        threadpoolctl.ThreadpoolController = Recorded
         import asyncgrad as ag
         from asyncgrad.autograd import policy
         async def main():
@@ -283,3 +283,31 @@ def test_first_backward_of_a_process_inspects_blas_off_the_loop():
     assert out.returncode == 0, out.stderr
     loop_thread, calls = out.stdout.strip().split(" ", 1)
     assert calls == "['asyncgrad-setup']", out.stdout
+
+
+async def test_blas_is_single_threaded_while_several_backward_calls_run(engine):
+    """Note [BLAS threads]: numpy's BLAS uses one thread per call while more than one
+    backward is in flight, and its default again when one runs alone."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+
+    def blas_threads() -> int:
+        return max(lib["num_threads"] for lib in threadpoolctl.threadpool_info()
+                   if lib["user_api"] == "blas" and "numpy" in lib["filepath"])
+
+    x = ag.tensor([1.0], requires_grad=True)
+    await ag.backward((x * 2.0).sum())  # starts the one-time set-up
+    await anyio.to_thread.run_sync(engine.policy.ready.wait)
+    alone = blas_threads()
+    seen: list[int] = []
+    Gate.gate = anyio.Event()
+    z = ag.tensor([3.0], requires_grad=True)
+    blocked = Gate.apply(z * 2.0).sum()
+    y = x * 3.0
+    y.register_hook(lambda g: seen.append(blas_threads()))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ag.backward, blocked)  # in flight until the gate opens
+        await anyio.sleep(0)
+        await ag.backward(y.sum())
+        Gate.gate.set()
+    assert seen == [1]
+    assert blas_threads() == alone

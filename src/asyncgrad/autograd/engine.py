@@ -43,7 +43,7 @@ from .errors import EngineInternalError
 from .execute import async_kernel_for, finish, run_inline
 from .graph_task import GraphTask
 from .offload import run_elsewhere
-from .policy import Policy
+from .policy import BLAS, Policy
 from .scheduler import loop_scheduler, wake
 from .statistics import EngineStatistics
 from .threads import (
@@ -251,14 +251,13 @@ class Engine:
         return await self.offload(self.policy.run_blas, fn, *args)
 
     def blas_limiter(self) -> anyio.CapacityLimiter:
-        """This loop's bound on its BLAS kernels in flight, so a worker waits on a
-        shared slot only while another loop holds it."""
+        """This loop's bound on its BLAS kernels in flight, so a worker waits on the
+        shared BLAS slots only while another loop holds them."""
         try:
             return self._blas_limiter_var.get()
         except LookupError:
-            limiter = anyio.CapacityLimiter(self.policy.blas_slots())
-            if self.policy.ready.is_set():  # (until then the slots may still change)
-                self._blas_limiter_var.set(limiter)
+            limiter = anyio.CapacityLimiter(self.policy.blas_kernels())
+            self._blas_limiter_var.set(limiter)
             return limiter
 
     def _start_pool(self) -> WorkerPool:
@@ -341,9 +340,11 @@ class Engine:
             parent.active_children += 1
         with self._lock:
             self._started += 1
+        BLAS.backward_started()
         return parent
 
     def _end(self, task: GraphTask, parent: GraphTask | None, outcome: str) -> None:
+        BLAS.backward_ended()
         if parent is not None:
             parent.active_children -= 1
             if not parent.active_children and parent.context is not None and parent.has_ready():

@@ -108,10 +108,11 @@ async def _offload_per_input(engine: Engine, task: GraphTask, node: Node, inputs
     outputs: list[Any] = [None] * len(node.next_edges)
     # unpack the saved values once (unpack hooks may be slow: on a worker thread)
     unpacked = await engine.offload(node.rule_args, math)
+    offload = engine.offload_blas if node.spec.blas else engine.offload  # (each part holds BLAS slots)
 
     async def one(i: int) -> None:
         task.thread_hops += 1
-        outputs[i] = await engine.offload(node.apply_edge, i, inputs, math, unpacked)
+        outputs[i] = await offload(node.apply_edge, i, inputs, math, unpacked)
 
     async with anyio.create_task_group() as parts:
         for i, (child, _) in enumerate(node.next_edges):

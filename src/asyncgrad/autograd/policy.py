@@ -18,11 +18,19 @@ GIL against the loop, so the chain ends at its last heavy node. Bookkeeping stay
 loop: ``GraphTask.finish_chained`` routes the rest afterwards.
 
 Note [BLAS threads]: BLAS runs threads of its own inside each call. Several BLAS kernels
-at once multiply those threads and oversubscribe the cores, so the engine runs at most
-``cores // BLAS-threads-per-call`` BLAS kernels at once, counted over every loop using
-the engine, and splits a BLAS node's input gradients into parallel kernels only when
-BLAS is single-threaded. ``Engine(blas_threads=n)`` sets BLAS to ``n`` threads per call
-process-wide through threadpoolctl.
+at once multiply those threads and oversubscribe the cores, and with other work on the
+cores (other kernels, other backward calls' forward passes on the loop) a multi-threaded
+BLAS call waits for its helper threads (measured: 9 ms for a 32x128x128 product that
+takes 0.1 ms single-threaded, on a loaded machine). So BLAS's threads adapt (``BLAS``):
+numpy's BLAS is single-threaded while more than one backward call is in flight in the
+process, and uses its own default threads while one backward runs alone (one large
+product on all cores beats two single-threaded ones). The switch is made only while no
+engine BLAS kernel runs (OpenBLAS's pthreads build just stores the count; a call in
+progress keeps the count it started with). On worker threads, BLAS kernels take
+``threads-per-call`` of ``cores`` shared slots, over every loop and engine, and a BLAS
+node's input gradients are split into parallel kernels only while BLAS is
+single-threaded. ``Engine(blas_threads=n)`` fixes BLAS at ``n`` threads per call
+process-wide through threadpoolctl instead.
 
 Note [No one-time stall]: inspecting BLAS (threadpoolctl loads and queries every
 library), applying ``blas_threads``, tuning malloc and starting the first worker thread
@@ -58,17 +66,21 @@ class Policy:
         self.inline_threshold = inline_threshold
         self.blas_threads = blas_threads
         self.tune_malloc = tune_malloc
-        self.blas_threads_per_call = CORES if not blas_threads else blas_threads
         self.ready = threading.Event()  # set once the one-time set-up finished
         self._setup_lock = threading.Lock()
         self._setup_started = False
         self._blas_limits: Any = None  # threadpoolctl's limiter, kept alive
-        self.blas_gate = threading.BoundedSemaphore(self.blas_slots())
+
+    @property
+    def blas_threads_per_call(self) -> int:
+        """BLAS's threads per call now (Note [BLAS threads])."""
+        return BLAS.per_call
 
     # --- decisions --------------------------------------------------------------------
-    def blas_slots(self) -> int:
-        """BLAS kernels that may run at once over every loop (Note [BLAS threads])."""
-        return min(max(1, CORES // max(1, self.blas_threads_per_call)), self.max_workers)
+    def blas_kernels(self) -> int:
+        """BLAS kernels one loop may have on worker threads at once: as many as there
+        are cores when BLAS is single-threaded (the shared slots bound the rest)."""
+        return min(CORES, self.max_workers)
 
     def splits(self, task: GraphTask, node: Node) -> bool:
         """Whether to compute a node's input gradients as separate parallel kernels: a
@@ -135,52 +147,106 @@ class Policy:
 
     def _setup(self, warm: Any) -> None:
         try:
-            n = self._inspect_blas()
-            self.blas_threads_per_call = n
-            self.blas_gate = threading.BoundedSemaphore(self.blas_slots())
+            self._setup_blas()
             if self.tune_malloc:
                 keep_large_allocations()
         finally:
             self.ready.set()  # before warm: BLAS kernels on workers wait for it
         warm()
 
-    def _inspect_blas(self) -> int:
-        if self.blas_threads:
-            try:
-                from threadpoolctl import threadpool_limits
-            except ImportError:
-                return self.blas_threads
-            self._blas_limits = threadpool_limits(limits=self.blas_threads, user_api="blas")
-            return self.blas_threads
-        return default_blas_threads()
+    def _setup_blas(self) -> None:
+        if not self.blas_threads:
+            BLAS.configure()
+            return
+        try:
+            from threadpoolctl import threadpool_limits
+        except ImportError:
+            return
+        self._blas_limits = threadpool_limits(limits=self.blas_threads, user_api="blas")
+        BLAS.fix(self.blas_threads)
 
     def run_blas(self, fn: Any, *args: Any) -> Any:
-        """On a worker thread: ``fn(*args)`` holding one of the BLAS slots shared by every
-        loop using the engine (Note [BLAS threads]), after the set-up applied
-        ``blas_threads``."""
+        """On a worker thread: ``fn(*args)`` holding BLAS slots shared by every loop
+        (Note [BLAS threads]), after the set-up inspected or fixed BLAS."""
         self.ready.wait()
-        with self.blas_gate:
+        return BLAS.run(fn, *args)
+
+
+class BlasThreads:
+    """Process-wide: how many threads numpy's BLAS uses per call, adapted to the number
+    of backward calls in flight, and the slots BLAS kernels on worker threads share
+    (Note [BLAS threads]). All state under ``_cond``."""
+
+    def __init__(self, cores: int) -> None:
+        self.cores = cores
+        self._cond = threading.Condition()
+        self._free = cores  # BLAS threads not taken by a running engine BLAS kernel
+        self._backwards = 0  # backward calls in flight, process-wide
+        self._libs: list[Any] = []  # threadpoolctl controllers of numpy's BLAS
+        self._default = cores  # BLAS's own threads per call
+        self._fixed = False  # Engine(blas_threads=n): never adapt
+        self._single = False
+
+    @property
+    def per_call(self) -> int:
+        return 1 if self._single else self._default
+
+    def configure(self) -> None:
+        """On the set-up thread: find numpy's BLAS and its default thread count."""
+        libs: list[Any] = []
+        default = CORES
+        try:
+            from threadpoolctl import ThreadpoolController
+        except ImportError:
+            pass
+        else:
+            libs = [lib for lib in ThreadpoolController().select(user_api="blas").lib_controllers
+                    if "numpy" in lib.filepath or "scipy_openblas" in lib.filepath]
+            default = max((lib.num_threads for lib in libs), default=1)
+        with self._cond:
+            if self._libs or self._fixed:
+                return
+            self._libs, self._default = libs, default
+            self._adapt()
+
+    def fix(self, n: int) -> None:
+        with self._cond:
+            self._fixed, self._default, self._single = True, n, False
+
+    def backward_started(self) -> None:
+        with self._cond:
+            self._backwards += 1
+            self._adapt()
+
+    def backward_ended(self) -> None:
+        with self._cond:
+            self._backwards -= 1
+            self._adapt()
+
+    def _adapt(self) -> None:
+        single = self._backwards > 1
+        if self._fixed or not self._libs or single == self._single or self._free != self.cores:
+            return  # (a BLAS kernel running: the next start or end adapts)
+        for lib in self._libs:
+            lib.set_num_threads(1 if single else self._default)
+        self._single = single
+
+    def run(self, fn: Any, *args: Any) -> Any:
+        with self._cond:
+            need = min(self.per_call, self.cores)
+            while self._free < need:
+                self._cond.wait()
+            self._free -= need
+        try:
             return fn(*args)
+        finally:
+            with self._cond:
+                self._free += need
+                self._adapt()
+                self._cond.notify_all()
 
 
-_blas_default: int | None = None
-_blas_lock = threading.Lock()
-
-
-def default_blas_threads() -> int:
-    """BLAS's own threads per call, inspected once per process (BLAS is process-wide)."""
-    global _blas_default
-    with _blas_lock:
-        if _blas_default is None:
-            try:
-                from threadpoolctl import threadpool_info
-            except ImportError:  # optional: without it, assume BLAS uses every core
-                _blas_default = CORES
-            else:
-                counts = [lib.get("num_threads", 1) for lib in threadpool_info()
-                          if lib.get("user_api") == "blas"]
-                _blas_default = max(counts, default=1)
-        return _blas_default
+BLAS = BlasThreads(CORES)
 
 
 _malloc_tuned = False
