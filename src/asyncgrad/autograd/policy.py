@@ -20,8 +20,8 @@ loop: ``GraphTask.finish_chained`` routes the rest afterwards.
 Note [BLAS threads]: BLAS runs threads of its own inside each call. Several BLAS kernels
 at once multiply those threads and oversubscribe the cores, and with other work on the
 cores (other kernels, other backward calls' forward passes on the loop) a multi-threaded
-BLAS call waits for its helper threads (measured: 9 ms for a 32x128x128 product that
-takes 0.1 ms single-threaded, on a loaded machine). So BLAS's threads adapt (``BLAS``):
+BLAS call waits for its helper threads, many times longer than a single-threaded one
+takes (docs/benchmarks.md). So BLAS's threads adapt (``BLAS``):
 numpy's BLAS is single-threaded while more than one backward call is in flight in the
 process, and uses its own default threads while one backward runs alone (one large
 product on all cores beats two single-threaded ones). The switch is made only while no
