@@ -23,6 +23,11 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from .. import _context
+from .handles import HookDict, NodeHooks, RemovableHandle
+
+__all__ = ["ACCUMULATE_GRAD_SEQUENCE_NR", "AccumulateGrad", "Edge", "GraphRoot", "HookDict", "NO_EDGE", "Node",
+           "NodeHooks", "RemovableHandle", "SavedTensor", "HookedSavedTensor", "saved_tensors_hooks",
+           "save_for_backward", "iter_graph", "next_sequence_nr", "register_tensor_type", "FREED_MESSAGE"]
 
 if TYPE_CHECKING:
     from ..tensor import Tensor
@@ -33,55 +38,6 @@ ACCUMULATE_GRAD_SEQUENCE_NR = 2**64 - 1
 
 _sequence_counter = itertools.count()
 next_sequence_nr: Callable[[], int] = _sequence_counter.__next__
-
-
-class RemovableHandle:
-    """Returned by every ``register_*hook``; ``remove()`` unregisters (idempotent)."""
-
-    __slots__ = ("_hooks_ref", "id")
-    _ids = itertools.count()
-
-    def __init__(self, hooks: HookDict) -> None:
-        self.id = next(RemovableHandle._ids)
-        self._hooks_ref = weakref.ref(hooks)  # a handle does not keep its hooks alive
-
-    def remove(self) -> None:
-        hooks = self._hooks_ref()
-        if hooks is not None:
-            hooks.pop(self.id, None)
-
-    def __enter__(self) -> RemovableHandle:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.remove()
-
-
-class HookDict(dict[int, Callable[..., Any]]):
-    """A dict of hooks keyed by handle id; weak-referenceable so handles don't keep it."""
-
-    __slots__ = ("__weakref__",)
-
-    def add(self, fn: Callable[..., Any]) -> RemovableHandle:
-        handle = RemovableHandle(self)
-        self[handle.id] = fn
-        return handle
-
-
-class NodeHooks:
-    """The hooks of one node, created only when a first hook is registered.
-
-    Order inside one node (PyTorch's NOTE [Hooks ordering]): tensor pre-hooks per slot,
-    then retains-grad hooks, then node pre-hooks, the node, then post-hooks.
-    """
-
-    __slots__ = ("tensor_pre", "retains_grad", "pre", "post")
-
-    def __init__(self) -> None:
-        self.tensor_pre: dict[int, HookDict] = {}
-        self.retains_grad: dict[int, weakref.ref[Tensor]] = {}
-        self.pre = HookDict()
-        self.post = HookDict()
 
 
 class Node:
