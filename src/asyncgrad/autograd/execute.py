@@ -3,8 +3,8 @@
 ``prepare`` (PyTorch's ``call_pre_hooks``: tensor pre-hooks, retain_grad, captures, node
 pre-hooks; an AccumulateGrad is staged here), ``run_kernel`` (``call_function`` then
 ``validate_outputs``), and ``finish`` (post-hooks, then route each gradient onward).
-``run_node`` is those three in order: the reference path (reference.py) and the one
-every driver uses for nodes that are not plain built-ins. Tools wrap the kernel, they
+The reference executor (reference.py) runs those three in order for every node; the
+drivers do too for every node that is not a plain built-in. Tools wrap the kernel, they
 do not fork the path: anomaly mode runs ``run_kernel``'s two steps marking the node as
 running, the profiler times ``run_kernel`` (``kernel_for``).
 
@@ -146,13 +146,6 @@ def finish(task: GraphTask, node: Node, inputs: list[Any], outputs: list[Any]) -
                        for (child, _), g in zip(node.next_edges, outputs)]
         outputs = run_post_hooks(task, node, hooks.post, outputs, inputs)
     task.route(node, outputs)
-
-
-def run_node(task: GraphTask, node: Node, buf: list[Any], kernel: Kernel = run_kernel) -> None:
-    """The reference sequence for one ready (synchronous) node: prepare, kernel, finish."""
-    inputs = prepare(task, node, buf)
-    if inputs is not None:
-        finish(task, node, inputs, kernel(node, inputs, task.math))
 
 
 def must_go_elsewhere(node: Node, threshold: float) -> bool:

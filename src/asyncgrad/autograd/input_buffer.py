@@ -83,11 +83,6 @@ def add_to_buffer(buf: list[Any], nr: int, g: Any) -> list[Any]:
     return buf
 
 
-def is_deferred(g: Any) -> bool:
-    """Whether ``g`` (a buffer or a slot) holds sums not yet added."""
-    return type(g) is LazyBuffer or type(g) is PendingSum
-
-
 def resolve(buf: list[Any]) -> list[Any]:
     """A plain buffer with every pending sum added (a plain buffer is returned as is)."""
     if type(buf) is not LazyBuffer:
