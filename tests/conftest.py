@@ -12,3 +12,25 @@ def _float64_and_seed():
     ag.manual_seed(0)
     yield
     ag.set_default_dtype(prev)
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--reference-engine", action="store_true",
+        help="make the default engine the reference executor (asyncgrad/autograd/reference.py), "
+             "so every backward on it runs each node through the plain sequence of steps",
+    )
+
+
+@pytest.fixture(autouse=True)
+def _reference_engine(request):
+    """With ``--reference-engine``, each test starts on a ReferenceEngine."""
+    if not request.config.getoption("--reference-engine"):
+        yield
+        return
+    from asyncgrad.autograd.reference import ReferenceEngine
+
+    prev = ag.autograd.get_engine()
+    ag.autograd.set_engine(ReferenceEngine())
+    yield
+    ag.autograd.set_engine(prev)

@@ -201,10 +201,10 @@ async def test_cancel_waits_for_running_kernels(offload_all, monkeypatch):
 
     finished: list[float] = []
     original = recording.OpNode.apply
+    started = threading.Event()
 
     def slow_apply(self, grads, m):
-        import time
-
+        started.set()
         time.sleep(0.05)
         out = original(self, grads, m)
         finished.append(time.perf_counter())
@@ -213,11 +213,16 @@ async def test_cancel_waits_for_running_kernels(offload_all, monkeypatch):
     monkeypatch.setattr(recording.OpNode, "apply", slow_apply)
     x = ag.tensor([1.0, 2.0], requires_grad=True)
     y = (x.exp() + x.sin()).sum()
-    with anyio.move_on_after(0.01):
-        await ag.backward(y)
-    import time
+    with anyio.CancelScope() as scope:
+        async def cancel_once_a_kernel_runs() -> None:
+            await anyio.to_thread.run_sync(started.wait)
+            scope.cancel()
 
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(cancel_once_a_kernel_runs)
+            await ag.backward(y)
     returned = time.perf_counter()
+    assert scope.cancelled_caught
     assert finished and max(finished) <= returned
     assert x.grad is None
 
@@ -498,15 +503,15 @@ async def test_deepcopy_and_pickle_of_a_leaf_share_no_graph():
 async def test_fresh_leaf_gradient_is_stolen_not_copied(engine, threshold, monkeypatch):
     """Like PyTorch's AccumulateGrad, a gradient nobody else holds becomes .grad without
     a copy (a copy per leaf would double the commit's memory); others are copied."""
-    from asyncgrad.autograd import graph_task
+    from asyncgrad.autograd import commit
     from asyncgrad.functional import linear
 
     if threshold is not None:
         engine.inline_threshold = threshold
     stolen: list[bool] = []
-    real_owned = graph_task._owned
+    real_owned = commit._owned
     # (+1: this wrapper's own parameter is one more reference to the array)
-    monkeypatch.setattr(graph_task, "_owned", lambda a, refs: stolen.append(real_owned(a, refs + 1)) or stolen[-1])
+    monkeypatch.setattr(commit, "_owned", lambda a, refs: stolen.append(real_owned(a, refs + 1)) or stolen[-1])
     w = ag.tensor(np.ones((3, 4)), requires_grad=True)
     x = ag.tensor(np.ones((5, 4)))
     await ag.backward(linear(x, w).sum())

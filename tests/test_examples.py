@@ -69,6 +69,7 @@ def test_concurrent_backward_example(backend):
     proc = run("concurrent_backward.py", "--tasks", "6", "--batch", "16", "--hidden", "32", "--backend", backend)
     assert "gradients equal to the sequential sum (float32 tolerance): True" in proc.stdout
     assert "graph_tasks_succeeded    6" in proc.stdout
+    assert "why: " in proc.stdout  # the example says why concurrency pays (or not)
 
 
 def test_custom_function_example():

@@ -98,17 +98,20 @@ def test_async_pre_commit_runs_on_the_loop_and_cancellation_commits_nothing(back
     anyio.run(main, backend=backend)
 
 
-def test_sync_form_runs_an_async_pre_commit():
+def test_sync_form_runs_an_async_pre_commit_as_part_of_its_backward():
     w, b = leaves()
+    seen = []
 
     async def double(staged):
         await anyio.sleep(0)
+        seen.append(ag.autograd.current_graph_task_id())
         staged[b] = staged[b] * 2
 
     loss = loss_of(w, b)
     loss.grad_fn.register_prehook(lambda g: ag.autograd.queue_pre_commit(double))
     loss.backward()
     np.testing.assert_array_equal(b.grad.numpy(), [6.0])
+    assert seen[0] is not None  # it runs inside the backward (it may queue callbacks, ...)
 
 
 async def test_a_replacement_of_the_wrong_shape_is_refused_naming_both_shapes():

@@ -25,6 +25,8 @@ from .functional import (  # added for PyTorch parity (issue 13)
     chunk, diagonal, eq, ge, gt, le, lt, masked_fill, median, nanmedian, narrow, ne, norm, prod,
     relu_, select, split, std, std_mean, topk, tril, triu, unbind, var_mean,
 )
+from . import functional as _functional
+from .tensor import bind_functional as _bind_functional
 from .grad_mode import (
     enable_grad, inference_mode, is_grad_enabled, is_inference_mode_enabled, no_grad, set_grad_enabled,
 )
@@ -35,6 +37,12 @@ from .autograd import backward, backward_sync, grad, grad_sync
 from . import nn, optim
 from . import return_types
 from . import viz
+
+# Registration instead of a ring of imports (Note [The graph layer never imports Tensor]):
+# Tensor's methods delegate to ``functional``, which imports ``tensor``; the autograd
+# package's names are bound once everything they import is complete.
+_bind_functional(_functional)
+autograd.load_all()
 
 __version__ = "0.1.0"
 

@@ -42,3 +42,8 @@ profiler: ContextVar[Any | None] = ContextVar("asyncgrad_profiler", default=None
 #: ``utils.checkpoint.set_checkpoint_early_stop``'s setting (None: each checkpoint's own
 #: ``early_stop`` argument decides), read when a non-reentrant checkpoint's forward runs.
 checkpoint_early_stop: ContextVar[bool | None] = ContextVar("asyncgrad_checkpoint_early_stop", default=None)
+
+#: Who runs the current node: the asyncio/trio task or the worker thread's id (set by
+#: the engine around the nodes it runs). A backward started elsewhere, e.g. in a task
+#: created from a hook, is not nested (Note [Explicit nesting] in autograd/threads.py).
+node_owner: ContextVar[object | None] = ContextVar("asyncgrad_node_owner", default=None)

@@ -18,6 +18,7 @@ from ._aliases import numpy_aliases
 from ._dtype import as_array, get_default_dtype
 from ._dtype import scalar_type_name as _scalar_type_name
 from .autograd.recording import record, record_views
+from .ops import copies as C
 from .ops import elementwise as E
 from .ops import linalg as L
 from .ops import nn as N
@@ -333,36 +334,28 @@ def to_dtype(x: Tensor, dtype: Any) -> Tensor:
     d = np.dtype(dtype)
     if x.data.dtype == d:
         return x
-    return record(_to_copy, (x,), x.data.astype(d)) if d.kind == "f" else Tensor._wrap(x.data.astype(d))
+    return record(C.to_copy, (x,), x.data.astype(d)) if d.kind == "f" else Tensor._wrap(x.data.astype(d))
 
-
-_to_copy = OpSpec("ToCopyBackward0", lambda x: x, (lambda m, g, ans, x: g,))
 
 
 def fill(x: Tensor, value: Any) -> Tensor:
     """A tensor like ``x`` filled with ``value`` (used by ``fill_``/``zero_``)."""
     if isinstance(value, Tensor):
         return add(mul(x, 0.0), value) if value._requires_grad else fill(x, value.data)
-    return record(_fill, (x,), np.full_like(x.data, value))
+    return record(C.fill, (x,), np.full_like(x.data, value))
 
-
-_fill = OpSpec("FillBackward2", np.full_like, (lambda m, g, ans, x: g * 0.0,))
-_zero = OpSpec("ZeroBackward0", np.zeros_like, _fill.vjps)
 
 
 def zero(x: Tensor) -> Tensor:
     """A tensor like ``x`` filled with zeros (used by ``zero_``)."""
-    return record(_zero, (x,), np.zeros_like(x.data))
+    return record(C.zero, (x,), np.zeros_like(x.data))
 
 
 def copy_from(x: Tensor, src: Any) -> Tensor:
     """``src`` broadcast to ``x``'s shape and dtype (used by ``copy_``)."""
     s = _tensor(src)
-    out = np.broadcast_to(s.data, x.data.shape).astype(x.data.dtype)
-    return record(_copy, (x, s), out)
+    return record(C.copy, (x, s), C.copy.forward(x.data, s.data))
 
-
-_copy = OpSpec("CopyBackwards", None, (lambda m, g, ans, x, s: g * 0.0, lambda m, g, ans, x, s: g))  # type: ignore[arg-type]
 
 
 # --- reductions -----------------------------------------------------------------------------

@@ -18,9 +18,16 @@ import numpy as np
 from . import _context, _device
 from ._aliases import numpy_aliases
 from ._dtype import as_array, is_floating
+from .autograd.graph import AccumulateGrad, HookDict, register_tensor_type
+from .ops.shape import MULTI_OUTPUT_VIEWS
 
 if TYPE_CHECKING:
-    from .autograd.graph import Edge, HookDict, Node, RemovableHandle
+    from . import creation, sampling
+    from . import functional as F
+    from .autograd.graph import Edge, Node, RemovableHandle
+else:
+    # bound by bind_functional: these modules import this one
+    F = creation = sampling = None
 
 _NONLEAF_GRAD_WARNING = (
     "The .grad attribute of a Tensor that is not a leaf Tensor is being accessed. Its .grad "
@@ -1101,8 +1108,15 @@ class MinMax(NamedTuple):
     indices: Tensor
 
 
-# Imported last: the graph and the functional layer both need the Tensor class above.
-from .autograd.graph import AccumulateGrad, HookDict  # noqa: E402
-from . import functional as F  # noqa: E402  (methods above delegate to it)
-from .ops.shape import MULTI_OUTPUT_VIEWS  # noqa: E402
-from . import creation, sampling  # noqa: E402
+register_tensor_type(Tensor)
+
+
+def bind_functional(module: Any) -> None:
+    """Called once by the package (``asyncgrad/__init__.py``) after importing
+    ``functional``, which imports this module: the ops the methods above delegate to, and
+    the factories (``creation``, ``sampling``) that import this module too."""
+    global F, creation, sampling
+    from . import creation as creation_module, sampling as sampling_module
+
+    F = module
+    creation, sampling = creation_module, sampling_module

@@ -13,15 +13,16 @@ from __future__ import annotations
 
 import warnings
 from typing import Any
-from collections.abc import Sequence
+from collections.abc import Callable
 
 import numpy as np
 
 from .. import _context
 from ..tensor import Tensor
-from .engine import get_engine, in_event_loop_thread
+from .engine import get_engine
 from .graph import Edge
 from .graph_task import GraphTask
+from .threads import in_event_loop_thread, running_graph_task
 
 _CREATE_GRAPH_WARNING = (
     "Using backward() with create_graph=True will create a reference cycle between the "
@@ -219,7 +220,7 @@ async def grad(outputs: Any, inputs: Any, grad_outputs: Any = None, *,
 
 
 def _check_sync_allowed(name: str) -> None:
-    if _context.current_graph_task.get() is None and in_event_loop_thread():
+    if running_graph_task() is None and in_event_loop_thread():
         raise RuntimeError(
             f"{name}() was called from a thread that is running an event loop; it would "
             f"block the loop. Use `await asyncgrad.{name.replace('_sync', '')}(...)` instead "
@@ -248,4 +249,28 @@ def grad_sync(outputs: Any, inputs: Any, grad_outputs: Any = None, *,
     return _grad_results(task, ins, allow, materialize_grads, create_graph)
 
 
-__all__ = ["backward", "grad", "backward_sync", "grad_sync", "Sequence"]
+def queue_callback(fn: Callable[[], Any]) -> None:
+    """Run ``fn`` (sync or async) when the current GraphTask's nodes have all finished,
+    before its ``await`` returns. Only valid while a backward is running."""
+    task = running_graph_task()
+    if task is None:
+        raise RuntimeError("Final callbacks can only be installed during backward pass.")
+    task.queue_callback(fn)
+
+
+def queue_pre_commit(fn: Callable[[dict[Any, Any]], Any]) -> None:
+    """Run ``fn(staged)`` (sync or async) after every node of the current backward has
+    finished and before its commit (Note [Pre-commit] in commit.py). ``staged`` maps
+    each tensor whose ``.grad`` will change to its staged gradient (a Tensor); ``fn`` may
+    replace entries with Tensors of the same shape. Only valid while a backward runs.
+
+    Errors: if ``fn`` raises, nothing is committed and the exception propagates from
+    the backward call. Cancellation: an ``async`` ``fn`` may be cancelled with the
+    backward; nothing is committed then either."""
+    task = running_graph_task()
+    if task is None:
+        raise RuntimeError("Pre-commit functions can only be installed during backward pass.")
+    task.pre_commits.append(fn)
+
+
+__all__ = ["backward", "grad", "backward_sync", "grad_sync", "queue_callback", "queue_pre_commit"]

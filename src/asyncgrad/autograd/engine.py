@@ -1,17 +1,16 @@
-"""The engine: drives GraphTasks on the event loop and offloads large kernels.
+"""The engine: drives each GraphTask from its roots to its commit.
 
-Note [Inline or offload]: a node whose ``work`` (elements its kernel touches) is below
-``inline_threshold`` runs inline on the event loop: a thread hop costs ~100 us, a tiny
-node ~1 us. Larger kernels run on the engine's worker threads (numpy releases the GIL),
-at most ``max_workers`` of them (workers.py), so independent branches overlap; a
-large node takes the large nodes that only it feeds along on the same hop (Note [Worker
-chains] in graph_task.py). Inline work yields to the loop at least every
-``yield_interval`` seconds, so the loop stays responsive whatever the graph.
+The walk of one ``await backward(loss)`` (docs/architecture.md has it in full):
+``api.backward`` builds a GraphTask and calls ``Engine.execute``, which sets it up
+(``GraphTask.setup_steps``), queues it on the loop's scheduler and drains it
+(``_drain``: the loop's runner runs nodes inline with ``execute.run_inline``; nodes that
+must go elsewhere are started by this driver with ``offload.run_elsewhere``), then runs
+pre-commit functions, commits (commit.py) and runs final callbacks.
 
-Note [Reentrant backwards]: a backward started while a node of another backward runs
-(a hook, a custom Function's backward, a callback) is *nested*: depth + 1, and its
-parent starts no new node until it finished. ``await ag.backward`` from an
-``async def backward`` runs the nested GraphTask on the loop like any other. A
+Note [Reentrant backwards]: a backward started while a node of another backward runs,
+in that node's own task or thread (Note [Explicit nesting] in threads.py), is *nested*:
+depth + 1, and its parent starts no new node until it finished. ``await ag.backward``
+from an ``async def backward`` runs the nested GraphTask on the loop like any other. A
 synchronous ``backward_sync`` cannot await, so it drains the nested GraphTask on the
 calling thread, every node inline; it never waits for a worker slot, so an exhausted
 pool cannot deadlock it. Every ``REENTRANT_HANDOFF_DEPTH`` levels the nested drain moves
@@ -26,86 +25,39 @@ saved tensor is freed, so the same backward can be run again.
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import os
-import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
-from dataclasses import dataclass
 from typing import Any
-from collections.abc import Callable, Coroutine
 
 import anyio
+import anyio.abc
 import anyio.lowlevel
 
 from .. import _context
-from .graph import Node
-from .graph_task import RELEASE_STEP, GraphTask, validate_outputs
-from .input_buffer import LazyBuffer, combine, resolve, value
-from .kernel import _anomaly_mode, run_kernel
-from .recording import OpNode
+from . import commit
+from .errors import EngineInternalError
+from .execute import async_kernel_for, finish, run_inline
+from .graph_task import GraphTask
+from .offload import run_elsewhere
+from .policy import BLAS, Policy
+from .scheduler import loop_scheduler, wake
+from .statistics import EngineStatistics
+from .threads import (
+    as_owner, await_blocking, block_on, current_owner, is_awaitable, run_in_executor, run_on_fresh_thread,
+    running_graph_task,
+)
+from .threads import in_event_loop_thread, run_on_fresh_thread as _run_on_fresh_thread  # noqa: F401  (gradcheck.py)
 from .workers import WorkerPool, shared_pool
 
 REENTRANT_HANDOFF_DEPTH = 40
-_INF = float("inf")
 DEFAULT_INLINE_THRESHOLD = 131_072
 YIELD_INTERVAL = 0.0005
 WORKER_NICE = 10
-
-
-@dataclass(frozen=True)
-class EngineStatistics:
-    """A snapshot of an engine's counters (for debugging, tests and the profiler)."""
-
-    graph_tasks_started: int
-    graph_tasks_succeeded: int
-    graph_tasks_failed: int
-    graph_tasks_cancelled: int
-    graph_tasks_running: int
-    nodes_inline: int
-    nodes_offloaded: int
-    kernels_in_flight: int
-    max_workers: int
-    inline_threshold: int
-    thread_hops: int = 0  # kernels sent to worker threads (a worker chain is one)
-
-
-@dataclass(frozen=True)
-class GraphTaskStatistics:
-    """A snapshot of one running GraphTask."""
-
-    id: int
-    depth: int
-    nodes_inline: int
-    nodes_offloaded: int
-    in_flight: int
-    ready: int
-    pending: int
-    thread_hops: int = 0
-
-
-async def run_async_kernel(node: Node, inputs: list[Any], math: Any) -> list[Any]:
-    """``run_kernel`` for a node whose backward is ``async def``, awaited on the loop."""
-    anomaly = _anomaly_mode.get()
-    if anomaly is not None:
-        return await anomaly.run_node_async(node, inputs, math)  # type: ignore[no-any-return]
-    return validate_outputs(node, await node.apply_async(inputs, math))  # type: ignore[attr-defined]
-
-
-def async_kernel_for(task: GraphTask) -> Callable[[Node, list[Any], Any], Any]:
-    """``run_async_kernel``, or the profiler's timed wrapper of it while profiling."""
-    if task.profiler is None:
-        return run_async_kernel
-    return task.profiler.wrap_async_kernel(run_async_kernel, task)  # type: ignore[no-any-return]
-
-
-def kernel_for(task: GraphTask, offloaded: bool) -> Callable[[Node, list[Any], Any], list[Any]]:
-    """``run_kernel``, or the profiler's timed wrapper of it while a profile is recording."""
-    if task.profiler is None:
-        return run_kernel
-    return task.profiler.wrap_kernel(run_kernel, task, offloaded)  # type: ignore[no-any-return]
+_INF = float("inf")
 
 
 class Engine:
@@ -113,7 +65,8 @@ class Engine:
     ``inline_threshold`` (elements) decides which nodes run inline, ``executor``
     replaces the engine's own worker threads with any ``concurrent.futures.Executor``,
     ``worker_nice`` lowers those threads' scheduling priority (Note [Worker threads
-    yield the CPU to the loop] in workers.py)."""
+    yield the CPU to the loop] in workers.py), ``yield_interval`` is the longest the
+    loop goes without a turn (Note [One runner per loop] in scheduler.py)."""
 
     def __init__(self, *, max_workers: int | None = None, inline_threshold: int | None = None,
                  executor: Executor | None = None, yield_interval: float = YIELD_INTERVAL,
@@ -122,25 +75,31 @@ class Engine:
         if max_workers is not None and max_workers < 1:
             raise ValueError(f"max_workers must be at least 1, got {max_workers}")
         self.max_workers = max_workers or os.cpu_count() or 1
-        self.inline_threshold = DEFAULT_INLINE_THRESHOLD if inline_threshold is None else inline_threshold
+        threshold = DEFAULT_INLINE_THRESHOLD if inline_threshold is None else inline_threshold
         self.executor = executor
         self.worker_nice = worker_nice
-        self._pool: WorkerPool | None = None
-        self._blas_gate: threading.BoundedSemaphore | None = None
         self.yield_interval = yield_interval
         self.blas_threads = blas_threads
         self.tune_malloc = tune_malloc
-        self._blas_done = False
-        self._blas_limits: Any = None
-        self._blas_threads_per_call = 1
+        self.policy = Policy(self.max_workers, threshold, blas_threads, tune_malloc)
+        self._pool: WorkerPool | None = None
         self._blas_limiter_var: anyio.lowlevel.RunVar[anyio.CapacityLimiter] = anyio.lowlevel.RunVar(
             f"asyncgrad_engine_blas_limiter_{id(self)}")
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards the counters below (any thread reads statistics)
         self._started = self._succeeded = self._failed = self._cancelled = 0
         self._nodes_inline = self._nodes_offloaded = self._thread_hops = 0
         self._in_flight = 0
 
     # --- public ---------------------------------------------------------------------------
+    @property
+    def inline_threshold(self) -> int:
+        """Nodes whose ``work`` (elements) is below this run inline on the loop."""
+        return self.policy.inline_threshold
+
+    @inline_threshold.setter
+    def inline_threshold(self, value: int) -> None:
+        self.policy.inline_threshold = value
+
     def statistics(self) -> EngineStatistics:
         with self._lock:
             return EngineStatistics(
@@ -153,20 +112,14 @@ class Engine:
     async def execute(self, task: GraphTask) -> None:
         """Run ``task`` to completion on the current event loop (see module notes)."""
         await anyio.lowlevel.checkpoint_if_cancelled()  # an already-cancelled caller starts nothing
-        if not self._blas_done:
-            self._coordinate_blas()
-        parent = _context.current_graph_task.get()
-        self._begin(task, parent)
+        self.policy.start_setup(self._warm)
+        parent = self._begin(task)
         outcome = "cancelled"
         tokens = _enter(task)
         try:
             await self._run_steps(task.setup_steps())
             await self._drain(task)
-            if task.error is not None:
-                raise task.error
-            if task.dependencies:  # an invariant: a finished GraphTask ran every node
-                raise RuntimeError(f"asyncgrad: internal error: graph task {task.id} ended with "
-                                   f"{len(task.dependencies)} nodes that never became ready")
+            _check_complete(task)
             if task.pre_commits:
                 await self._run_pre_commits(task)
             await self._commit(task)
@@ -183,315 +136,172 @@ class Engine:
 
     def execute_sync(self, task: GraphTask) -> None:
         """Drain ``task`` on this thread, every node inline (sync forms, reentrancy)."""
-        parent = _context.current_graph_task.get()
+        parent = running_graph_task()
         if parent is not None and (parent.depth + 1) % REENTRANT_HANDOFF_DEPTH == 0:
-            _run_on_fresh_thread(self._execute_sync_here, task)
+            # the fresh thread runs this nested backward as the node's owner
+            run_on_fresh_thread(as_owner, self._execute_sync_here, task)
         else:
             self._execute_sync_here(task)
 
     # --- drivers --------------------------------------------------------------------------
     def _execute_sync_here(self, task: GraphTask) -> None:
-        if not self._blas_done:
-            self._coordinate_blas()
-        parent = _context.current_graph_task.get()
-        self._begin(task, parent)
+        self.policy.start_setup(self._warm)
+        parent = self._begin(task)
         outcome = "failed"
         tokens = _enter(task)
         try:
             for _ in task.setup_steps():
                 pass
-            kernel = self._inline_kernel(task)
-            while True:
-                ready = task.run_inline(kernel, _INF, _INF)
-                if ready is None:
-                    break
-                node, inputs = ready  # type: ignore[misc]  # an async backward: run it to completion here
-                try:
-                    outputs = block_on(async_kernel_for(task), node, inputs, task.math)
-                    task.nodes_inline += 1
-                    task.finish(node, inputs, outputs)
-                except BaseException as e:
-                    task.fail(e, node)
-                    raise
+            self._drain_sync(task)
+            _check_complete(task)
             if task.pre_commits:
-                _call_each(task.pre_commits, _await_blocking, task.pre_commit_view())
-                task.end_pre_commit()
-            task.commit()
-            _call_each(task.callbacks, _await_blocking)
+                _call_each(task.pre_commits, await_blocking, commit.pre_commit_view(task))
+                commit.end_pre_commit(task)
+            commit.commit_inline(task)
+            self._after_commit_sync(task)
+            _call_each(task.callbacks, await_blocking)
             outcome = "succeeded"
         finally:
             _exit(tokens)
             self._end(task, parent, outcome)
 
+    def _drain_sync(self, task: GraphTask) -> None:
+        """Every node inline on this thread; an ``async def`` backward is run to its end
+        here (threads.block_on)."""
+        while run_inline(task, _INF, _INF) or task.to_start:
+            while task.to_start:
+                node, inputs = task.to_start.popleft()
+                try:
+                    outputs = block_on(async_kernel_for(task), node, inputs, task.math)
+                    task.nodes_inline += 1
+                    finish(task, node, inputs, outputs)
+                except BaseException as e:
+                    task.fail(e, node)
+                    raise
+
     async def _drain(self, task: GraphTask) -> None:
-        """Run inline until a node must go elsewhere; only then open a task group."""
-        first = await self._drain_inline(task)
-        if first is None:
+        """Until every node ran. Small graphs run inline only; the task group for
+        nodes that go elsewhere is opened when the first such node appears."""
+        scheduler = loop_scheduler()
+        if await self._serve(task, scheduler, None):
             return
         async with anyio.create_task_group() as tg:
             try:
-                self._start(task, tg, *first)
-                await self._drain_concurrent(task, tg)
+                await self._serve(task, scheduler, tg)
             except BaseException:
                 task.stopping = True  # cancelled: chains on worker threads stop early
                 raise
 
-    async def _drain_inline(self, task: GraphTask) -> tuple[Node, list[Any]] | None:
-        """Run nodes inline (yielding every ``yield_interval``) until done, or until a
-        node must run elsewhere: that one is returned, prepared."""
-        kernel = self._inline_kernel(task)
-        interval = self.yield_interval
-        while True:
-            ready = task.run_inline(kernel, self.inline_threshold, time.perf_counter() + interval)
-            if ready is not True:
-                return ready  # type: ignore[return-value]
-            await anyio.lowlevel.checkpoint()
-
-    async def _drain_concurrent(self, task: GraphTask, tg: anyio.abc.TaskGroup) -> None:
-        """Start large and async nodes as tasks, run the rest inline, until all are done.
-        Starts nothing while a nested (reentrant) GraphTask of this one runs."""
-        kernel = self._inline_kernel(task)
-        interval = self.yield_interval
-        while task.error is None:
-            try:
-                ready = None if task.active_children else task.run_inline(
-                    kernel, self.inline_threshold, time.perf_counter() + interval)
-            except Exception:
-                tg.cancel_scope.cancel()
-                return
-            if ready is True:
-                await anyio.lowlevel.checkpoint()
-            elif ready is None:
-                if task.in_flight == 0:  # (a nested task only runs inside an in-flight node)
-                    if task.stopping and task.error is None:
-                        await _let_pending_cancellation_land()
-                    return
+    async def _serve(self, task: GraphTask, scheduler: Any, tg: anyio.abc.TaskGroup | None) -> bool:
+        """Drive ``task``: start its nodes that go elsewhere (in ``tg``), be the loop's
+        runner when there is none, else wait to be woken. Returns True when every node
+        ran (or it failed), False when a node must start and there is no ``tg``."""
+        try:
+            while True:
+                if task.error is not None:
+                    if tg is not None:
+                        tg.cancel_scope.cancel()
+                        return True
+                    raise task.error
+                if task.to_start:
+                    if tg is None:
+                        return False
+                    while task.to_start:
+                        task.in_flight += 1
+                        tg.start_soon(run_elsewhere, self, task, tg, *task.to_start.popleft())
+                if not task.nodes_left():
+                    return True
+                if task.has_ready() and not task.active_children:
+                    scheduler.add(task)
+                if scheduler.runner is None and task in scheduler.queued:
+                    await scheduler.run(task, self.inline_threshold, self.yield_interval)
+                    continue
+                if task.stopping and not task.in_flight:
+                    # a kernel's task was cancelled and its gradients dropped: the
+                    # cancellation that did it reaches this driver at its next wait
+                    await anyio.lowlevel.checkpoint()
+                    raise EngineInternalError(f"graph task {task.id} stopped without an error or a cancellation")
                 task.wakeup = anyio.Event()
-                await task.wakeup.wait()
-            else:
-                node, inputs = ready  # type: ignore[misc]
-                self._start(task, tg, node, inputs)
-
-    @staticmethod
-    def _inline_kernel(task: GraphTask) -> Callable[[Node, list[Any], Any], list[Any]] | None:
-        """None (GraphTask.run_inline's fused path) unless a tool wraps kernels."""
-        if task.profiler is not None or _anomaly_mode.get() is not None:
-            return kernel_for(task, False)
-        return None
-
-    def _start(self, task: GraphTask, tg: anyio.abc.TaskGroup, node: Node, inputs: list[Any]) -> None:
-        task.in_flight += 1
-        tg.start_soon(self._run_elsewhere, task, tg, node, inputs)
-
-    async def _run_elsewhere(self, task: GraphTask, tg: anyio.abc.TaskGroup, node: Node,
-                             inputs: list[Any]) -> None:
-        try:
-            if node.maybe_async and node.is_async():
-                outputs = await async_kernel_for(task)(node, inputs, task.math)
-            else:
-                if self.tune_malloc and not _malloc_tuned:
-                    _keep_large_allocations()
-                with self._lock:
-                    self._in_flight += 1
                 try:
-                    if type(node) is OpNode and node.spec.blas:
-                        # Note [BLAS threads]: at most cores // BLAS-threads BLAS kernels at once
-                        async with self._blas_limiter():
-                            outputs = await self._offload_kernel(task, node, inputs, blas=True)
-                    elif self._chains(task, node):
-                        await self._offload_chain(task, node, inputs)
-                        if task.error is not None:
-                            tg.cancel_scope.cancel()
-                        return
-                    else:
-                        outputs = await self._offload_kernel(task, node, inputs)
+                    await task.wakeup.wait()
                 finally:
-                    with self._lock:
-                        self._in_flight -= 1
-            task.nodes_offloaded += 1
-            if task.error is None:
-                task.finish(node, inputs, outputs)
-        except Exception as e:
-            task.fail(e, node)
-            tg.cancel_scope.cancel()
-        except BaseException:  # cancelled: this node's gradients are dropped, so the
-            task.stopping = True  # GraphTask can no longer complete
+                    task.wakeup = None
+        except BaseException:
+            scheduler.discard(task)
             raise
-        finally:
-            task.in_flight -= 1
-            if task.wakeup is not None:
-                task.wakeup.set()
 
-    def _chains(self, task: GraphTask, node: Node) -> bool:
-        """Whether ``node`` may head a worker chain (Note [Worker chains] in
-        graph_task.py): a plain backward of built-in nodes, no tool wrapping kernels,
-        and a node that is not split into per-input kernels."""
-        return (type(node) is OpNode and task.captures is None and not task.create_graph
-                and task.profiler is None and _anomaly_mode.get() is None
-                and not self._splits(task, node))
+    def node_done(self, task: GraphTask) -> None:
+        """A node run elsewhere finished (on the loop): queue what it made ready."""
+        if task.has_ready() and not task.stopping:
+            loop_scheduler().add(task)
+        wake(task)
 
-    async def _offload_chain(self, task: GraphTask, head: Node, inputs: list[Any]) -> None:
-        """Run ``head`` and the nodes chained after it on one worker thread, then route
-        their gradients on the loop (Note [Worker chains])."""
-        chain, edges, partials = task.plan_chain(head, self.inline_threshold, self._blas_threads_per_call == 1)
-        if not chain:
-            outputs = await self._offload_kernel(task, head, inputs)
-            task.nodes_offloaded += 1
-            if task.error is None:
-                task.finish(head, inputs, outputs)
-            return
-        task.thread_hops += 1
-        nodes = [head, *chain]
-        results, error = await self._offload(_run_chain, task, nodes, edges, partials, inputs)
-        task.nodes_offloaded += len(results)
-        if error is not None:
-            task.fail(error, nodes[len(results)])
-            return
-        if task.error is not None or len(results) < len(nodes):  # stopped: drop it all
-            return
-        for k, (node, outputs) in enumerate(zip(nodes, results)):
-            task.finish_chained(node, edges[k] if k < len(edges) else -1, outputs)
-
-    async def _offload_kernel(self, task: GraphTask, node: Node, inputs: list[Any],
-                              blas: bool = False) -> list[Any]:
-        task.thread_hops += 1
-        if self._splits(task, node):
-            if type(inputs) is LazyBuffer:
-                task.thread_hops += 1
-                inputs = await self._offload(resolve, inputs)
-            return await self._offload_per_input(task, node, inputs)
-        kernel = kernel_for(task, True)
-        offload = self._offload_blas if blas else self._offload
-        if type(inputs) is LazyBuffer:  # add up the deferred sums on the worker too
-            return await offload(_resolved_kernel, kernel, node, inputs, task.math)  # type: ignore[no-any-return]
-        return await offload(kernel, node, inputs, task.math)  # type: ignore[no-any-return]
-
-    def _splits(self, task: GraphTask, node: Node) -> bool:
-        """Whether to compute a node's input gradients as separate parallel kernels: a
-        large built-in node with several needed gradients, and no tool wrapping kernels.
-        Not for BLAS kernels while BLAS runs threads of its own (it parallelises them)."""
-        if self.max_workers < 2 or type(node) is not OpNode or task.profiler is not None:
-            return False
-        if node.spec.blas and self._blas_threads_per_call > 1:
-            return False
-        if _anomaly_mode.get() is not None or node.spec.variadic:
-            return False
-        needed = 0
-        for child, _ in node.next_edges:
-            if child is not None:
-                needed += 1
-        return needed > 1
-
-    async def _offload_per_input(self, task: GraphTask, node: Node, inputs: list[Any]) -> list[Any]:
-        math = task.math
-        outputs: list[Any] = [None] * len(node.next_edges)
-        # unpack the saved values once (unpack hooks may be slow: on a worker thread)
-        unpacked = await self._offload(node.rule_args, math)  # type: ignore[attr-defined]
-
-        async def one(i: int) -> None:
-            task.thread_hops += 1
-            outputs[i] = await self._offload(node.apply_edge, i, inputs, math, unpacked)  # type: ignore[attr-defined]
-
-        async with anyio.create_task_group() as parts:
-            for i, (child, _) in enumerate(node.next_edges):
-                if child is not None:
-                    parts.start_soon(one, i)
-        return outputs
-
-    def _coordinate_blas(self) -> None:
-        """Note [BLAS threads]: BLAS runs threads of its own inside each call. Several
-        BLAS kernels on worker threads at once multiply those threads and oversubscribe
-        the cores (measured here: 964 vs 8,707 small-MLP passes/s). So the engine runs at
-        most ``cores // BLAS-threads-per-call`` BLAS kernels (matmul, linear) at once,
-        counted over every loop using the engine (a per-loop limiter and shared slots),
-        and splits a BLAS node's input gradients into parallel kernels only when BLAS is
-        single-threaded. BLAS's own setting is left
-        alone by default: for one large backward, one kernel with BLAS's two threads beats
-        two single-threaded kernels (7.6 vs 8.3-9.4 ms for a 256x1024x1024 linear layer
-        here). ``Engine(blas_threads=n)`` sets BLAS to ``n`` threads per call process-wide
-        through threadpoolctl (``1`` favours many concurrent backward calls: inter-op
-        parallelism instead of BLAS's own)."""
-        # Under the lock, and marked done only at the end: several event loops (threads)
-        # may start their first backward at once, and none may go on with the default.
+    def count_in_flight(self, delta: int) -> None:
         with self._lock:
-            if self._blas_done:
-                return
-            self._blas_threads_per_call = self._blas_threads_per_call_now()
-            self._blas_done = True
+            self._in_flight += delta
 
-    def _blas_threads_per_call_now(self) -> int:
-        cores = os.cpu_count() or 1
-        n = self.blas_threads
-        try:
-            from threadpoolctl import threadpool_info, threadpool_limits
-        except ImportError:  # optional: without it, assume BLAS uses every core
-            return cores if not n else n
-        if n:
-            self._blas_limits = threadpool_limits(limits=n, user_api="blas")
-            return n
-        counts = [lib.get("num_threads", 1) for lib in threadpool_info() if lib.get("user_api") == "blas"]
-        return max(counts, default=1)
+    # --- worker threads -------------------------------------------------------------------
+    async def offload(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` on a worker thread (see threads.run_in_executor)."""
+        return await run_in_executor(self.executor or self._pool or self._start_pool(), fn, args)
 
-    def _blas_limiter(self) -> anyio.CapacityLimiter:
+    async def offload_blas(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``offload`` for a BLAS kernel: on its worker it takes one of the BLAS slots
+        shared by every loop (Note [BLAS threads] in policy.py)."""
+        return await self.offload(self.policy.run_blas, fn, *args)
+
+    def blas_limiter(self) -> anyio.CapacityLimiter:
+        """This loop's bound on its BLAS kernels in flight, so a worker waits on the
+        shared BLAS slots only while another loop holds them."""
         try:
             return self._blas_limiter_var.get()
         except LookupError:
-            slots = max(1, (os.cpu_count() or 1) // max(1, self._blas_threads_per_call))
-            limiter = anyio.CapacityLimiter(min(slots, self.max_workers))
+            limiter = anyio.CapacityLimiter(self.policy.blas_kernels())
             self._blas_limiter_var.set(limiter)
             return limiter
 
-    async def _offload(self, fn: Callable[..., Any], *args: Any) -> Any:
-        return await _run_in_executor(self.executor or self._pool or self._start_pool(), fn, args)
-
-    async def _offload_blas(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """``_offload`` for a BLAS kernel, which on its worker thread first takes one of
-        ``cores // BLAS-threads`` slots shared by every event loop using the engine, so
-        several loops (threads) cannot oversubscribe the cores with BLAS's threads either
-        (Note [BLAS threads]; the per-loop limiter orders a loop's own BLAS kernels, so a
-        worker waits on a slot only when another loop holds it). Measured: 4 loops each
-        running MLP backwards made 20.5-21 backwards/s in all with a per-loop bound only,
-        22-23 with the shared slots, against ~29 for one loop. (A separate pool of BLAS
-        threads bounds them as well, but then kernels alternate between two threads, and
-        the loop's lag grew back from 1.1 to 3.9 ms: see workers.py.)"""
-        gate = self._blas_gate
-        if gate is None:
-            with self._lock:
-                if self._blas_gate is None:
-                    slots = max(1, (os.cpu_count() or 1) // max(1, self._blas_threads_per_call))
-                    self._blas_gate = threading.BoundedSemaphore(min(slots, self.max_workers))
-                gate = self._blas_gate
-        return await self._offload(_gated, gate, fn, *args)
-
     def _start_pool(self) -> WorkerPool:
         """The worker threads: a pool of ``max_workers`` threads shared by every event
-        loop and thread that uses the engine (and by engines with the same settings),
-        so ``max_workers`` bounds them all (Note [Worker threads yield the CPU to the
-        loop] in workers.py)."""
+        loop and thread that uses the engine (and by engines with the same settings)."""
         self._pool = shared_pool(self.max_workers, self.worker_nice)
         return self._pool
 
+    def _warm(self) -> None:
+        """On the set-up thread: start a first worker thread (Note [No one-time stall]);
+        not waited for (a busy pool runs it when a thread is free)."""
+        if self.executor is None:
+            (self._pool or self._start_pool()).submit(int)
+
+    # --- commit and callbacks -------------------------------------------------------------
     async def _commit(self, task: GraphTask) -> None:
-        """Commit on success. Large commits (adding big gradients into ``.grad``) run on
-        a worker thread so the loop keeps serving; the commit is shielded from
-        cancellation, because it must happen entirely or not at all."""
-        if task.create_graph or task.staged_size() < self.inline_threshold:
-            task.write_grads()
+        """Commit on success (Note [Atomic commits] in commit.py). Shielded from
+        cancellation once started: it happens entirely or not at all."""
+        if task.create_graph or commit.staged_size(task) < self.inline_threshold:
+            commit.commit_inline(task)
         else:
             with anyio.CancelScope(shield=True):
-                await self._offload(task.write_grads)
+                prepared = await self.offload(commit.sum_fresh, task)
+            commit.publish(task, prepared)
         try:
-            task.after_commit()
+            commit.after_commit(task)
         finally:
-            if len(task.executed) <= RELEASE_STEP:  # one step: nothing to wait for
-                for _ in task.release_steps():
+            if len(task.executed) <= commit.RELEASE_STEP:  # one step: nothing to wait for
+                for _ in commit.release_steps(task):
                     pass
             else:
                 with anyio.CancelScope(shield=True):  # bookkeeping after the commit: finish it
-                    await self._run_steps(task.release_steps())
+                    await self._run_steps(commit.release_steps(task))
 
-    async def _run_steps(self, steps: Any) -> None:
-        """Exhaust a GraphTask step generator, yielding to the loop every yield_interval."""
+    @staticmethod
+    def _after_commit_sync(task: GraphTask) -> None:
+        try:
+            commit.after_commit(task)
+        finally:
+            for _ in commit.release_steps(task):
+                pass
+
+    async def _run_steps(self, steps: Iterator[None]) -> None:
+        """Exhaust a step generator, yielding to the loop every yield_interval."""
         interval = self.yield_interval
         deadline = time.perf_counter() + interval
         for _ in steps:
@@ -499,38 +309,49 @@ class Engine:
                 await anyio.lowlevel.checkpoint()
                 deadline = time.perf_counter() + interval
 
-    async def _run_callbacks(self, task: GraphTask) -> None:
+    @staticmethod
+    async def _run_callbacks(task: GraphTask) -> None:
         i = 0
         while i < len(task.callbacks):  # a callback may queue more
             result = task.callbacks[i]()
-            if _is_awaitable(result):
+            if is_awaitable(result):
                 await result
             i += 1
 
-    async def _run_pre_commits(self, task: GraphTask) -> None:
-        """Note [Pre-commit]: after every node finished, before the commit. Not shielded:
-        a cancellation or an error here commits nothing."""
-        view = task.pre_commit_view()
+    @staticmethod
+    async def _run_pre_commits(task: GraphTask) -> None:
+        """Note [Pre-commit] in commit.py: after every node finished, before the commit.
+        Not shielded: a cancellation or an error here commits nothing."""
+        view = commit.pre_commit_view(task)
         i = 0
         while i < len(task.pre_commits):  # a function may queue more
             result = task.pre_commits[i](view)
-            if _is_awaitable(result):
+            if is_awaitable(result):
                 await result
             i += 1
-        task.end_pre_commit()
+        commit.end_pre_commit(task)
 
     # --- bookkeeping ----------------------------------------------------------------------
-    def _begin(self, task: GraphTask, parent: GraphTask | None) -> None:
+    def _begin(self, task: GraphTask) -> GraphTask | None:
+        parent = running_graph_task()
         if parent is not None:
             task.parent = parent
             task.depth = parent.depth + 1
             parent.active_children += 1
         with self._lock:
             self._started += 1
+        BLAS.backward_started()
+        return parent
 
     def _end(self, task: GraphTask, parent: GraphTask | None, outcome: str) -> None:
+        BLAS.backward_ended()
         if parent is not None:
             parent.active_children -= 1
+            if not parent.active_children and parent.context is not None and parent.has_ready():
+                try:
+                    loop_scheduler().add(parent)
+                except RuntimeError:  # (a synchronous drain off any loop: its own driver goes on)
+                    pass
         with self._lock:
             self._nodes_inline += task.nodes_inline
             self._nodes_offloaded += task.nodes_offloaded
@@ -543,203 +364,37 @@ class Engine:
                 self._cancelled += 1
 
 
-def _is_awaitable(result: Any) -> bool:
-    return asyncio.iscoroutine(result) or hasattr(result, "__await__")
+def _check_complete(task: GraphTask) -> None:
+    """After the drain: raise the task's error, or check that every node ran."""
+    if task.error is not None:
+        raise task.error
+    if task.dependencies:
+        raise EngineInternalError(f"graph task {task.id} ended with {len(task.dependencies)} "
+                                  "nodes that never became ready")
 
 
-def _await_blocking(result: Any) -> None:
-    """From the sync driver: run an awaitable that a callback returned to completion."""
-    if _is_awaitable(result):
-        async def wait() -> None:
-            await result
-
-        block_on(wait)
-
-
-def _call_each(fns: list[Callable[..., Any]], finish: Callable[[Any], None], *args: Any) -> None:
+def _call_each(fns: list[Callable[..., Any]], finish_one: Callable[[Any], None], *args: Any) -> None:
     """Call ``fns`` in order, including any appended while iterating (a callback may
-    queue more), passing each result to ``finish``."""
+    queue more), passing each result to ``finish_one``."""
     i = 0
     while i < len(fns):
-        finish(fns[i](*args))
+        finish_one(fns[i](*args))
         i += 1
 
 
-def _gated(gate: threading.BoundedSemaphore, fn: Callable[..., Any], *args: Any) -> Any:
-    """On a worker thread: ``fn(*args)`` holding one of ``gate``'s slots."""
-    with gate:
-        return fn(*args)
+def _enter(task: GraphTask) -> tuple[Any, Any, Any]:
+    """Make ``task`` the context's running backward, owned by this task or thread (its
+    callbacks run here), and capture the context its nodes run in."""
+    tokens = (_context.current_graph_task.set(task), _context.grad_enabled.set(task.create_graph),
+              _context.node_owner.set(current_owner()))
+    task.context = contextvars.copy_context()
+    return tokens
 
 
-def _resolved_kernel(kernel: Callable[[Node, list[Any], Any], list[Any]], node: Node,
-                     inputs: list[Any], math: Any) -> list[Any]:
-    """``kernel`` after adding up a LazyBuffer's pending sums (Note [Deferred sums])."""
-    return kernel(node, resolve(inputs), math)
-
-
-async def _let_pending_cancellation_land() -> None:
-    """A kernel's task was cancelled and its gradients dropped, so the GraphTask cannot
-    complete. The cancellation that did it covers the driver too (it is the task
-    group's, or an enclosing scope's), but may not have reached it yet (anyio delivers
-    it only to a task that is waiting): a checkpoint lets it land. The driver must never
-    go on to commit a GraphTask with nodes that did not run."""
-    for _ in range(100):
-        await anyio.lowlevel.checkpoint()
-    raise RuntimeError("asyncgrad: a kernel of this backward was cancelled, but the backward was not")
-
-
-def _run_chain(task: GraphTask, nodes: list[Node], edges: list[int], partials: list[Any],
-               inputs: list[Any]) -> tuple[list[list[Any]], BaseException | None]:
-    """On a worker thread: run a chain of nodes, each fed the gradient its predecessor
-    computed for it (added to what its buffer already held: ``partials``). Returns the
-    outputs of the nodes that ran and the exception of the one that raised, if any (that
-    one is ``nodes[len(outputs)]``); stops early once the GraphTask stops (an error
-    elsewhere, or a cancellation)."""
-    math = task.math
-    results: list[list[Any]] = []
-    for k, node in enumerate(nodes):
-        if k and task.stopping:
-            break
-        try:
-            if k:  # what the buffer held, plus the predecessor's gradient
-                prev = results[-1]
-                inputs = [value(combine(partials[k - 1], prev[edges[k - 1]]))]
-                # dropped from the results (finish_chained skips that edge), so a long
-                # chain holds one gradient at a time, not one per node
-                prev[edges[k - 1]] = None
-                del prev
-            elif type(inputs) is LazyBuffer:
-                inputs = resolve(inputs)
-            results.append(run_kernel(node, inputs, math))
-        except Exception as e:
-            return results, e
-    return results, None
-
-
-def graph_task_statistics(task: GraphTask) -> GraphTaskStatistics:
-    return GraphTaskStatistics(task.id, task.depth, task.nodes_inline, task.nodes_offloaded,
-                               task.in_flight, len(task.heap) + len(task.ready_leaves),
-                               len(task.dependencies), task.thread_hops)
-
-
-def _enter(task: GraphTask) -> tuple[Any, Any]:
-    return (_context.current_graph_task.set(task), _context.grad_enabled.set(task.create_graph))
-
-
-def _exit(tokens: tuple[Any, Any]) -> None:
+def _exit(tokens: tuple[Any, Any, Any]) -> None:
+    _context.node_owner.reset(tokens[2])
     _context.grad_enabled.reset(tokens[1])
     _context.current_graph_task.reset(tokens[0])
-
-
-_malloc_tuned = False
-
-
-def _keep_large_allocations() -> None:
-    """Note [Page faults]: numpy allocates every result afresh. glibc serves large blocks
-    with mmap and returns them to the OS on free, so each new 4 MB array is faulted in
-    page by page again (~8 us a page on this project's VMs: ~8 ms per array), and arrays
-    made on worker threads and freed on the loop thread fault every time. That cost ate
-    the whole gain of running branches in parallel. At its first offloaded kernel the
-    engine therefore raises glibc's mmap and trim thresholds (mallopt, process-wide, once)
-    so freed blocks are reused: the process keeps up to ~128 MB of freed memory per arena
-    instead of returning it at once. ``Engine(tune_malloc=False)`` leaves malloc alone; it
-    is a no-op off glibc."""
-    global _malloc_tuned
-    _malloc_tuned = True
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    if not name:
-        return
-    try:
-        libc = ctypes.CDLL(name)
-        m_trim_threshold, m_mmap_threshold = -1, -3
-        libc.mallopt(m_mmap_threshold, 32 * 1024 * 1024)  # glibc's maximum on 64-bit
-        libc.mallopt(m_trim_threshold, 128 * 1024 * 1024)
-    except (OSError, AttributeError):  # not glibc
-        return
-
-
-def _threadsafe_caller() -> Callable[[Callable[[], Any]], None]:
-    try:
-        loop = asyncio.get_running_loop()
-
-        def call_soon(fn: Callable[[], Any]) -> None:
-            loop.call_soon_threadsafe(fn)
-
-        return call_soon
-    except RuntimeError:
-        import trio
-
-        return trio.lowlevel.current_trio_token().run_sync_soon
-
-
-async def _run_in_executor(executor: Executor, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
-    """Run ``fn`` on ``executor`` in a copy of this context. If cancelled meanwhile, a
-    call that has not started is withdrawn; one that has is waited for (a thread
-    cannot be interrupted), then the cancellation goes on."""
-    ctx = contextvars.copy_context()
-    done = anyio.Event()
-    call_soon = _threadsafe_caller()
-    future = executor.submit(ctx.run, fn, *args)
-    future.add_done_callback(lambda _: call_soon(done.set))
-    try:
-        await done.wait()
-    except anyio.get_cancelled_exc_class():
-        if not future.cancel():
-            with anyio.CancelScope(shield=True):
-                await done.wait()
-        raise
-    return future.result()
-
-
-def _in_event_loop_thread() -> bool:
-    """Whether this *thread* is running an event loop. Not sniffio's context variable:
-    contexts are copied into worker threads, threads are not."""
-    try:
-        asyncio.get_running_loop()
-        return True
-    except RuntimeError:
-        pass
-    # trio is an optional back end: only a thread running it can have imported it already.
-    trio = sys.modules.get("trio")
-    if trio is None:
-        return False
-    try:
-        trio.lowlevel.current_trio_token()
-        return True
-    except RuntimeError:
-        return False
-
-
-def block_on(fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> Any:
-    """Run the coroutine ``fn(*args)`` to completion from synchronous code, with this
-    context's variables. On a thread that runs an event loop (which we must not block
-    re-entrantly) it runs on a fresh thread with its own loop."""
-    ctx = contextvars.copy_context()
-    if not _in_event_loop_thread():
-        return ctx.run(asyncio.run, fn(*args))
-    return _run_on_fresh_thread(lambda: asyncio.run(fn(*args)), ctx=ctx)
-
-
-def _run_on_fresh_thread(fn: Callable[..., Any], *args: Any, ctx: contextvars.Context | None = None) -> Any:
-    ctx = ctx or contextvars.copy_context()
-    result: list[Any] = []
-    error: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            result.append(ctx.run(fn, *args))
-        except BaseException as e:  # re-raised on the calling thread
-            error.append(e)
-
-    thread = threading.Thread(target=target, name="asyncgrad-reentrant")
-    thread.start()
-    thread.join()
-    if error:
-        raise error[0]
-    return result[0] if result else None
 
 
 _default_engine: Engine | None = None
@@ -762,44 +417,3 @@ def set_engine(engine: Engine) -> None:
     if not isinstance(engine, Engine):
         raise TypeError(f"set_engine expects an Engine, got {type(engine).__name__}")
     _default_engine = engine
-
-
-def queue_callback(fn: Callable[[], Any]) -> None:
-    """Run ``fn`` (sync or async) when the current GraphTask's nodes have all finished,
-    before its ``await`` returns. Only valid while a backward is running."""
-    task = _context.current_graph_task.get()
-    if task is None:
-        raise RuntimeError("Final callbacks can only be installed during backward pass.")
-    task.queue_callback(fn)
-
-
-def queue_pre_commit(fn: Callable[[dict[Any, Any]], Any]) -> None:
-    """Run ``fn(staged)`` (sync or async) after every node of the current backward has
-    finished and before its commit (Note [Pre-commit] in graph_task.py). ``staged`` maps
-    each tensor whose ``.grad`` will change to its staged gradient (a Tensor); ``fn`` may
-    replace entries with Tensors of the same shape. Only valid while a backward runs.
-
-    Errors: if ``fn`` raises, nothing is committed and the exception propagates from
-    the backward call. Cancellation: an ``async`` ``fn`` may be cancelled with the
-    backward; nothing is committed then either."""
-    task = _context.current_graph_task.get()
-    if task is None:
-        raise RuntimeError("Pre-commit functions can only be installed during backward pass.")
-    task.pre_commits.append(fn)
-
-
-def current_graph_task_statistics() -> GraphTaskStatistics | None:
-    """Statistics of the GraphTask running in this context (from a hook, a Function's
-    backward or a callback), or None outside backward."""
-    task = _context.current_graph_task.get()
-    return None if task is None else graph_task_statistics(task)
-
-
-def current_graph_task_id() -> int | None:
-    """The id of the GraphTask running in this context, or None outside backward."""
-    task = _context.current_graph_task.get()
-    return None if task is None else task.id
-
-
-def in_event_loop_thread() -> bool:
-    return _in_event_loop_thread()

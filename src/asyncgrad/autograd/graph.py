@@ -23,6 +23,11 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from .. import _context
+from .handles import HookDict, NodeHooks, RemovableHandle
+
+__all__ = ["ACCUMULATE_GRAD_SEQUENCE_NR", "AccumulateGrad", "Edge", "GraphRoot", "HookDict", "NO_EDGE", "Node",
+           "NodeHooks", "RemovableHandle", "SavedTensor", "HookedSavedTensor", "saved_tensors_hooks",
+           "save_for_backward", "iter_graph", "next_sequence_nr", "register_tensor_type", "FREED_MESSAGE"]
 
 if TYPE_CHECKING:
     from ..tensor import Tensor
@@ -33,55 +38,6 @@ ACCUMULATE_GRAD_SEQUENCE_NR = 2**64 - 1
 
 _sequence_counter = itertools.count()
 next_sequence_nr: Callable[[], int] = _sequence_counter.__next__
-
-
-class RemovableHandle:
-    """Returned by every ``register_*hook``; ``remove()`` unregisters (idempotent)."""
-
-    __slots__ = ("_hooks_ref", "id")
-    _ids = itertools.count()
-
-    def __init__(self, hooks: HookDict) -> None:
-        self.id = next(RemovableHandle._ids)
-        self._hooks_ref = weakref.ref(hooks)  # a handle does not keep its hooks alive
-
-    def remove(self) -> None:
-        hooks = self._hooks_ref()
-        if hooks is not None:
-            hooks.pop(self.id, None)
-
-    def __enter__(self) -> RemovableHandle:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.remove()
-
-
-class HookDict(dict):  # type: ignore[type-arg]
-    """A dict of hooks keyed by handle id; weak-referenceable so handles don't keep it."""
-
-    __slots__ = ("__weakref__",)
-
-    def add(self, fn: Callable[..., Any]) -> RemovableHandle:
-        handle = RemovableHandle(self)
-        self[handle.id] = fn
-        return handle
-
-
-class NodeHooks:
-    """The hooks of one node, created only when a first hook is registered.
-
-    Order inside one node (PyTorch's NOTE [Hooks ordering]): tensor pre-hooks per slot,
-    then retains-grad hooks, then node pre-hooks, the node, then post-hooks.
-    """
-
-    __slots__ = ("tensor_pre", "retains_grad", "pre", "post")
-
-    def __init__(self) -> None:
-        self.tensor_pre: dict[int, HookDict] = {}
-        self.retains_grad: dict[int, weakref.ref[Tensor]] = {}
-        self.pre = HookDict()
-        self.post = HookDict()
 
 
 class Node:
@@ -112,10 +68,10 @@ class Node:
     def metadata(self) -> dict[str, Any]:
         if self._extra is None:
             self._extra = {}
-        meta = self._extra.get("metadata")
+        meta: dict[str, Any] | None = self._extra.get("metadata")
         if meta is None:
             meta = self._extra["metadata"] = {}
-        return meta  # type: ignore[no-any-return]
+        return meta
 
     @property
     def anomaly_trace(self) -> Any:
@@ -187,6 +143,10 @@ class Node:
         """True when the engine must await ``apply_async`` instead of calling ``apply``."""
         return False
 
+    async def apply_async(self, grads: list[Any], m: Any) -> list[Any]:
+        """``apply`` for a node whose ``is_async()`` is true."""
+        raise NotImplementedError
+
     #: False for node classes that never override ``is_async`` (set per class), so the
     #: engine's hot loop can skip the call
     maybe_async = False
@@ -249,9 +209,9 @@ class AccumulateGrad(Node):
                 f"Function AccumulateGrad returned an invalid gradient at index 0 - got "
                 f"{list(g.shape)} but expected shape compatible with {list(self.variable.shape)}"
             )
-        from .graph_task import _COMMIT_LOCK, _accumulate
+        from .commit import COMMIT_LOCK, _accumulate  # (commit.py imports Tensor: not at the top)
 
-        with _COMMIT_LOCK:
+        with COMMIT_LOCK:
             _accumulate(self.variable, g.data.copy(), _context.grad_enabled.get() and g._requires_grad)
         return ()
 
@@ -474,4 +434,15 @@ def iter_graph(root: Node | None) -> Iterator[Node]:
                 stack.append(child)
 
 
-from ..tensor import Tensor as _tensor_cls  # noqa: E402  (tensor.py imports this module first)
+# Note [The graph layer never imports Tensor]: tensor.py imports this module, so this
+# module cannot import tensor.py back (that ring ran half a package while tensor.py was
+# half-initialised). Tensor registers itself here instead, once its class exists (as
+# HIPS autograd's box types register with its tracer); saved tensors need it only to
+# rebuild a Tensor when unpacked, long after every import finished.
+_tensor_cls: Any = None
+
+
+def register_tensor_type(cls: type) -> None:
+    """Called once by tensor.py: the class saved tensors are unpacked into."""
+    global _tensor_cls
+    _tensor_cls = cls

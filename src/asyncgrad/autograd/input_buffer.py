@@ -10,8 +10,12 @@ commit, for a leaf, is), on the loop otherwise. The additions happen in arrival 
 and group exactly as the eager sums would (a pending sum inside another is added as one
 term), so results are bit-for-bit those of eager summation.
 
-A buffer that holds a ``PendingSum`` is re-typed ``LazyBuffer``, so the engine's hot loop
-notices it with one type check per node.
+Note [Input buffers]: an input buffer is a ``list`` with one slot per input of its node
+(a gradient, or None). A buffer that holds a ``PendingSum`` is re-typed
+``LazyBuffer``, so the engine's hot loop notices it with one type check per node; a
+plain list is kept for every other buffer because the hot loop creates one per node and
+a list subclass costs four times as much to create. Only this module adds into buffers
+(``add_to_buffer``) and resolves them (``resolve``).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import numpy as np
 LAZY_SUM_MIN = 65_536  # elements; below this, adding on the loop is cheaper than deferring
 
 
-class PendingSum(list):  # type: ignore[type-arg]
+class PendingSum(list[Any]):
     """Gradients for one input, in arrival order, not yet added together."""
 
     __slots__ = ()
@@ -31,7 +35,8 @@ class PendingSum(list):  # type: ignore[type-arg]
     @property
     def size(self) -> int:
         """Elements of the sum (what the engine weighs to decide where to add it)."""
-        return getattr(self[0], "size", 0)  # type: ignore[no-any-return]
+        size: int = getattr(self[0], "size", 0)
+        return size
 
     def total(self) -> Any:
         """The sum, left to right, as ``((a + b) + c) + ...`` eagerly would be."""
@@ -46,7 +51,7 @@ class PendingSum(list):  # type: ignore[type-arg]
         return out
 
 
-class LazyBuffer(list):  # type: ignore[type-arg]
+class LazyBuffer(list[Any]):
     """An input buffer with at least one ``PendingSum`` slot."""
 
     __slots__ = ()
@@ -66,6 +71,16 @@ def combine(old: Any, g: Any) -> Any:
             and old.size >= LAZY_SUM_MIN:
         return PendingSum((old, g))
     return old + value(g)
+
+
+def add_to_buffer(buf: list[Any], nr: int, g: Any) -> list[Any]:
+    """Add ``g`` into slot ``nr`` of ``buf``; returns the buffer, re-typed LazyBuffer
+    when the sum was deferred."""
+    total = combine(buf[nr], g)
+    buf[nr] = total
+    if type(total) is PendingSum and type(buf) is not LazyBuffer:
+        return LazyBuffer(buf)
+    return buf
 
 
 def resolve(buf: list[Any]) -> list[Any]:

@@ -12,10 +12,13 @@ import numpy as np
 
 from .. import _context
 from ..ops._spec import OpSpec
+from ..tensor import Tensor
 from .validation import validate_one
 from .graph import FREED_MESSAGE, NO_EDGE, HookedSavedTensor, Node, SavedTensor, save_for_backward
 
 _grad_enabled = _context.grad_enabled
+_wrap = Tensor._wrap
+_nonleaf = Tensor._nonleaf
 _anomaly = _context.anomaly_mode
 
 
@@ -59,14 +62,20 @@ class OpNode(Node):
             for pos, e in self.saved_entries():
                 args[pos] = e.unpack_tensor(self) if m.tensor_mode else e.unpack_array(self)
         else:
-            for e in checks:
-                if e.version.value != e.saved_version:
-                    e.unpack_array(self)  # raises the in-place modification error
-            args = saved or self.spec.no_args
+            args = self.plain_args()
         params = self.params
         if m.tensor_mode and self.spec.has_aux and params is not None:
             params = {**params, "aux": m.constant(params["aux"])}
         return args, params
+
+    def plain_args(self) -> tuple[Any, ...]:
+        """The saved arrays as the rules' arguments, once checked unmodified since saved
+        (PyTorch's version-counter check; raises its error). Saved values not released,
+        no saved-tensor hooks."""
+        for e in self.checks:
+            if e.version.value != e.saved_version:
+                e.unpack_array(self)  # raises the in-place modification error
+        return self.saved or self.spec.no_args
 
     def saved_entries(self) -> list[tuple[int, Any]]:
         """``(position among the rule arguments, SavedTensor)`` for every saved tensor.
@@ -88,17 +97,17 @@ class OpNode(Node):
             return [None] * len(edges)
         args, params = self.rule_args(m)
         spec = self.spec
-        vjps = spec.vjps
+        vjps: tuple[Any, ...] = spec.vjps  # (an edge that needs a gradient has a rule)
         if spec.variadic:
             rule = vjps[0]
-            return [None if node is None else rule(m, g, *args, index=i, **(params or {}))  # type: ignore[misc]
+            return [None if node is None else rule(m, g, *args, index=i, **(params or {}))
                     for i, (node, _) in enumerate(edges)]
         if len(edges) == 1:  # unary: most nodes
-            return [vjps[0](m, g, *args, **params) if params else vjps[0](m, g, *args)]  # type: ignore[misc]
+            return [vjps[0](m, g, *args, **params) if params else vjps[0](m, g, *args)]
         if params:
-            return [None if node is None else vjps[i](m, g, *args, **params)  # type: ignore[misc]
+            return [None if node is None else vjps[i](m, g, *args, **params)
                     for i, (node, _) in enumerate(edges)]
-        return [None if node is None else vjps[i](m, g, *args)  # type: ignore[misc]
+        return [None if node is None else vjps[i](m, g, *args)
                 for i, (node, _) in enumerate(edges)]
 
     def apply_edge(self, i: int, grads: list[Any], m: Any,
@@ -110,11 +119,11 @@ class OpNode(Node):
         if g is None:
             return None
         args, params = unpacked
-        spec = self.spec
-        if spec.variadic:
-            out = spec.vjps[0](m, g, *args, index=i, **(params or {}))  # type: ignore[misc]
+        vjps: tuple[Any, ...] = self.spec.vjps
+        if self.spec.variadic:
+            out = vjps[0](m, g, *args, index=i, **(params or {}))
         else:
-            out = spec.vjps[i](m, g, *args, **(params or {}))  # type: ignore[misc]
+            out = vjps[i](m, g, *args, **(params or {}))
         return validate_one(self, i, out)
 
     def release_variables(self) -> None:
@@ -241,8 +250,3 @@ def record(spec: OpSpec, inputs: tuple[Any, ...], out: np.ndarray, aux: Any = No
         record_forward_trace(node)
     return result
 
-
-from ..tensor import Tensor  # noqa: E402  (tensor.py imports this package first)
-
-_wrap = Tensor._wrap
-_nonleaf = Tensor._nonleaf

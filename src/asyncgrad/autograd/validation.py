@@ -32,7 +32,7 @@ def validate_outputs(node: Node, outputs: list[Any]) -> list[Any]:
             continue
         if type(g) is np.ndarray and g.shape == shape and g.dtype == dtypes[i]:
             continue  # the common case: nothing to fix
-        outputs[i] = _fix_gradient(node, i, g, shape, dtypes[i])
+        outputs[i] = fix_gradient(node, i, g)
     return outputs
 
 
@@ -43,11 +43,15 @@ def validate_one(node: Node, i: int, g: Any) -> Any:
         return g
     if type(g) is np.ndarray and g.shape == shape and g.dtype == node.input_dtypes[i]:
         return g
-    return _fix_gradient(node, i, g, shape, node.input_dtypes[i])
+    return fix_gradient(node, i, g)
 
 
-def _fix_gradient(node: Node, i: int, g: Any, shape: tuple[int, ...], dt: Any) -> Any:
-    """Sum a broadcast-larger gradient down to ``shape`` and cast it to ``dt``."""
+def fix_gradient(node: Node, i: int, g: Any) -> Any:
+    """Sum a broadcast-larger gradient down to input ``i``'s shape and cast it to its
+    dtype (raises when the shapes are not compatible)."""
+    shape = node.input_shapes[i]
+    dt = node.input_dtypes[i]
+    assert shape is not None
     gshape = g.shape
     if gshape != shape:
         if not is_expandable_to(shape, gshape):

@@ -2,9 +2,9 @@
 that went idle last, at a lowered scheduling priority.
 
 Note [Worker threads yield the CPU to the loop]: kernels use every core, and a BLAS call
-adds threads of its own, so with the loop's thread at the same priority the scheduler let
-a 1 ms ticker on the loop wait 3-6 ms behind them (p99 4-5 ms over 10 MLP backwards on
-this project's 2-core VMs). Two things bring that to ~1 ms at the same speed:
+adds threads of its own, so with the loop's thread at the same priority the OS scheduler
+lets the loop wait behind them. Two decisions keep the loop served at the same speed
+(docs/benchmarks.md has the loop-lag figures):
 
 * the workers run at niceness ``nice`` (Linux: each thread has its own; default 10), so
   a woken loop thread gets a core at once. Lower priority costs nothing on an idle
@@ -13,19 +13,17 @@ this project's 2-core VMs). Two things bring that to ~1 ms at the same speed:
   be raised back without privileges, which is why these threads are the engine's own
   and not anyio's, which the application shares;
 * the thread that finished the last kernel takes the next one: a worker goes back on a
-  stack of idle threads *before* its result wakes the loop, and the loop's next
-  kernel goes to the top of that stack (anyio's worker threads behave the same). When
-  kernels come one after another, one thread then runs them all; with a FIFO hand-off
-  (``ThreadPoolExecutor``), or a worker that goes idle only after reporting, the
-  workers took turns, each waking from a sleep, and the loop waited behind them (p99
-  3-4 ms measured, against 1.0 ms).
+  stack of idle threads *before* its result wakes the loop, and the loop's next kernel
+  goes to the top of that stack. When kernels come one after another, one thread then
+  runs them all; with a FIFO hand-off (``ThreadPoolExecutor``), or a worker that goes
+  idle only after reporting, the workers take turns, each waking from a sleep, and the
+  loop waits behind them.
 
 Engines with the same ``max_workers`` and ``worker_nice`` share one pool
 (``shared_pool``): each thread has its own malloc arena, and a fresh thread's arena
-page-faults every array it hands out, so new threads per engine made an engine created
-after others 1.5x slower on large kernels (measured: bench/parallel.py). Idle threads
-exit after ``idle_timeout`` seconds, so a process that stops using the engine holds no
-threads.
+page-faults every array it hands out, so new threads per engine would make an engine
+created after others slower on large kernels. Idle threads exit after ``idle_timeout``
+seconds, so a process that stops using the engine holds no threads.
 """
 
 from __future__ import annotations

@@ -5,21 +5,24 @@ numpy, writing each parameter's array in place and bumping its version counter o
 a backward that still holds the old values raises instead of using the new ones).
 
 Concurrency: ``step()`` is synchronous and runs to completion without yielding to the
-event loop, so it never sees a half-committed ``.grad``: each backward commits its
-gradients atomically (API.md §3). Run it when the backward calls whose gradients it
-should use have returned, and not while another backward that reads the parameters
-is still running.
+event loop, and ``step()`` and ``zero_grad()`` hold the engine's commit lock
+(``autograd.commit.grad_lock``), so neither sees nor makes a half-committed ``.grad``,
+also when backward calls commit from other threads (API.md §3, Note [Atomic commits]).
+Run it when the backward calls whose gradients it should use have returned, and not
+while another backward that reads the parameters is still running.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import warnings
 from typing import Any
 from collections.abc import Callable, Iterable
 
 import numpy as np
 
+from ..autograd.commit import grad_lock
 from ..tensor import Tensor
 
 
@@ -69,12 +72,24 @@ class Optimizer:
             raise ValueError("some parameters appear in more than one parameter group")
         self.param_groups.append(group)
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        step = cls.__dict__.get("step")
+        if step is not None:
+            @functools.wraps(step)
+            def locked_step(self: Optimizer, closure: Callable[[], Any] | None = None) -> Any:
+                with grad_lock():  # every .grad from one commit or another, whole
+                    return step(self, closure)
+
+            cls.step = locked_step  # type: ignore[method-assign]
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Reset every parameter's ``.grad`` (to None by default, as PyTorch)."""
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    p.grad = None if set_to_none else Tensor._wrap(np.zeros_like(p.grad.data))
+        with grad_lock():
+            for group in self.param_groups:
+                for p in group["params"]:
+                    if p.grad is not None:
+                        p.grad = None if set_to_none else Tensor._wrap(np.zeros_like(p.grad.data))
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         raise NotImplementedError

@@ -36,7 +36,7 @@ with the rest of the backward (so a failed or cancelled backward leaves ``.grad`
   the tensors from outside ``fn`` that its result depends on: parameters, closure
   tensors, tensors in ``kwargs``. The checkpoint node gets one edge per input and per
   such outside tensor. Its backward recomputes ``fn`` from the inputs themselves (not
-  detached copies), and its nested GraphTask (``_RecomputeTask``) runs the recomputed
+  detached copies), and its nested GraphTask (built with ``exec_info.plan_capture``) runs the recomputed
   nodes only, *capturing* the gradient that reaches each of the node's edges without
   running hooks or accumulating. The node returns those as its own gradients, so the
   outer backward's AccumulateGrad sums every use and fires the hooks once. Under
@@ -76,6 +76,7 @@ from ..autograd.graph import (
     FREED_MESSAGE, NO_EDGE, AccumulateGrad, Edge, GraphRoot, Node, next_sequence_nr,
     save_for_backward, saved_tensors_hooks,
 )
+from ..autograd.exec_info import plan_capture
 from ..autograd.graph_task import GraphTask
 
 __all__ = ["checkpoint", "checkpoint_sequential", "set_checkpoint_early_stop"]
@@ -343,7 +344,7 @@ class CheckpointFunctionBackward(Node):
         parent = _context.current_graph_task.get()
         engine = parent.engine if parent is not None else get_engine()
         if self.work >= engine.inline_threshold:
-            task = await engine._offload(self._recompute, grads, m, engine)  # the engine's worker threads
+            task = await engine.offload(self._recompute, grads, m, engine)  # the engine's worker threads
         else:
             task = self._recompute(grads, m, engine)
         if task is None:
@@ -362,7 +363,7 @@ class CheckpointFunctionBackward(Node):
         engine.execute_sync(task)
         return list(task.captured)
 
-    def _recompute(self, grads: list[Any], m: Any, engine: Any) -> _RecomputeTask | None:
+    def _recompute(self, grads: list[Any], m: Any, engine: Any) -> GraphTask | None:
         """Run ``fn`` again and plan the nested backward through what it built (None
         when no gradient reaches an output)."""
         saved = self.saved
@@ -401,8 +402,12 @@ class CheckpointFunctionBackward(Node):
             raise RuntimeError(NO_OUTPUT_REQUIRES_GRAD)
         if not roots:
             return None
-        task = _RecomputeTask(engine, create_graph=bool(m.tensor_mode), start=start)
-        task.set_roots([(GraphRoot(tuple(roots), root_grads), 0)], [None], targets)
+        # the nested backward runs the recomputed nodes only and captures, without hooks,
+        # the gradient reaching each target edge (see Note [Checkpoint hooks fire once])
+        root = GraphRoot(tuple(roots), root_grads)
+        task = GraphTask(engine, keep_graph=False, create_graph=bool(m.tensor_mode), accumulate=False)
+        task.set_roots([(root, 0)], [None], targets, plan=plan_capture(root, targets, _recomputed_only(start)))
+        _recompute_tasks.add(task)
         return task
 
 
@@ -411,56 +416,26 @@ def _check_checkpoint_valid() -> None:
     a plain ``backward()`` without ``inputs=`` (our own recomputations excepted)."""
     task = _context.current_graph_task.get()
     while task is not None:
-        if not isinstance(task, _RecomputeTask) and (not task.accumulate or task.needed is not None):
+        if task not in _recompute_tasks and (not task.accumulate or task.exec_info is not None):
             raise RuntimeError(REENTRANT_GRAD_ERROR)
         task = task.parent
 
 
-class _RecomputeTask(GraphTask):
-    """The nested backward of a reentrant checkpoint: runs only the nodes built by the
-    recomputation and captures, without hooks, the gradient reaching each target edge
-    (the node's own edges: its inputs' and the outside ones); see Note [Checkpoint hooks
-    fire once]. A repeated edge is captured in its first slot only."""
+_recompute_tasks: weakref.WeakSet[GraphTask] = weakref.WeakSet()
 
-    def __init__(self, engine: Any, *, create_graph: bool, start: int) -> None:
-        super().__init__(engine, keep_graph=False, create_graph=create_graph, accumulate=False)
-        self.start = start
-        self.slots: dict[Node, list[tuple[int, int]]] = {}
 
-    def _plan_pruning(self, root: Node, targets: list[Edge]) -> None:
-        self.captures = {}
-        self.captured = [None] * len(targets)
-        seen: set[Edge] = set()
-        for i, (node, nr) in enumerate(targets):
-            if node is not None and (node, nr) not in seen:  # a repeated edge: first slot only
-                seen.add((node, nr))
-                self.targets.add(node)
-                self.slots.setdefault(node, []).append((nr, i))
-        needed = {root}
-        stack = [root]
-        while stack:
-            for child, _ in stack.pop().next_edges:
-                if child is None or child in needed or child in self.targets:
-                    continue
-                if type(child) is AccumulateGrad or child.sequence_nr <= self.start:
-                    raise RuntimeError(
-                        "asyncgrad.utils.checkpoint: the recomputation reached "
-                        f"{child.name()}, which the original forward did not use (was a "
-                        "tensor used by the checkpointed function modified in place, or does "
-                        "the function depend on something other than its inputs and state?)"
-                    )
-                needed.add(child)
-                stack.append(child)
-        self.needed = needed
-
-    def prepare(self, node: Node, buf: list[Any]) -> list[Any] | None:
-        slots = self.slots.get(node)
-        if slots is None:
-            return super().prepare(node, buf)
-        if buf is not None:
-            for nr, i in slots:
-                self.captured[i] = buf[nr] if nr < len(buf) else None
-        return None
+def _recomputed_only(start: int) -> Callable[[Node], None]:
+    """For ``plan_capture``: the recomputation's backward may only reach nodes that the
+    recomputation built (their sequence numbers are above ``start``)."""
+    def expand(child: Node) -> None:
+        if type(child) is AccumulateGrad or child.sequence_nr <= start:
+            raise RuntimeError(
+                "asyncgrad.utils.checkpoint: the recomputation reached "
+                f"{child.name()}, which the original forward did not use (was a "
+                "tensor used by the checkpointed function modified in place, or does "
+                "the function depend on something other than its inputs and state?)"
+            )
+    return expand
 
 
 # --------------------------------------------------------------------------------------

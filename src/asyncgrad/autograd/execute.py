@@ -1,0 +1,255 @@
+"""Running a node: the one sequence of steps every node goes through.
+
+``prepare`` (PyTorch's ``call_pre_hooks``: tensor pre-hooks, retain_grad, captures, node
+pre-hooks; an AccumulateGrad is staged here), ``run_kernel`` (``call_function`` then
+``validate_outputs``), and ``finish`` (post-hooks, then route each gradient onward).
+The reference executor (reference.py) runs those three in order for every node; the
+drivers do too for every node that is not a plain built-in. Tools wrap the kernel, they
+do not fork the path: anomaly mode runs ``run_kernel``'s two steps marking the node as
+running, the profiler times ``run_kernel`` (``kernel_for``).
+
+``run_inline`` runs ready nodes on the calling thread. For the hot case (a built-in node
+without hooks, in a plain backward, with a defined gradient) it does ``run_kernel`` and
+``finish`` in place: the same steps, checked against the reference in tests.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Coroutine
+from heapq import heappop, heappush
+from typing import Any
+
+import numpy as np
+
+from .. import _context
+from .graph import ACCUMULATE_GRAD_SEQUENCE_NR, AccumulateGrad, Node, SavedTensor
+from .graph_task import GraphTask
+from .hooks import run_leaf_tensor_hooks, run_post_hooks, run_pre_hooks, run_tensor_pre_hooks
+from .input_buffer import LazyBuffer, PendingSum, add_to_buffer, combine, resolve
+from .recording import OpNode
+from .validation import fix_gradient, validate_outputs
+
+Kernel = Callable[[Node, list[Any], Any], list[Any]]
+AsyncKernel = Callable[[Node, list[Any], Any], Coroutine[Any, Any, list[Any]]]
+_anomaly_mode = _context.anomaly_mode
+CLOCK_AFTER_WORK = 16_384  # elements: a node this large takes ~10 us, the clock ~0.05 us
+
+
+# --- the kernel: apply, then validate ---------------------------------------------------
+def run_kernel(node: Node, inputs: list[Any], math: Any) -> list[Any]:
+    """A node's numeric work: apply, then validate. Thread-safe; touches no GraphTask.
+    Under anomaly mode the same two steps run with the node marked as running (the
+    parent of nodes built meanwhile), then a NaN check."""
+    anomaly = _anomaly_mode.get()
+    if anomaly is not None:
+        return anomaly.run_node(node, inputs, math)
+    return validate_outputs(node, node.apply(inputs, math))
+
+
+async def run_async_kernel(node: Node, inputs: list[Any], math: Any) -> list[Any]:
+    """``run_kernel`` for a node whose backward is ``async def``, awaited on the loop."""
+    anomaly = _anomaly_mode.get()
+    if anomaly is not None:
+        return await anomaly.run_node_async(node, inputs, math)
+    return validate_outputs(node, await node.apply_async(inputs, math))
+
+
+def kernel_for(task: GraphTask, offloaded: bool) -> Kernel:
+    """``run_kernel``, or the profiler's timed wrapper of it while a profile records."""
+    if task.profiler is None:
+        return run_kernel
+    wrapped: Kernel = task.profiler.wrap_kernel(run_kernel, task, offloaded)
+    return wrapped
+
+
+def async_kernel_for(task: GraphTask) -> AsyncKernel:
+    """``run_async_kernel``, or the profiler's timed wrapper of it."""
+    if task.profiler is None:
+        return run_async_kernel
+    wrapped: AsyncKernel = task.profiler.wrap_async_kernel(run_async_kernel, task)
+    return wrapped
+
+
+def resolved_kernel(kernel: Kernel, node: Node, inputs: list[Any], math: Any) -> list[Any]:
+    """``kernel`` after adding up a LazyBuffer's pending sums (on the worker)."""
+    return kernel(node, resolve(inputs), math)
+
+
+# --- before and after the kernel --------------------------------------------------------
+def prepare(task: GraphTask, node: Node, buf: list[Any]) -> list[Any] | None:
+    """Given a ready node's summed input buffer, run what comes before its kernel:
+    captures, tensor pre-hooks, retain_grad, node pre-hooks. Returns the kernel's
+    inputs, or None when the node does not run (pruned, captured only, or an
+    AccumulateGrad, which is staged right here)."""
+    info = task.exec_info
+    entry = None if info is None else info.get(node)
+    if entry is not None and entry.raw:  # the capture seam: before any hook, never run
+        for nr, i in entry.captures:
+            task.captured[i] = resolve(buf)[nr] if nr < len(buf) else None
+        return None
+    if type(buf) is LazyBuffer and (type(node) is not AccumulateGrad or info is not None):
+        buf = resolve(buf)  # (in a plain backward a leaf's sum waits for the commit)
+    if type(node) is AccumulateGrad:
+        stage_leaf(task, node, buf)
+        return None
+    hooks = node._hooks
+    if hooks is not None and (hooks.tensor_pre or hooks.retains_grad):
+        buf = run_tensor_pre_hooks(task, node, hooks, buf)
+    if info is not None:
+        if entry is None:
+            return None
+        for nr, i in entry.captures:
+            task.captured[i] = buf[nr]
+        if not entry.needed:
+            return None
+    if hooks is not None and hooks.pre:
+        buf = run_pre_hooks(task, node, hooks.pre, buf)
+    return buf
+
+
+def stage_leaf(task: GraphTask, node: AccumulateGrad, buf: list[Any]) -> None:
+    """AccumulateGrad's step: tensor hooks, captures, pre-hooks, stage for the commit
+    (Note [Commit on success] in commit.py), post-hooks."""
+    var = node.variable
+    g = buf[0]
+    info = task.exec_info
+    if type(g) is PendingSum and (var._hooks or info is not None or node._hooks is not None):
+        g = g.total()  # hooks and captures see the sum (else the commit adds it)
+    if var._hooks:
+        g = run_leaf_tensor_hooks(task, node, var._hooks, g)
+    if info is not None:
+        entry = info.get(node)
+        if entry is not None:
+            for _nr, i in entry.captures:
+                task.captured[i] = g
+        if not task.accumulate or entry is None or not entry.needed:
+            return
+    hooks = node._hooks
+    if hooks is not None and hooks.pre:
+        g = run_pre_hooks(task, node, hooks.pre, [g])[0]
+    staged = task.staged
+    staged[var] = combine(staged.get(var), g)
+    if hooks is not None and hooks.post:
+        run_post_hooks(task, node, hooks.post, [], [g])
+
+
+def finish(task: GraphTask, node: Node, inputs: list[Any], outputs: list[Any]) -> None:
+    """After the kernel: post-hooks, then route each gradient to its next node."""
+    hooks = node._hooks
+    if hooks is not None and hooks.post:
+        if task.exec_info is not None:
+            # PyTorch computes no gradient for an edge pruned by inputs=/grad(), so
+            # post-hooks see None there (the value would be dropped anyway).
+            deps = task.dependencies
+            outputs = [g if child is not None and child in deps else None
+                       for (child, _), g in zip(node.next_edges, outputs)]
+        outputs = run_post_hooks(task, node, hooks.post, outputs, inputs)
+    task.route(node, outputs)
+
+
+def must_go_elsewhere(node: Node, threshold: float) -> bool:
+    """Whether a prepared node is not run inline: large (Note [Inline or offload] in
+    policy.py) or with an ``async def`` backward."""
+    return node.work >= threshold or (node.maybe_async and node.is_async())
+
+
+# --- the inline loop --------------------------------------------------------------------
+def run_inline(task: GraphTask, threshold: float, deadline: float) -> bool:
+    """Run ready nodes inline, in ready-queue order, until nothing is ready (returns
+    False), ``time.perf_counter()`` passed ``deadline``, or a node must run elsewhere:
+    that one is prepared and queued on ``task.to_start`` for the driver (both return
+    True). Errors are recorded with ``task.fail`` and raised.
+
+    This loop is most of a small backward's cost, so it keeps everything in locals and,
+    for the hot case, does ``run_kernel`` then ``finish`` in place, computing no
+    gradient for an edge that leads nowhere needed."""
+    heap = task.heap
+    leaves = task.ready_leaves
+    buffers = task.buffers
+    deps = task.dependencies
+    math = task.math
+    tools = not task.plain_kernels()
+    fused = not tools and not task.create_graph
+    kernel = kernel_for(task, False) if tools else run_kernel
+    plain = task.exec_info is None
+    keep = task.keep_graph
+    executed = task.executed
+    to_start = task.to_start
+    clock = time.perf_counter
+    push = heappush
+    acc_nr = ACCUMULATE_GRAD_SEQUENCE_NR
+    count = 0
+    node: Node | None = None
+    try:
+        while True:
+            if leaves:
+                node, buf = leaves.popleft()
+            elif heap:
+                _, node, buf = heappop(heap)
+            else:
+                return False
+            if not (plain and type(node) is OpNode and node._hooks is None):
+                inputs = prepare(task, node, buf)
+                if inputs is None:
+                    continue
+                if must_go_elsewhere(node, threshold):
+                    to_start.append((node, inputs))
+                    return True
+                finish(task, node, inputs, kernel(node, inputs, math))
+            elif node.work >= threshold:
+                to_start.append((node, buf))  # (a LazyBuffer is added up on the worker)
+                return True
+            else:
+                if type(buf) is LazyBuffer:
+                    buf = resolve(buf)
+                g = buf[0]
+                saved = node.saved
+                checks = node.checks
+                if not fused or g is None or saved is None or not node.spec.fusable or (
+                        checks and type(checks[0]) is not SavedTensor):
+                    finish(task, node, buf, kernel(node, buf, math))
+                else:
+                    # --- run_kernel and finish, in place -----------------------------
+                    args = node.plain_args()
+                    params = node.params
+                    vjps: tuple[Any, ...] = node.spec.vjps  # (a needed edge has a rule)
+                    i = -1
+                    for child, nr in node.next_edges:
+                        i += 1
+                        if child is None:
+                            continue
+                        d = deps.get(child)
+                        if d is None:  # pruned: nothing needed lies behind this edge
+                            continue
+                        gi = vjps[i](math, g, *args, **params) if params else vjps[i](math, g, *args)
+                        if gi is not None:
+                            if type(gi) is not np.ndarray or gi.shape != node.input_shapes[i] \
+                                    or gi.dtype != node.input_dtypes[i]:
+                                gi = fix_gradient(node, i, gi)
+                        if d == 1 and nr == 0 and child.num_outputs == 1:
+                            # the child's last gradient: queue it with its buffer
+                            del deps[child]
+                            old = buffers.pop(child, None)
+                            if old is None:
+                                old = [gi]
+                            elif gi is not None:
+                                old = add_to_buffer(old, 0, gi)
+                            seq = child.sequence_nr
+                            if seq == acc_nr:
+                                leaves.append((child, old))
+                            else:
+                                push(heap, (-seq, child, old))
+                        else:
+                            task.add_gradient(child, nr, gi, d)
+                    if saved and not keep:
+                        executed.append(node)
+            count += 1
+            # the clock every 8 nodes, or after any node heavy enough to make it cheap
+            if (not count & 7 or node.work >= CLOCK_AFTER_WORK) and clock() >= deadline:
+                return True
+    except Exception as e:
+        task.fail(e, node)
+        raise
+    finally:
+        task.nodes_inline += count

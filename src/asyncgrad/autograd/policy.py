@@ -1,0 +1,279 @@
+"""Scheduling policy: pure decisions about where a node's kernel runs, kept in one place.
+
+Note [Inline or offload]: a node whose ``work`` (elements its kernel touches) is below
+``inline_threshold`` runs inline on the event loop: a thread hop costs ~100 us, a tiny
+node ~1 us. Larger kernels run on the engine's worker threads (numpy releases the GIL),
+at most ``max_workers`` of them (workers.py), so independent branches overlap.
+
+Note [Worker chains]: a large node takes the nodes that only it feeds along on the same
+worker hop, since a hop costs as much as a heavy elementwise kernel. A node C follows its
+predecessor P on the same worker when nothing but P can make C ready (P's edge is the
+last one C waits for: ``dependencies[C] == 1``, read before P runs, and only P can change
+it; what C's other inputs sent earlier is in its buffer, final, and is added to P's
+gradient on the worker, in the order the loop would add it), when C is a built-in node
+without hooks (hooks run on the loop), and when P makes no other node ready (a fork goes
+back to the loop, so both branches can run at once). Light nodes may sit between heavy
+ones, at most ``MAX_LIGHT_RUN`` in a row: a long run of light nodes is Python holding the
+GIL against the loop, so the chain ends at its last heavy node. Bookkeeping stays on the
+loop: ``GraphTask.finish_chained`` routes the rest afterwards.
+
+Note [BLAS threads]: BLAS runs threads of its own inside each call. Several BLAS kernels
+at once multiply those threads and oversubscribe the cores, and with other work on the
+cores (other kernels, other backward calls' forward passes on the loop) a multi-threaded
+BLAS call waits for its helper threads, many times longer than a single-threaded one
+takes (docs/benchmarks.md). So BLAS's threads adapt (``BLAS``):
+numpy's BLAS is single-threaded while more than one backward call is in flight in the
+process, and uses its own default threads while one backward runs alone (one large
+product on all cores beats two single-threaded ones). The switch is made only while no
+engine BLAS kernel runs (OpenBLAS's pthreads build just stores the count; a call in
+progress keeps the count it started with). On worker threads, BLAS kernels take
+``threads-per-call`` of ``cores`` shared slots, over every loop and engine, and a BLAS
+node's input gradients are split into parallel kernels only while BLAS is
+single-threaded. ``Engine(blas_threads=n)`` fixes BLAS at ``n`` threads per call
+process-wide through threadpoolctl instead.
+
+Note [No one-time stall]: inspecting BLAS (threadpoolctl loads and queries every
+library), applying ``blas_threads``, tuning malloc and starting the first worker thread
+take tens of milliseconds once. They run on a background thread started with the
+engine's first backward, never on the loop. Until they are done the policy assumes BLAS
+uses every core (one BLAS kernel at a time, no split BLAS nodes); a BLAS kernel waits
+for them on its worker thread, never on the loop.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import TYPE_CHECKING, Any
+
+from .recording import OpNode
+
+if TYPE_CHECKING:
+    from .graph import Node
+    from .graph_task import GraphTask
+
+MAX_LIGHT_RUN = 4  # light nodes in a row inside a worker chain (Note [Worker chains])
+CORES = os.cpu_count() or 1
+
+
+class Policy:
+    """Where each node runs, for one engine's settings. Read-only once set up, so the
+    loop and worker threads read it without a lock."""
+
+    def __init__(self, max_workers: int, inline_threshold: int, blas_threads: int | None,
+                 tune_malloc: bool) -> None:
+        self.max_workers = max_workers
+        self.inline_threshold = inline_threshold
+        self.blas_threads = blas_threads
+        self.tune_malloc = tune_malloc
+        self.ready = threading.Event()  # set once the one-time set-up finished
+        self._setup_lock = threading.Lock()
+        self._setup_started = False
+        self._blas_limits: Any = None  # threadpoolctl's limiter, kept alive
+
+    @property
+    def blas_threads_per_call(self) -> int:
+        """BLAS's threads per call now (Note [BLAS threads])."""
+        return BLAS.per_call
+
+    # --- decisions --------------------------------------------------------------------
+    def blas_kernels(self) -> int:
+        """BLAS kernels one loop may have on worker threads at once: as many as there
+        are cores when BLAS is single-threaded (the shared slots bound the rest)."""
+        return min(CORES, self.max_workers)
+
+    def splits(self, task: GraphTask, node: Node) -> bool:
+        """Whether to compute a node's input gradients as separate parallel kernels: a
+        large built-in node with several needed gradients, and no tool wrapping kernels.
+        Not for BLAS kernels while BLAS runs threads of its own (it parallelises them)."""
+        if self.max_workers < 2 or type(node) is not OpNode or not task.plain_kernels():
+            return False
+        if (node.spec.blas and self.blas_threads_per_call > 1) or node.spec.variadic:
+            return False
+        return sum(1 for child, _ in node.next_edges if child is not None) > 1
+
+    def chains(self, task: GraphTask, node: Node) -> bool:
+        """Whether ``node`` may head a worker chain: a plain backward of built-in nodes,
+        no tool wrapping kernels, and a node that is not split."""
+        return (type(node) is OpNode and task.exec_info is None and not task.create_graph
+                and task.plain_kernels() and not self.splits(task, node))
+
+    def plan_chain(self, task: GraphTask, head: Node) -> tuple[list[Node], list[int], list[Any]]:
+        """The nodes that may run on the worker right after ``head`` (Note [Worker
+        chains]): the chained nodes, for each node before them the edge that leads to the
+        next, and each chained node's buffered gradient (or None)."""
+        deps = task.dependencies
+        buffers = task.buffers
+        blas_ok = self.blas_threads_per_call == 1
+        nodes: list[Node] = []
+        edges: list[int] = []
+        partials: list[Any] = []
+        heavy = 0  # the chain up to its last heavy node
+        node = head
+        while len(nodes) - heavy < MAX_LIGHT_RUN and (node._hooks is None or not node._hooks.post):
+            nxt = -1
+            for i, (child, _nr) in enumerate(node.next_edges):
+                if child is not None and deps.get(child) == 1:
+                    if nxt >= 0:
+                        nxt = -1  # a fork
+                        break
+                    nxt = i
+            if nxt < 0:
+                break
+            child, nr = node.next_edges[nxt]
+            if (type(child) is not OpNode or child._hooks is not None or nr != 0
+                    or child.num_outputs != 1 or (child.spec.blas and not blas_ok)):
+                break
+            edges.append(nxt)
+            nodes.append(child)
+            buf = buffers.get(child)
+            partials.append(None if buf is None else buf[0])
+            if child.work >= self.inline_threshold:
+                heavy = len(nodes)
+            node = child
+        return nodes[:heavy], edges[:heavy], partials[:heavy]
+
+    # --- the one-time set-up (Note [No one-time stall]) -------------------------------
+    def start_setup(self, warm: Any) -> None:
+        """Start the one-time set-up on a background thread (idempotent); ``warm`` is
+        called there too (it starts a first worker thread)."""
+        if self._setup_started:
+            return
+        with self._setup_lock:
+            if self._setup_started:
+                return
+            self._setup_started = True
+        threading.Thread(target=self._setup, args=(warm,), name="asyncgrad-setup", daemon=True).start()
+
+    def _setup(self, warm: Any) -> None:
+        try:
+            self._setup_blas()
+            if self.tune_malloc:
+                keep_large_allocations()
+        finally:
+            self.ready.set()  # before warm: BLAS kernels on workers wait for it
+        warm()
+
+    def _setup_blas(self) -> None:
+        if not self.blas_threads:
+            BLAS.configure()
+            return
+        try:
+            from threadpoolctl import threadpool_limits
+        except ImportError:
+            return
+        self._blas_limits = threadpool_limits(limits=self.blas_threads, user_api="blas")
+        BLAS.fix(self.blas_threads)
+
+    def run_blas(self, fn: Any, *args: Any) -> Any:
+        """On a worker thread: ``fn(*args)`` holding BLAS slots shared by every loop
+        (Note [BLAS threads]), after the set-up inspected or fixed BLAS."""
+        self.ready.wait()
+        return BLAS.run(fn, *args)
+
+
+class BlasThreads:
+    """Process-wide: how many threads numpy's BLAS uses per call, adapted to the number
+    of backward calls in flight, and the slots BLAS kernels on worker threads share
+    (Note [BLAS threads]). All state under ``_cond``."""
+
+    def __init__(self, cores: int) -> None:
+        self.cores = cores
+        self._cond = threading.Condition()
+        self._free = cores  # BLAS threads not taken by a running engine BLAS kernel
+        self._backwards = 0  # backward calls in flight, process-wide
+        self._libs: list[Any] = []  # threadpoolctl controllers of numpy's BLAS
+        self._default = cores  # BLAS's own threads per call
+        self._fixed = False  # Engine(blas_threads=n): never adapt
+        self._single = False
+
+    @property
+    def per_call(self) -> int:
+        return 1 if self._single else self._default
+
+    def configure(self) -> None:
+        """On the set-up thread: find numpy's BLAS and its default thread count."""
+        libs: list[Any] = []
+        default = CORES
+        try:
+            from threadpoolctl import ThreadpoolController
+        except ImportError:
+            pass
+        else:
+            libs = [lib for lib in ThreadpoolController().select(user_api="blas").lib_controllers
+                    if "numpy" in lib.filepath or "scipy_openblas" in lib.filepath]
+            default = max((lib.num_threads for lib in libs), default=1)
+        with self._cond:
+            if self._libs or self._fixed:
+                return
+            self._libs, self._default = libs, default
+            self._adapt()
+
+    def fix(self, n: int) -> None:
+        with self._cond:
+            self._fixed, self._default, self._single = True, n, False
+
+    def backward_started(self) -> None:
+        with self._cond:
+            self._backwards += 1
+            self._adapt()
+
+    def backward_ended(self) -> None:
+        with self._cond:
+            self._backwards -= 1
+            self._adapt()
+
+    def _adapt(self) -> None:
+        single = self._backwards > 1
+        if self._fixed or not self._libs or single == self._single or self._free != self.cores:
+            return  # (a BLAS kernel running: the next start or end adapts)
+        for lib in self._libs:
+            lib.set_num_threads(1 if single else self._default)
+        self._single = single
+
+    def run(self, fn: Any, *args: Any) -> Any:
+        with self._cond:
+            need = min(self.per_call, self.cores)
+            while self._free < need:
+                self._cond.wait()
+            self._free -= need
+        try:
+            return fn(*args)
+        finally:
+            with self._cond:
+                self._free += need
+                self._adapt()
+                self._cond.notify_all()
+
+
+BLAS = BlasThreads(CORES)
+
+
+_malloc_tuned = False
+
+
+def keep_large_allocations() -> None:
+    """Note [Page faults]: numpy allocates every result afresh. glibc serves large blocks
+    with mmap and returns them to the OS on free, so each new large array is faulted in
+    page by page again, and arrays made on worker threads and freed on the loop thread
+    fault every time; that cost ate the gain of running branches in parallel. So the
+    engine raises glibc's mmap and trim thresholds (mallopt, process-wide, once), and
+    freed blocks are reused: the process keeps up to ~128 MB of freed memory per arena.
+    ``Engine(tune_malloc=False)`` leaves malloc alone; a no-op off glibc."""
+    global _malloc_tuned
+    if _malloc_tuned:
+        return
+    _malloc_tuned = True
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if not name:
+        return
+    try:
+        libc = ctypes.CDLL(name)
+        m_trim_threshold, m_mmap_threshold = -1, -3
+        libc.mallopt(m_mmap_threshold, 32 * 1024 * 1024)  # glibc's maximum on 64-bit
+        libc.mallopt(m_trim_threshold, 128 * 1024 * 1024)
+    except (OSError, AttributeError):  # not glibc
+        return

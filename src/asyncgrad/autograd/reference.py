@@ -1,0 +1,64 @@
+"""The reference executor: the one obviously correct way to run a backward.
+
+Every ready node, in ready-queue order, goes through ``execute.prepare``,
+``run_kernel`` (or ``run_async_kernel``, awaited) and ``execute.finish``, one at a time
+on the driving thread: no fused step, no offload, no worker chains, no scheduler. The
+fast paths (the loop's scheduler, the fused step of ``execute.run_inline``, offload.py)
+are checked against it in tests (tests/test_reference_executor.py, and the whole suite
+with ``pytest --reference-engine``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from .engine import Engine
+from .execute import finish, prepare, run_async_kernel, run_kernel
+from .graph import Node
+from .graph_task import GraphTask
+from .threads import block_on
+
+
+@contextmanager
+def _naming(task: GraphTask, node: Node) -> Iterator[None]:
+    """Record an error raised by ``node``'s steps on the task (first error wins)."""
+    try:
+        yield
+    except Exception as e:
+        task.fail(e, node)
+        raise
+
+
+def _steps(task: GraphTask) -> Iterator[tuple[Node, list[Any], bool]]:
+    """Each node to run, prepared, in ready-queue order, and whether it is async."""
+    while task.has_ready():
+        node, buf = task.pop_ready()
+        with _naming(task, node):
+            inputs = prepare(task, node, buf)
+        if inputs is not None:
+            task.nodes_inline += 1
+            yield node, inputs, node.maybe_async and node.is_async()
+
+
+class ReferenceEngine(Engine):
+    """An ``Engine`` whose drivers run every node through the reference sequence."""
+
+    async def _drain(self, task: GraphTask) -> None:
+        for node, inputs, is_async in _steps(task):
+            with _naming(task, node):
+                if is_async:
+                    outputs = await run_async_kernel(node, inputs, task.math)
+                else:
+                    outputs = run_kernel(node, inputs, task.math)
+                finish(task, node, inputs, outputs)
+
+    def _drain_sync(self, task: GraphTask) -> None:
+        for node, inputs, is_async in _steps(task):
+            with _naming(task, node):
+                if is_async:
+                    outputs = block_on(run_async_kernel, node, inputs, task.math)
+                else:
+                    outputs = run_kernel(node, inputs, task.math)
+                finish(task, node, inputs, outputs)

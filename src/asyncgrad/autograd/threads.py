@@ -1,0 +1,167 @@
+"""Threads for the engine: running a call on an executor from async code, blocking on a
+coroutine from sync code, handing a drain to a fresh thread, and which thread or task
+is running now (the identity a nested backward is matched against).
+
+Nothing here knows about nodes or GraphTasks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import sys
+import threading
+from collections.abc import Callable, Coroutine
+from concurrent.futures import Executor
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from .. import _context
+
+if TYPE_CHECKING:
+    from .graph_task import GraphTask
+
+
+def current_owner() -> object:
+    """The asyncio or trio task running now, or, off any event loop, this thread's id.
+
+    Note [Explicit nesting]: a backward is nested only when it starts inside the task or
+    thread that runs a node of another backward (``_context.node_owner``). A task created
+    from a hook inherits the context variables of the running backward, but not this
+    identity, so its backward calls are independent top-level ones.
+    """
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no running loop in this thread
+        task = None
+    if task is not None:
+        return task
+    trio = sys.modules.get("trio")  # an optional back end: only a thread running it imported it
+    if trio is not None:
+        try:
+            return trio.lowlevel.current_task()
+        except RuntimeError:
+            pass
+    return threading.get_ident()
+
+
+def running_graph_task() -> GraphTask | None:
+    """The GraphTask whose node (hook, callback) this task or thread is running, or
+    None: also in a task that merely inherited the context of one (Note [Explicit
+    nesting]). A backward started now is nested in it."""
+    task = _context.current_graph_task.get()
+    if task is None or _context.node_owner.get() != current_owner():
+        return None
+    return task
+
+
+def as_owner(fn: Callable[..., Any], *args: Any) -> Any:
+    """On a worker thread: ``fn(*args)`` with this thread marked as the node's owner."""
+    _context.node_owner.set(threading.get_ident())
+    return fn(*args)
+
+
+def _threadsafe_caller() -> Callable[[Callable[[], Any]], None]:
+    try:
+        loop = asyncio.get_running_loop()
+
+        def call_soon(fn: Callable[[], Any]) -> None:
+            loop.call_soon_threadsafe(fn)
+
+        return call_soon
+    except RuntimeError:
+        import trio
+
+        run_sync_soon: Callable[[Callable[[], Any]], None] = trio.lowlevel.current_trio_token().run_sync_soon
+        return run_sync_soon
+
+
+async def run_in_executor(executor: Executor, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    """Run ``fn`` on ``executor`` in a copy of this context (the worker thread is the
+    owner of what runs there). Cancellation: a call that has not started is withdrawn;
+    one that has is waited for (a thread cannot be interrupted), then the cancellation
+    goes on."""
+    ctx = contextvars.copy_context()
+    done = anyio.Event()
+    call_soon = _threadsafe_caller()
+    future = executor.submit(ctx.run, as_owner, fn, *args)
+    future.add_done_callback(lambda _: call_soon(done.set))
+    try:
+        await done.wait()
+    except anyio.get_cancelled_exc_class():
+        if not future.cancel():
+            with anyio.CancelScope(shield=True):
+                await done.wait()
+        raise
+    return future.result()
+
+
+def in_event_loop_thread() -> bool:
+    """Whether this *thread* is running an event loop. Not sniffio's context variable:
+    contexts are copied into worker threads, threads are not."""
+    try:
+        asyncio.get_running_loop()
+        return True
+    except RuntimeError:
+        pass
+    trio = sys.modules.get("trio")
+    if trio is None:
+        return False
+    try:
+        trio.lowlevel.current_trio_token()
+        return True
+    except RuntimeError:
+        return False
+
+
+def block_on(fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> Any:
+    """Run the coroutine ``fn(*args)`` to completion from synchronous code, with this
+    context's variables. On a thread that runs an event loop (which we must not block
+    re-entrantly) it runs on a fresh thread with its own loop."""
+    ctx = contextvars.copy_context()
+    run = fn
+    if _context.node_owner.get() == current_owner():
+        # The caller runs a node or callback of a backward (Note [Explicit nesting]): the
+        # coroutine does so on its behalf, in the new loop's task, which owns it now.
+        async def as_node_owner(*args: Any) -> Any:
+            _context.node_owner.set(current_owner())
+            return await fn(*args)
+
+        run = as_node_owner
+    if not in_event_loop_thread():
+        return ctx.run(asyncio.run, run(*args))
+    return run_on_fresh_thread(lambda: asyncio.run(run(*args)), ctx=ctx)
+
+
+def run_on_fresh_thread(fn: Callable[..., Any], *args: Any, ctx: contextvars.Context | None = None) -> Any:
+    """``fn(*args)`` on a new thread, waited for; its exception is re-raised here."""
+    ctx = ctx or contextvars.copy_context()
+    result: list[Any] = []
+    error: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            result.append(ctx.run(fn, *args))
+        except BaseException as e:  # re-raised on the calling thread
+            error.append(e)
+
+    thread = threading.Thread(target=target, name="asyncgrad-reentrant")
+    thread.start()
+    thread.join()
+    if error:
+        raise error[0]
+    return result[0] if result else None
+
+
+def is_awaitable(result: Any) -> bool:
+    return asyncio.iscoroutine(result) or hasattr(result, "__await__")
+
+
+def await_blocking(result: Any) -> None:
+    """From a sync driver: run an awaitable that a callback returned to completion."""
+    if is_awaitable(result):
+        async def wait() -> None:
+            await result
+
+        block_on(wait)
