@@ -256,6 +256,23 @@ class Ticker:
                 "ticks": float(len(self.lags))}
 
 
+async def ticked(work: Callable[[], Awaitable[Any]]) -> dict[str, float]:
+    """Await ``work()`` with the GC off under a 1 ms ticker: the ticker's lag summary
+    plus ``elapsed_ms``."""
+    ticker = Ticker(0.001)
+    with no_gc():
+        ticker.start()
+        await asyncio.sleep(0.005)
+        ticker.lags.clear()
+        t0 = time.perf_counter()
+        await work()
+        elapsed = time.perf_counter() - t0
+        await ticker.stop()
+    out = ticker.summary_ms()
+    out["elapsed_ms"] = elapsed * 1e3
+    return out
+
+
 # --- memory --------------------------------------------------------------------------------
 def rss_bytes() -> int:
     """This process's resident set size (Linux /proc; 0 elsewhere)."""

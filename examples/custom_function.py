@@ -2,9 +2,10 @@
 
     python examples/custom_function.py
 
-``Exp`` is the example of the Custom Functions guide (``docs/guides/custom_functions.md``). ``RemoteScale`` has an ``async def
-backward`` that awaits something slow (standing in for a call to another service): the
-engine keeps running the other ready nodes meanwhile, and the event loop stays free.
+``Exp`` is the example of the Custom Functions guide (``docs/guides/custom_functions.md``).
+``RemoteScale`` has an ``async def backward`` that awaits something slow (standing in for a
+call to another service): the engine keeps running the other ready nodes meanwhile, and the
+event loop stays free.
 """
 
 from __future__ import annotations

@@ -93,11 +93,17 @@ async def train(args: argparse.Namespace, rank: int, size: int, forward_of: str)
             await ag.backward(ce * (len(mine) * size / len(idx)))
             opt.step()
             total, seen = total + ce.item() * len(mine), seen + len(mine)
-        print(f"{tag} epoch {epoch:>3}/{args.epochs}  train loss on this rank's share {total / seen:.4f}  "
-              f"test accuracy {accuracy(model, x_test, y_test):.2%}", flush=True)
-    print(f"{tag} final test accuracy: {accuracy(model, x_test, y_test):.2%} "
-          f"({time.perf_counter() - start:.1f} s)", flush=True)
+        say(f"{tag} epoch {epoch:>3}/{args.epochs}  train loss on this rank's share {total / seen:.4f}  "
+            f"test accuracy {accuracy(model, x_test, y_test):.2%}")
+    say(f"{tag} final test accuracy: {accuracy(model, x_test, y_test):.2%} ({time.perf_counter() - start:.1f} s)")
     return model
+
+
+def say(line: str) -> None:
+    """One line in one write: the ranks share the terminal, and print() writes the text and
+    its newline separately, so two ranks' lines could run together."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 async def main_async(args: argparse.Namespace) -> None:

@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import subprocess
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -266,8 +267,8 @@ def test_ddp_digits_example_matches_one_process():
     out = proc.stdout
     for r in (0, 1):
         assert f"[rank {r}/2] epoch   2/2" in out
-    accs = {line.split("]")[0] + "]": line.split("accuracy: ")[1].split("%")[0]
-            for line in out.splitlines() if "final test accuracy" in line}
+    finals = re.findall(r"\[(rank \d/2|one process)\] final test accuracy: ([\d.]+)%", out)
+    accs = {f"[{who}]": acc for who, acc in finals}
     assert accs["[rank 0/2]"] == accs["[rank 1/2]"] == accs["[one process]"], out
     assert float(out.split("DDP vs one process: ")[1].split()[0]) < 1e-4, out
 

@@ -227,6 +227,8 @@ def test_ops_do_not_emit_numpy_runtime_warnings():
         assert np.isnan(ag.sqrt(-ag.ones(1)).item())
         assert ag.exp(ag.tensor([1000.0])).item() == np.inf
         assert (ag.zeros(1) ** -1.0).item() == np.inf
+        row = ag.tensor([[np.inf, 1.0]])  # inf - inf inside the shift by the row's max: nan, as PyTorch
+        assert np.isnan(ag.softmax(row, 1).numpy()).all() and np.isnan(ag.log_softmax(row, 1).numpy()).all()
         for fn, expected in ((ag.log, np.inf), (lambda t: 1 / t, -np.inf), (ag.sqrt, np.inf)):
             x = ag.zeros(1, requires_grad=True)
             fn(x).sum().backward()  # the derivative rules divide by zero too

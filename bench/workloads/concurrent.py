@@ -17,9 +17,7 @@ from typing import Any
 import numpy as np
 
 from .. import nets
-from ..common import About
-from ..common import (ASYNCGRAD, AUTOGRAD, BLAS, NUMPY, SETTLE, TORCH, Column, Result, Target, Ticker, median,
-                      no_gc)
+from ..common import (ASYNCGRAD, AUTOGRAD, BLAS, NUMPY, SETTLE, TORCH, About, Column, Result, Target, median, ticked)
 
 DEFAULT_ROUNDS = 3
 
@@ -95,24 +93,16 @@ def _modes(impls: list[str], params: list[np.ndarray]) -> list[tuple[str, Pass]]
 
 async def session(one_pass: Pass, inputs: list[np.ndarray], passes: int) -> dict[str, float]:
     """All tasks' passes under a ticker: passes/s and lag."""
-    ticker = Ticker(0.001)
-
     async def worker(x: np.ndarray) -> None:
         for _ in range(passes):
             await one_pass(x)
             await asyncio.sleep(0)
 
-    with no_gc():
-        ticker.start()
-        await asyncio.sleep(0.005)
-        ticker.lags.clear()
-        t0 = time.perf_counter()
+    async def all_tasks() -> None:
         await asyncio.gather(*(worker(x) for x in inputs))
-        elapsed = time.perf_counter() - t0
-        await ticker.stop()
-    out = ticker.summary_ms()
-    out["passes_per_s"] = len(inputs) * passes / elapsed
-    out["elapsed_ms"] = elapsed * 1e3
+
+    out = await ticked(all_tasks)
+    out["passes_per_s"] = len(inputs) * passes / (out["elapsed_ms"] / 1e3)
     return out
 
 

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .. import nets
-from ..common import ASYNCGRAD, BLAS, SETTLE, TORCH, About, Column, Result, Target, Ticker, median, no_gc
+from ..common import ASYNCGRAD, BLAS, SETTLE, TORCH, About, Column, Result, Target, median, ticked
 
 ABOUT = About(
     title="Many backward calls in flight on one loop",
@@ -59,22 +59,16 @@ async def session(build: Callable[[int], Any], backward: Callable[[Any], Awaitab
                   tasks: int, total: int) -> dict[str, float]:
     per_task = max(1, total // tasks)
     graphs = [[build(t * per_task + i) for i in range(per_task)] for t in range(tasks)]
-    ticker = Ticker(0.001)
 
     async def worker(mine: list[Any]) -> None:
         for loss in mine:
             await backward(loss)
 
-    with no_gc():
-        ticker.start()
-        await asyncio.sleep(0.005)
-        ticker.lags.clear()
-        t0 = time.perf_counter()
+    async def all_tasks() -> None:
         await asyncio.gather(*(worker(g) for g in graphs))
-        elapsed = time.perf_counter() - t0
-        await ticker.stop()
-    out = ticker.summary_ms()
-    out["passes_per_s"] = tasks * per_task / elapsed
+
+    out = await ticked(all_tasks)
+    out["passes_per_s"] = tasks * per_task / (out["elapsed_ms"] / 1e3)
     return out
 
 

@@ -716,7 +716,7 @@ def softmax(x: Tensor, dim: int) -> Tensor:
     d: int | None = _dim(dim, x.ndim)
     if x.ndim == 0:
         d = None  # a 0-d tensor: over its one element
-    return record(N.softmax, (x,), N._softmax(x.data, dim=d), params={"dim": d})
+    return record(N.softmax, (x,), N.softmax.forward(x.data, dim=d), params={"dim": d})
 
 
 @numpy_aliases
@@ -726,7 +726,7 @@ def log_softmax(x: Tensor, dim: int) -> Tensor:
     d: int | None = _dim(dim, x.ndim)
     if x.ndim == 0:
         d = None  # a 0-d tensor: over its one element
-    return record(N.log_softmax, (x,), N._log_softmax(x.data, dim=d), params={"dim": d})
+    return record(N.log_softmax, (x,), N.log_softmax.forward(x.data, dim=d), params={"dim": d})
 
 
 def gelu(x: Tensor, approximate: str = "none") -> Tensor:

@@ -1,8 +1,10 @@
 """The reference executor: the one obviously correct way to run a backward.
 
 Every ready node, in ready-queue order, goes through ``execute.prepare``,
-``run_kernel`` (or ``run_async_kernel``, awaited) and ``execute.finish``, one at a time
-on the driving thread: no fused step, no offload, no worker chains, no scheduler. The
+``run_kernel`` (or ``run_async_kernel``, awaited; wrapped by the profiler when one
+records) and ``execute.finish``, one at a time on the driving thread: no fused step, no
+offload, no worker chains, no scheduler. (So under ``pytest --reference-engine`` the two
+tests that check offloading itself fail, by design.) The
 fast paths (the loop's scheduler, the fused step of ``execute.run_inline``, offload.py)
 are checked against it in tests (tests/test_reference_executor.py, and the whole suite
 with ``pytest --reference-engine``).
@@ -15,7 +17,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from .engine import Engine
-from .execute import finish, prepare, run_async_kernel, run_kernel
+from .execute import async_kernel_for, finish, kernel_for, prepare
 from .graph import Node
 from .graph_task import GraphTask
 from .threads import block_on
@@ -49,16 +51,16 @@ class ReferenceEngine(Engine):
         for node, inputs, is_async in _steps(task):
             with _naming(task, node):
                 if is_async:
-                    outputs = await run_async_kernel(node, inputs, task.math)
+                    outputs = await async_kernel_for(task)(node, inputs, task.math)
                 else:
-                    outputs = run_kernel(node, inputs, task.math)
+                    outputs = kernel_for(task, False)(node, inputs, task.math)
                 finish(task, node, inputs, outputs)
 
     def _drain_sync(self, task: GraphTask) -> None:
         for node, inputs, is_async in _steps(task):
             with _naming(task, node):
                 if is_async:
-                    outputs = block_on(run_async_kernel, node, inputs, task.math)
+                    outputs = block_on(async_kernel_for(task), node, inputs, task.math)
                 else:
-                    outputs = run_kernel(node, inputs, task.math)
+                    outputs = kernel_for(task, False)(node, inputs, task.math)
                 finish(task, node, inputs, outputs)

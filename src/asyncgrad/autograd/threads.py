@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import importlib
 import sys
 import threading
 from collections.abc import Callable, Coroutine
@@ -18,6 +19,14 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from .. import _context
+
+# Note [No one-time stall] (policy.py): anyio imports its asyncio back end on first use,
+# ~25 ms of imports that would land on the loop inside the first ``await backward``.
+# Imported here instead, with asyncgrad (trio users have imported trio's already).
+try:
+    importlib.import_module("anyio._backends._asyncio")
+except ImportError:  # (a future anyio may move it: then it is loaded on first use)
+    pass
 
 if TYPE_CHECKING:
     from .graph_task import GraphTask

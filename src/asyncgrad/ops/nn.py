@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from . import _kernels as K
+from ._quiet import quiet
 from ._spec import defop
 from ._special import erf
 
@@ -203,8 +204,9 @@ def _sum_rows(a: np.ndarray, dims: tuple[int, ...]) -> np.ndarray:
 
 
 # name ---------- node name ------------- forward ------- derivative ---------------------
-softmax = defop("SoftmaxBackward0", _softmax, _softmax_rule, save="ans")
-log_softmax = defop("LogSoftmaxBackward0", _log_softmax, _log_softmax_rule, save="ans")
+# quiet: a row holding inf gives inf - inf = nan, which PyTorch returns without a warning
+softmax = defop("SoftmaxBackward0", quiet(_softmax), _softmax_rule, save="ans")
+log_softmax = defop("LogSoftmaxBackward0", quiet(_log_softmax), _log_softmax_rule, save="ans")
 layer_norm = defop("NativeLayerNormBackward0", _layer_norm, _ln_rule_x, _ln_rule_w, _ln_rule_b,
                    save="x@0,1 y@0,1", has_aux=True)
 layer_norm_weight = defop("NativeLayerNormBackward0", _layer_norm, _ln_rule_x, _ln_rule_w,
