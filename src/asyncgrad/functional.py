@@ -1172,5 +1172,6 @@ def relu_(x: Tensor) -> Tensor:
     return x.relu_()
 
 
-
-__all__ = [n for n in dir() if not n.startswith("_") and n not in ("annotations", "builtins")]
+# The ops defined here (not the modules and names this file imports).
+__all__ = [n for n, v in list(globals().items())
+           if not n.startswith("_") and getattr(v, "__module__", None) == __name__]

@@ -73,9 +73,5 @@ class ArrayMath:
 
         return _prod_others(x, dim=dim)  # type: ignore[no-any-return]
 
-    @staticmethod
-    def take_along(x: np.ndarray, index: np.ndarray, dim: int) -> np.ndarray:
-        return np.take_along_axis(x, index, dim)
-
 
 ARRAY_MATH = ArrayMath()
