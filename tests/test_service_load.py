@@ -119,6 +119,20 @@ def test_optimizer_step_and_zero_grad_in_another_thread_see_whole_commits(engine
     _whole(ps)  # the final state is whole too
 
 
+async def test_a_large_commit_adds_into_existing_grads_of_every_shape(engine):
+    # The large-commit path sums into fresh arrays off the loop and publishes them: also
+    # for a 0-d leaf (numpy returns a scalar there) and into .grad tensors that exist.
+    big = ag.ones(SIZE, requires_grad=True)
+    scalar = ag.tensor(2.0, requires_grad=True)
+    big.grad, scalar.grad = ag.ones(SIZE), ag.tensor(1.0)
+    grad_before = big.grad
+    for _ in range(2):
+        await ag.backward((big * 3.0).sum() + scalar * scalar)
+    assert big.grad is grad_before  # the same Tensor object, as PyTorch keeps it
+    np.testing.assert_array_equal(big.grad.numpy(), np.full(SIZE, 7.0))
+    assert scalar.grad.shape == () and scalar.grad.item() == 9.0
+
+
 async def test_256_concurrent_backward_calls_give_exact_sums(engine):
     rng = np.random.default_rng(0)
     w = ag.tensor(rng.integers(-3, 4, (16, 16)).astype(np.float64), requires_grad=True)

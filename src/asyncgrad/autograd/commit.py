@@ -100,8 +100,9 @@ def sum_fresh(task: GraphTask) -> Prepared:
                 out.append((var, None, 0, None, _take(g, var.data.dtype, 5), g))
             else:
                 data = current.data
+                # (asarray: np.add of 0-d arrays returns a numpy scalar, not an array)
                 out.append((var, current, current._version_counter.value, data,
-                            np.add(data, g, dtype=data.dtype, casting="unsafe"), g))
+                            np.asarray(np.add(data, g, dtype=data.dtype, casting="unsafe")), g))
     return out
 
 
