@@ -469,12 +469,7 @@ class Tensor:
         view of the new base. ``where`` is found from the two arrays' memory layout."""
         base = self._base
         assert base is not None
-        where = _view_index(self.data, base.data)
-        if where is None:
-            raise RuntimeError(
-                "asyncgrad cannot record an in-place operation on this view (its layout in the "
-                "base's memory is not supported); use an out-of-place operation or clone() it first."
-            )
+        where = _recordable_view_index(self, base)
         old_base = base._snapshot()
         out = out_of_place(F.getitem(old_base, where), *args, **kwargs)
         if out.shape != self.shape:
@@ -1051,6 +1046,18 @@ def _write_into(t: Tensor, value: np.ndarray) -> None:
             f"{list(np.broadcast_shapes(t.data.shape, value.shape))}"
         ) from e
     t._version_counter.value += 1
+
+
+def _recordable_view_index(view: Tensor, base: Tensor) -> tuple[np.ndarray, ...]:
+    """``_view_index`` of a view whose in-place change is recorded on its base, or a clear
+    error when its layout cannot be inverted."""
+    where = _view_index(view.data, base.data)
+    if where is None:
+        raise RuntimeError(
+            "asyncgrad cannot record an in-place operation on this view (its layout in the "
+            "base's memory is not supported); use an out-of-place operation or clone() it first."
+        )
+    return where
 
 
 def _view_index(view: np.ndarray, base: np.ndarray, *, writable: bool = True) -> tuple[np.ndarray, ...] | None:

@@ -485,16 +485,11 @@ def _record_on_base(view: Tensor) -> None:
     Function's backward."""
     from .. import functional as F
     from ..grad_mode import enable_grad
-    from ..tensor import _view_index
+    from ..tensor import _recordable_view_index
 
     base = view._base
     assert base is not None
-    where = _view_index(view.data, base.data)
-    if where is None:
-        raise RuntimeError(
-            "asyncgrad cannot record an in-place operation on this view (its layout in the "
-            "base's memory is not supported); use an out-of-place operation or clone() it first."
-        )
+    where = _recordable_view_index(view, base)
     out = Tensor._nonleaf(view.data, view.grad_fn, view.output_nr, None)
     with enable_grad():
         new_base = F.index_put(base._snapshot(), where, out, copy_slices=True)
