@@ -59,6 +59,15 @@ def median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else math.nan
 
 
+def session_row(impl: str, sessions: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    """A table row for ``impl`` from its ticked sessions: medians of passes/s and lag."""
+    return {"impl": impl, **extra,
+            "passes_per_s": median([s["passes_per_s"] for s in sessions]),
+            "p99_lag_ms": median([s["p99_lag_ms"] for s in sessions]),
+            "max_lag_ms": median([s["max_lag_ms"] for s in sessions]),
+            "sessions": sessions}
+
+
 def percentile(xs: list[float], q: float) -> float:
     """The ``q``-th percentile (0..100), nearest-rank, of ``xs``."""
     if not xs:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from typing import Any
 
 import anyio
@@ -227,6 +228,7 @@ async def timeout(dist, r):
     out: dict[str, Any] = {"params": params(model)}
     if r == 1:
         await anyio.sleep(2.5)
+        out["woke_at"] = time.time()  # (one machine: the ranks share this clock)
     t0 = anyio.current_time()
     try:
         await ag.backward(loss_of(ddp(x), y))
@@ -234,6 +236,7 @@ async def timeout(dist, r):
     except Exception as e:
         out["round1"] = [type(e).__name__, str(e), list(getattr(e, "failed_ranks", []))]
     out["waited"] = anyio.current_time() - t0
+    out["raised_at"] = time.time()
     out["after1"] = grads(model)
     await dist.barrier()  # rank 0 waits for rank 1 to catch up; then a round succeeds again
     await ag.backward(loss_of(ddp(x), y))

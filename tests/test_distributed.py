@@ -208,7 +208,8 @@ def test_a_rank_sleeping_past_the_timeout_makes_the_other_raise_distributed_time
     res = run("timeout")
     r0, r1 = res
     assert r0["round1"][0] == "DistributedTimeout" and "no progress for 1 s" in r0["round1"][1]
-    assert 0.9 < r0["waited"] < 2.4  # raised after about `timeout`, before rank 1 woke up
+    assert r0["waited"] >= 0.9  # not before `timeout` ...
+    assert r0["raised_at"] < r1["woke_at"]  # ... and without waiting for rank 1 to wake
     assert r1["round1"][0] == "RemoteBackwardError" and r1["round1"][2] == [0]
     for d in res:
         assert all(v is None for v in d["after1"].values())  # nothing committed

@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 
 from .. import nets
-from ..common import (ASYNCGRAD, AUTOGRAD, BLAS, NUMPY, SETTLE, TORCH, About, Column, Result, Target, median, ticked)
+from ..common import (ASYNCGRAD, AUTOGRAD, BLAS, NUMPY, SETTLE, TORCH, About, Column, Result, Target, session_row,
+                      ticked)
 
 DEFAULT_ROUNDS = 3
 
@@ -138,11 +139,7 @@ def run(impls: list[str], rounds: int | None = None, tasks: int = 32, passes: in
                 by_mode[name].append(await session(one_pass, inputs, passes))
                 BLAS.leave(name)
         for name, sessions in by_mode.items():
-            res.rows.append({"impl": name,
-                             "passes_per_s": median([s["passes_per_s"] for s in sessions]),
-                             "p99_lag_ms": median([s["p99_lag_ms"] for s in sessions]),
-                             "max_lag_ms": median([s["max_lag_ms"] for s in sessions]),
-                             "sessions": sessions})
+            res.rows.append(session_row(name, sessions))
 
     asyncio.run(main())
     res.notes.append(BLAS.describe())

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .. import nets
-from ..common import ASYNCGRAD, BLAS, SETTLE, TORCH, About, Column, Result, Target, median, ticked
+from ..common import ASYNCGRAD, BLAS, SETTLE, TORCH, About, Column, Result, Target, session_row, ticked
 
 ABOUT = About(
     title="Many backward calls in flight on one loop",
@@ -102,11 +102,7 @@ def run(impls: list[str], rounds: int | None = None, total: int = 512, layers: i
                     cells.setdefault((name, n), []).append(await session(build, backward, n, total))
                     BLAS.leave(name)
         for (name, n), sessions in cells.items():
-            res.rows.append({"impl": f"{name} N={n}", "tasks": n,
-                             "passes_per_s": median([s["passes_per_s"] for s in sessions]),
-                             "p99_lag_ms": median([s["p99_lag_ms"] for s in sessions]),
-                             "max_lag_ms": median([s["max_lag_ms"] for s in sessions]),
-                             "sessions": sessions})
+            res.rows.append(session_row(f"{name} N={n}", sessions, tasks=n))
 
     asyncio.run(main())
     res.notes.append(BLAS.describe())
