@@ -32,7 +32,6 @@ process commit, or none.
 
 from __future__ import annotations
 
-import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -69,15 +68,12 @@ def commit_inline(task: GraphTask) -> None:
     for var in list(staged):  # deferred sums first, outside the lock
         if type(staged[var]) is PendingSum:
             staged[var] = staged[var].total()
-    g = None  # (no extra reference for _owned to count)
+    owned = task.owned
     with COMMIT_LOCK:
-        # (keys, then a lookup: a dict items() iterator would keep one more reference
-        # to the last value and defeat _owned's reference count)
         for stage in _stages(task):
-            for var in list(stage):
-                g = stage[var]
+            for var, g in stage.items():
                 if g is not None:
-                    _accumulate(var, g, task.create_graph)
+                    _accumulate(var, g, task.create_graph, var in owned)
 
 
 Prepared = list[tuple[Tensor, Any, int, Any, Any, Any]]
@@ -87,9 +83,8 @@ def sum_fresh(task: GraphTask) -> Prepared:
     """On a worker thread: each new ``.grad`` value in a fresh array, with what it was
     computed from (Note [Atomic commits]). Reads ``.grad``, writes nothing shared."""
     out: Prepared = []
-    g = None
     for stage in _stages(task):
-        for var in list(stage):  # (keys, then a lookup: see commit_inline)
+        for var in list(stage):
             g = stage[var]
             if g is None:
                 continue
@@ -97,7 +92,7 @@ def sum_fresh(task: GraphTask) -> Prepared:
                 stage[var] = g = g.total()
             current = var._grad
             if current is None:
-                out.append((var, None, 0, None, _take(g, var.data.dtype, 5), g))
+                out.append((var, None, 0, None, _take(g, var.data.dtype, var in task.owned), g))
             else:
                 data = current.data
                 # (asarray: np.add of 0-d arrays returns a numpy scalar, not an array)
@@ -148,6 +143,7 @@ def pre_commit_view(task: GraphTask) -> dict[Tensor, Tensor]:
     functions see (and may replace) final values; ``end_pre_commit`` takes back
     what they replaced."""
     view: dict[Tensor, Tensor] = {}
+    task.owned.clear()  # the functions see every array and may keep it (Note [Owned gradients])
     for stage in _stages(task):
         for var in stage:
             g = stage[var]
@@ -164,7 +160,7 @@ def end_pre_commit(task: GraphTask) -> None:
     """Restage the entries the pre-commit functions replaced, each checked like a
     node's output (a Tensor of its variable's shape)."""
     view, original = task.pre_commit_state
-    task.pre_commit_state = None  # (drop our wrappers: _owned may then steal the arrays)
+    task.pre_commit_state = None
     for stage in _stages(task):
         for var in stage:
             g = view.get(var)
@@ -179,24 +175,19 @@ def end_pre_commit(task: GraphTask) -> None:
             stage[var] = g if task.create_graph else g.numpy()
 
 
-def _owned(arr: Any, refs: int) -> bool:
-    """True when nobody but the engine holds ``arr`` (PyTorch steals such gradients).
-    ``refs`` counts the engine's own references at the call (see ``_take``)."""
-    return (type(arr) is np.ndarray and arr.base is None and arr.flags.writeable
-            and sys.getrefcount(arr) <= refs)
+def _take(g: Any, dtype: Any, owned: bool) -> Any:
+    """A first ``.grad`` array from staged ``g``: ``g`` itself when the engine owns it
+    (Note [Owned gradients] in execute.py: it made the array and nobody else holds it;
+    PyTorch steals such gradients too), else a copy, so that a later commit's in-place
+    addition never writes into an array a user, a hook or another leaf holds."""
+    if owned and type(g) is np.ndarray and g.dtype == dtype and g.base is None and g.flags.writeable:
+        return g
+    return np.array(g, dtype=dtype)
 
 
-def _take(g: Any, dtype: Any, refs: int) -> Any:
-    """A first ``.grad`` array from staged ``g``: ``g`` itself when nobody else holds
-    it, else a copy. ``refs``: the engine's references to ``g`` at the call (the staged
-    dict, each frame's local between it and here, ours, ``_owned``'s and getrefcount's
-    own). Both outcomes, on both commit paths, are tested
-    (test_fresh_leaf_gradient_is_stolen_not_copied): a change that shifts a count
-    fails there."""
-    return g if _owned(g, refs) and g.dtype == dtype else np.array(g, dtype=dtype)
-
-
-def _accumulate(var: Tensor, g: Any, create_graph: bool) -> None:
+def _accumulate(var: Tensor, g: Any, create_graph: bool, owned: bool = False) -> None:
+    """Add ``g`` into ``var.grad`` (under the commit lock); ``owned``: the engine's own
+    array, which may become ``.grad`` itself."""
     if create_graph:
         gt = g if isinstance(g, Tensor) else Tensor._wrap(np.asarray(g))
         # A (differentiable) clone, as PyTorch's AccumulateGrad does under grad mode: the
@@ -208,7 +199,7 @@ def _accumulate(var: Tensor, g: Any, create_graph: bool) -> None:
         g = g.data
     current = var._grad
     if current is None:
-        var._grad = Tensor._wrap(_take(g, var.data.dtype, 6))
+        var._grad = Tensor._wrap(_take(g, var.data.dtype, owned))
     elif current.grad_fn is None and current.data.flags.writeable:
         np.add(current.data, g, out=current.data, casting="unsafe")
         current._version_counter.value += 1  # (as PyTorch's in-place add; sum_fresh checks it)

@@ -26,7 +26,7 @@ from .. import _context
 from .graph import ACCUMULATE_GRAD_SEQUENCE_NR, AccumulateGrad, Node, SavedTensor
 from .graph_task import GraphTask
 from .hooks import run_leaf_tensor_hooks, run_post_hooks, run_pre_hooks, run_tensor_pre_hooks
-from .input_buffer import LazyBuffer, PendingSum, add_to_buffer, combine, resolve
+from .input_buffer import InputBuffer, PendingSum, ReadyInputs, combine, inputs_of, slots_of
 from .recording import OpNode
 from .validation import fix_gradient, validate_outputs
 
@@ -71,14 +71,14 @@ def async_kernel_for(task: GraphTask) -> AsyncKernel:
     return wrapped
 
 
-def resolved_kernel(kernel: Kernel, node: Node, inputs: list[Any], math: Any) -> list[Any]:
-    """``kernel`` after adding up a LazyBuffer's pending sums (on the worker)."""
-    return kernel(node, resolve(inputs), math)
+def resolved_kernel(kernel: Kernel, node: Node, inputs: ReadyInputs, math: Any) -> list[Any]:
+    """``kernel`` after adding up the deferred sums of ready inputs (on the worker)."""
+    return kernel(node, inputs_of(inputs), math)
 
 
 # --- before and after the kernel --------------------------------------------------------
-def prepare(task: GraphTask, node: Node, buf: list[Any]) -> list[Any] | None:
-    """Given a ready node's summed input buffer, run what comes before its kernel:
+def prepare(task: GraphTask, node: Node, ready: ReadyInputs) -> list[Any] | None:
+    """Given a ready node's inputs (input_buffer.py), run what comes before its kernel:
     captures, tensor pre-hooks, retain_grad, node pre-hooks. Returns the kernel's
     inputs, or None when the node does not run (pruned, captured only, or an
     AccumulateGrad, which is staged right here)."""
@@ -86,13 +86,12 @@ def prepare(task: GraphTask, node: Node, buf: list[Any]) -> list[Any] | None:
     entry = None if info is None else info.get(node)
     if entry is not None and entry.raw:  # the capture seam: before any hook, never run
         for nr, i in entry.captures:
-            task.captured[i] = resolve(buf)[nr] if nr < len(buf) else None
+            task.captured[i] = inputs_of(ready)[nr] if nr < node.num_outputs else None
         return None
-    if type(buf) is LazyBuffer and (type(node) is not AccumulateGrad or info is not None):
-        buf = resolve(buf)  # (in a plain backward a leaf's sum waits for the commit)
     if type(node) is AccumulateGrad:
-        stage_leaf(task, node, buf)
+        stage_leaf(task, node, slots_of(ready))  # (a deferred sum may wait for the commit)
         return None
+    buf = inputs_of(ready)
     hooks = node._hooks
     if hooks is not None and (hooks.tensor_pre or hooks.retains_grad):
         buf = run_tensor_pre_hooks(task, node, hooks, buf)
@@ -110,11 +109,15 @@ def prepare(task: GraphTask, node: Node, buf: list[Any]) -> list[Any] | None:
 
 def stage_leaf(task: GraphTask, node: AccumulateGrad, buf: list[Any]) -> None:
     """AccumulateGrad's step: tensor hooks, captures, pre-hooks, stage for the commit
-    (Note [Commit on success] in commit.py), post-hooks."""
+    (Note [Commit on success] in commit.py), post-hooks. Records whether the engine
+    owns the staged array (Note [Owned gradients])."""
     var = node.variable
     g = buf[0]
     info = task.exec_info
-    if type(g) is PendingSum and (var._hooks or info is not None or node._hooks is not None):
+    fresh = task.fresh.pop(node, None)
+    owned = type(g) is PendingSum or fresh is g
+    seen = bool(var._hooks) or info is not None or node._hooks is not None
+    if type(g) is PendingSum and seen:
         g = g.total()  # hooks and captures see the sum (else the commit adds it)
     if var._hooks:
         g = run_leaf_tensor_hooks(task, node, var._hooks, g)
@@ -129,13 +132,45 @@ def stage_leaf(task: GraphTask, node: AccumulateGrad, buf: list[Any]) -> None:
     if hooks is not None and hooks.pre:
         g = run_pre_hooks(task, node, hooks.pre, [g])[0]
     staged = task.staged
-    staged[var] = combine(staged.get(var), g)
+    old = staged.get(var)
+    staged[var] = total = combine(old, g)
+    if (old is None and owned and not seen) or (total is not old and total is not g):
+        task.owned.add(var)  # a fresh kernel output, or a sum the engine made
+    elif total is not old:
+        task.owned.discard(var)
     if hooks is not None and hooks.post:
         run_post_hooks(task, node, hooks.post, [], [g])
 
 
-def finish(task: GraphTask, node: Node, inputs: list[Any], outputs: list[Any]) -> None:
-    """After the kernel: post-hooks, then route each gradient to its next node."""
+def own_fresh_outputs(task: GraphTask, node: OpNode, inputs: ReadyInputs, outputs: list[Any]) -> None:
+    """Note [Owned gradients]: mark the arrays a built-in kernel made for leaves."""
+    acc_nr = ACCUMULATE_GRAD_SEQUENCE_NR
+    for (child, _), gi in zip(node.next_edges, outputs):
+        if child is not None and child.sequence_nr == acc_nr and type(gi) is np.ndarray:
+            own_if_fresh(task, child, gi, slots_of(inputs), outputs, node.saved)
+
+
+def own_if_fresh(task: GraphTask, leaf: Node, gi: np.ndarray, inputs: Any, outputs: Any,
+                 saved: Any) -> None:
+    """Note [Owned gradients]: ``gi``, a built-in kernel's output for ``leaf``, is the
+    engine's own when it is a new array: not a view, not one of the kernel's inputs or
+    saved values, and not another of its outputs too."""
+    if gi.base is not None or not gi.flags.writeable:
+        return
+    for a in inputs:
+        if a is gi:
+            return
+    for a in saved or ():
+        if a is gi:
+            return
+    if outputs is not None and sum(1 for o in outputs if o is gi) > 1:
+        return
+    task.fresh[leaf] = gi
+
+
+def finish(task: GraphTask, node: Node, inputs: ReadyInputs, outputs: list[Any]) -> None:
+    """After the kernel: post-hooks, then route each gradient to its next node. (Only
+    a node without hooks may still have its inputs in an InputBuffer here.)"""
     hooks = node._hooks
     if hooks is not None and hooks.post:
         if task.exec_info is not None:
@@ -144,7 +179,9 @@ def finish(task: GraphTask, node: Node, inputs: list[Any], outputs: list[Any]) -
             deps = task.dependencies
             outputs = [g if child is not None and child in deps else None
                        for (child, _), g in zip(node.next_edges, outputs)]
-        outputs = run_post_hooks(task, node, hooks.post, outputs, inputs)
+        outputs = run_post_hooks(task, node, hooks.post, outputs, inputs_of(inputs))
+    elif type(node) is OpNode and not task.create_graph:
+        own_fresh_outputs(task, node, inputs, outputs)
     task.route(node, outputs)
 
 
@@ -198,11 +235,11 @@ def run_inline(task: GraphTask, threshold: float, deadline: float) -> bool:
                     return True
                 finish(task, node, inputs, kernel(node, inputs, math))
             elif node.work >= threshold:
-                to_start.append((node, buf))  # (a LazyBuffer is added up on the worker)
+                to_start.append((node, buf))  # (deferred sums are added on the worker)
                 return True
             else:
-                if type(buf) is LazyBuffer:
-                    buf = resolve(buf)
+                if isinstance(buf, InputBuffer):
+                    buf = buf.resolve()
                 g = buf[0]
                 saved = node.saved
                 checks = node.checks
@@ -230,16 +267,20 @@ def run_inline(task: GraphTask, threshold: float, deadline: float) -> bool:
                         if d == 1 and nr == 0 and child.num_outputs == 1:
                             # the child's last gradient: queue it with its buffer
                             del deps[child]
-                            old = buffers.pop(child, None)
-                            if old is None:
-                                old = [gi]
-                            elif gi is not None:
-                                old = add_to_buffer(old, 0, gi)
+                            waiting = buffers.pop(child, None)
+                            if waiting is None:
+                                ready: ReadyInputs = [gi]  # (no buffer: Note [Input buffers])
+                            else:
+                                if gi is not None:
+                                    waiting.add(0, gi)
+                                ready = waiting.ready()
                             seq = child.sequence_nr
                             if seq == acc_nr:
-                                leaves.append((child, old))
+                                if waiting is None and type(gi) is np.ndarray:
+                                    own_if_fresh(task, child, gi, buf, None, args)
+                                leaves.append((child, ready))
                             else:
-                                push(heap, (-seq, child, old))
+                                push(heap, (-seq, child, ready))
                         else:
                             task.add_gradient(child, nr, gi, d)
                     if saved and not keep:

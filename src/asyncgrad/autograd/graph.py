@@ -212,7 +212,7 @@ class AccumulateGrad(Node):
         from .commit import COMMIT_LOCK, _accumulate  # (commit.py imports Tensor: not at the top)
 
         with COMMIT_LOCK:
-            _accumulate(self.variable, g.data.copy(), _context.grad_enabled.get() and g._requires_grad)
+            _accumulate(self.variable, g.data.copy(), _context.grad_enabled.get() and g._requires_grad, True)
         return ()
 
     @staticmethod

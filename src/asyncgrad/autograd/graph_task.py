@@ -29,7 +29,7 @@ from .._tensor_math import TENSOR_MATH
 from ..ops._array_math import ARRAY_MATH
 from .exec_info import ExecMap, plan_targets
 from .graph import ACCUMULATE_GRAD_SEQUENCE_NR, Edge, GraphRoot, Node
-from .input_buffer import add_to_buffer
+from .input_buffer import InputBuffer, ReadyInputs
 from .statistics import GraphTaskStatistics, graph_task_statistics
 from .validation import validate_outputs  # noqa: F401  (anomaly_mode imports it from here)
 
@@ -67,16 +67,20 @@ class GraphTask:
         self._root: tuple[Node, list[Any]] | None = None
         # -- the walk: dependencies, buffers, ready queue (driver / runner) -----------
         self.dependencies: dict[Node, int] = {}  # edges each waiting node has yet to hear from
-        # input buffers of nodes still waiting for gradients; a node that becomes ready
-        # takes its buffer into its ready-queue entry (make_ready)
-        self.buffers: dict[Node, list[Any]] = {}
-        self.heap: list[tuple[int, Node, list[Any]]] = []  # ready nodes, by -sequence_nr
-        self.ready_leaves: deque[tuple[Node, list[Any]]] = deque()  # ready AccumulateGrads, FIFO
-        self.to_start: deque[tuple[Node, list[Any]]] = deque()  # prepared nodes for the driver to offload
+        # InputBuffers of nodes still waiting for gradients; a node that becomes ready
+        # takes its inputs into its ready-queue entry (make_ready; Note [Input buffers])
+        self.buffers: dict[Node, InputBuffer] = {}
+        self.heap: list[tuple[int, Node, ReadyInputs]] = []  # ready nodes, by -sequence_nr
+        self.ready_leaves: deque[tuple[Node, ReadyInputs]] = deque()  # ready AccumulateGrads, FIFO
+        self.to_start: deque[tuple[Node, ReadyInputs]] = deque()  # prepared nodes for the driver to offload
         self.active_children = 0  # nested GraphTasks running (they start and end on this thread)
         self.in_flight = 0  # kernels started elsewhere and not yet finished (driver)
         # -- results ------------------------------------------------------------------
         self.staged: dict[Tensor, Any] = {}  # leaf -> gradient for .grad (commit.py)
+        # leaves whose staged array the engine made and nobody else holds, and the
+        # array each leaf's last fresh kernel output (Note [Owned gradients] in execute.py)
+        self.owned: set[Tensor] = set()
+        self.fresh: dict[Node, Any] = {}
         self.retained: dict[Tensor, Any] = {}  # retain_grad() non-leaf -> gradient
         self.executed: list[Node] = []  # nodes that ran and whose saved tensors go at commit
         self.callbacks: list[Callable[[], Any]] = []  # queue_callback
@@ -151,8 +155,8 @@ class GraphTask:
     # ------------------------------------------------------------------------------------
     # Routing gradients and the ready queue
     # ------------------------------------------------------------------------------------
-    def make_ready(self, node: Node, buf: list[Any]) -> None:
-        """Queue a node whose every incoming gradient has arrived, with its buffer."""
+    def make_ready(self, node: Node, buf: ReadyInputs) -> None:
+        """Queue a node whose every incoming gradient has arrived, with its inputs."""
         if node.sequence_nr == ACCUMULATE_GRAD_SEQUENCE_NR:
             self.ready_leaves.append((node, buf))
         else:
@@ -160,27 +164,27 @@ class GraphTask:
 
     def add_gradient(self, child: Node, nr: int, g: Any, d: int) -> None:
         """Route ``g`` (or None) to input ``nr`` of ``child``, which had ``d`` edges
-        left to hear from: sum it into the child's buffer (input_buffer.py), and queue
-        the child when this was its last one."""
-        buffers = self.buffers
+        left to hear from: add it into the child's InputBuffer (Note [Input buffers]),
+        and queue the child when this was its last one."""
         if d == 1:
             del self.dependencies[child]
-            buf = buffers.pop(child, None)
-            if buf is None:
-                buf = [None] * child.num_outputs
-                buf[nr] = g
-            elif g is not None:
-                buf = add_to_buffer(buf, nr, g)
-            self.make_ready(child, buf)
+            buf = self.buffers.pop(child, None)
+            if buf is None:  # its one gradient: passed through, no buffer
+                inputs: list[Any] = [None] * child.num_outputs
+                inputs[nr] = g
+                self.make_ready(child, inputs)
+                return
+            if g is not None:
+                buf.add(nr, g)
+            self.make_ready(child, buf.ready())
             return
         self.dependencies[child] = d - 1
         if g is not None:
-            buf = buffers.get(child)
+            buf = self.buffers.get(child)
             if buf is None:
-                buf = buffers[child] = [None] * child.num_outputs
-                buf[nr] = g
+                self.buffers[child] = InputBuffer(child.num_outputs, nr, g)
             else:
-                buffers[child] = add_to_buffer(buf, nr, g)
+                buf.add(nr, g)
 
     def route(self, node: Node, outputs: list[Any], skip: int = -1) -> None:
         """Send each of ``node``'s gradients along its edge. The gradient of edge ``skip``
@@ -203,8 +207,8 @@ class GraphTask:
     def has_ready(self) -> bool:
         return bool(self.ready_leaves or self.heap)
 
-    def pop_ready(self) -> tuple[Node, list[Any]]:
-        """The next ready node and its buffer (Note [Ready-queue order]); execute.run_inline
+    def pop_ready(self) -> tuple[Node, ReadyInputs]:
+        """The next ready node and its inputs (Note [Ready-queue order]); execute.run_inline
         does the same in its locals."""
         if self.ready_leaves:
             return self.ready_leaves.popleft()

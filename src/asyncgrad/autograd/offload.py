@@ -15,7 +15,7 @@ from .. import _context
 from .execute import async_kernel_for, finish, kernel_for, resolved_kernel, run_kernel
 from .graph import Node
 from .graph_task import GraphTask
-from .input_buffer import LazyBuffer, combine, resolve, value
+from .input_buffer import InputBuffer, ReadyInputs, combine, inputs_of, value
 from .recording import OpNode
 from .threads import current_owner
 
@@ -24,13 +24,13 @@ if TYPE_CHECKING:
 
 
 async def run_elsewhere(engine: Engine, task: GraphTask, tg: anyio.abc.TaskGroup, node: Node,
-                        inputs: list[Any]) -> None:
+                        inputs: ReadyInputs) -> None:
     """The task that runs one prepared node elsewhere, then finishes it on the loop."""
     policy = engine.policy
     try:
         if node.maybe_async and node.is_async():
             _context.node_owner.set(current_owner())  # this task runs the node (explicit nesting)
-            outputs = await async_kernel_for(task)(node, inputs, task.math)
+            outputs = await async_kernel_for(task)(node, inputs_of(inputs), task.math)
         else:
             engine.count_in_flight(1)
             try:
@@ -60,7 +60,7 @@ async def run_elsewhere(engine: Engine, task: GraphTask, tg: anyio.abc.TaskGroup
         engine.node_done(task)
 
 
-async def _offload_chain(engine: Engine, task: GraphTask, head: Node, inputs: list[Any]) -> None:
+async def _offload_chain(engine: Engine, task: GraphTask, head: Node, inputs: ReadyInputs) -> None:
     """Run ``head`` and the nodes chained after it on one worker thread, then route
     their gradients on the loop (Note [Worker chains] in policy.py)."""
     chain, edges, partials = engine.policy.plan_chain(task, head)
@@ -83,18 +83,19 @@ async def _offload_chain(engine: Engine, task: GraphTask, head: Node, inputs: li
         task.route(node, outputs, edges[k] if k < len(edges) else -1)
 
 
-async def _offload_kernel(engine: Engine, task: GraphTask, node: Node, inputs: list[Any],
+async def _offload_kernel(engine: Engine, task: GraphTask, node: Node, inputs: ReadyInputs,
                           blas: bool = False) -> list[Any]:
     task.thread_hops += 1
     if engine.policy.splits(task, node):
-        if type(inputs) is LazyBuffer:
+        grads = inputs
+        if isinstance(inputs, InputBuffer):
             task.thread_hops += 1
-            inputs = await engine.offload(resolve, inputs)
-        return await _offload_per_input(engine, task, node, inputs)
+            grads = await engine.offload(inputs.resolve)
+        return await _offload_per_input(engine, task, node, inputs_of(grads))
     kernel = kernel_for(task, True)
     offload: Callable[..., Any] = engine.offload_blas if blas else engine.offload
     outputs: list[Any]
-    if type(inputs) is LazyBuffer:  # add up the deferred sums on the worker too
+    if isinstance(inputs, InputBuffer):  # add up the deferred sums on the worker too
         outputs = await offload(resolved_kernel, kernel, node, inputs, task.math)
     else:
         outputs = await offload(kernel, node, inputs, task.math)
@@ -122,7 +123,7 @@ async def _offload_per_input(engine: Engine, task: GraphTask, node: Node, inputs
 
 
 def _run_chain(task: GraphTask, nodes: list[Node], edges: list[int], partials: list[Any],
-               inputs: list[Any]) -> tuple[list[list[Any]], BaseException | None]:
+               inputs: ReadyInputs) -> tuple[list[list[Any]], BaseException | None]:
     """On a worker thread: run a chain of nodes, each fed the gradient its predecessor
     computed for it (added to what its buffer already held: ``partials``). Returns the
     outputs of the nodes that ran and the exception of the one that raised, if any (that
@@ -140,9 +141,7 @@ def _run_chain(task: GraphTask, nodes: list[Node], edges: list[int], partials: l
                 # holds one gradient at a time, not one per node
                 prev[edges[k - 1]] = None
                 del prev
-            elif type(inputs) is LazyBuffer:
-                inputs = resolve(inputs)
-            results.append(run_kernel(node, inputs, math))
+            results.append(run_kernel(node, inputs_of(inputs), math))
         except Exception as e:
             return results, e
     return results, None

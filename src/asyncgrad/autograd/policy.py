@@ -127,7 +127,7 @@ class Policy:
             edges.append(nxt)
             nodes.append(child)
             buf = buffers.get(child)
-            partials.append(None if buf is None else buf[0])
+            partials.append(None if buf is None else buf.grads[0])
             if child.work >= self.inline_threshold:
                 heavy = len(nodes)
             node = child
