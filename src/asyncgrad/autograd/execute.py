@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 
 from .. import _context
-from .graph import ACCUMULATE_GRAD_SEQUENCE_NR, AccumulateGrad, Node, SavedTensor
+from .graph import ACCUMULATE_GRAD_SEQUENCE_NR, AccumulateGrad, Node
+from .saved import SavedTensor
 from .graph_task import GraphTask
 from .hooks import run_leaf_tensor_hooks, run_post_hooks, run_pre_hooks, run_tensor_pre_hooks
 from .input_buffer import InputBuffer, PendingSum, ReadyInputs, combine, inputs_of, slots_of
