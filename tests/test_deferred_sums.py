@@ -139,3 +139,68 @@ def test_pending_sum_groups_terms_like_eager_addition():
     small = np.ones(3)
     assert type(input_buffer.combine(small, small)) is np.ndarray
     assert input_buffer.combine(None, a) is a and input_buffer.combine(a, None) is a
+
+
+# --- the InputBuffer (Note [Input buffers]) -------------------------------------------
+def test_input_buffer_adds_in_arrival_order_and_groups_like_eager_sums():
+    rng = np.random.default_rng(4)
+    a, b, c, d = (rng.standard_normal(N).astype(np.float32) for _ in range(4))
+    s, t = rng.standard_normal(3), rng.standard_normal(3)
+    buf = input_buffer.InputBuffer(3, 1, a)  # three inputs; the first gradient is for input 1
+    buf.add(1, b)
+    buf.add(2, s)
+    buf.add(1, input_buffer.combine(c, d))  # a pending sum arriving as one term
+    buf.add(1, None)  # no gradient: nothing changes
+    buf.add(2, t)
+    assert buf.deferred and buf.ready() is buf  # queued as is: summed by its consumer
+    assert input_buffer.slots_of(buf.ready()) is buf.grads
+    out = input_buffer.inputs_of(buf.ready())
+    assert out[0] is None
+    np.testing.assert_array_equal(out[1], (a + b) + (c + d))
+    np.testing.assert_array_equal(out[2], s + t)
+
+
+def test_input_buffer_of_small_gradients_hands_over_a_plain_list():
+    g = np.ones(3)
+    buf = input_buffer.InputBuffer(2, 1, g)
+    buf.add(1, g)
+    ready = buf.ready()
+    assert type(ready) is list and ready is buf.grads
+    assert input_buffer.inputs_of(ready) is ready
+    assert ready[0] is None and ready[1].tolist() == [2.0, 2.0, 2.0]
+
+
+class _TwoOutputs(ag.autograd.Function):
+    """``(x * 2, x * 3)``; its backward records the gradients it receives."""
+
+    seen: list[tuple[object, object]] = []
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.set_materialize_grads(False)
+        return x * 2.0, x * 3.0
+
+    @staticmethod
+    def backward(ctx, g1, g2):
+        _TwoOutputs.seen.append((g1, g2))
+        return g1 * 2.0 + (0.0 if g2 is None else g2 * 3.0)
+
+
+@pytest.mark.parametrize("n", [5, N], ids=["eager", "deferred"])
+async def test_a_node_with_several_inputs_gets_summed_slots_and_none(restore_engine, n):
+    """Three gradients reach output 0 of a two-output node, none reaches output 1: the
+    node sees their sum, added in arrival order (last-created branch first) exactly
+    as eager sums group, and None for output 1."""
+    set_engine(Engine(inline_threshold=2**62))  # one arrival order: the ready queue's
+    _TwoOutputs.seen.clear()
+    rng = np.random.default_rng(6)
+    x = ag.tensor(rng.standard_normal(n).astype(np.float32), requires_grad=True)
+    r1, r2, r3 = (rng.standard_normal(n).astype(np.float32) for _ in range(3))
+    y1, _y2 = _TwoOutputs.apply(x)
+    loss = (y1 * ag.tensor(r1)).sum() + (y1 * ag.tensor(r2)).sum() + (y1 * ag.tensor(r3)).sum()
+    await ag.backward(loss)
+    [(g1, g2)] = _TwoOutputs.seen
+    assert g2 is None
+    expected = (r3 + r2) + r1
+    np.testing.assert_array_equal(g1.numpy(), expected)
+    np.testing.assert_array_equal(x.grad.numpy(), expected * np.float32(2.0))

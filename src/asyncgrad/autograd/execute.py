@@ -108,6 +108,19 @@ def prepare(task: GraphTask, node: Node, ready: ReadyInputs) -> list[Any] | None
     return buf
 
 
+# Note [Owned gradients]: the commit makes a leaf's first ``.grad`` from its staged array
+# without a copy only when the engine owns that array: it made it, and nobody else holds
+# it, so a later commit may add into ``.grad`` in place (PyTorch's AccumulateGrad steals
+# such gradients; it decides by reference count, which a refactor silently breaks, so
+# here ownership is recorded where arrays are made). Owned: a deferred sum's total (a
+# ``PendingSum``, always fresh), a sum of two staged gradients, and a new array that a
+# built-in kernel returned for the leaf (``own_if_fresh``: not a view, not one of the
+# kernel's inputs or saved values, not returned for a second edge too), noted in
+# ``task.fresh`` as it is routed and claimed by ``stage_leaf`` if that very array
+# arrives. Anything a user's code produced or saw is not owned, and is copied: a custom
+# Function's result, the caller's ``gradient=``, an array a hook or a pre-commit
+# function saw, a retained non-leaf gradient. (A small leaf's eager sum of several
+# gradients is not recorded either: copying it is cheap.)
 def stage_leaf(task: GraphTask, node: AccumulateGrad, buf: list[Any]) -> None:
     """AccumulateGrad's step: tensor hooks, captures, pre-hooks, stage for the commit
     (Note [Commit on success] in commit.py), post-hooks. Records whether the engine
@@ -143,12 +156,16 @@ def stage_leaf(task: GraphTask, node: AccumulateGrad, buf: list[Any]) -> None:
         run_post_hooks(task, node, hooks.post, [], [g])
 
 
-def own_fresh_outputs(task: GraphTask, node: OpNode, inputs: ReadyInputs, outputs: list[Any]) -> None:
-    """Note [Owned gradients]: mark the arrays a built-in kernel made for leaves."""
+def own_fresh_outputs(task: GraphTask, node: Node, inputs: list[Any], outputs: list[Any]) -> None:
+    """Note [Owned gradients]: record which of a built-in node's ``outputs`` for leaves
+    the engine owns. ``inputs``: every array the kernel was handed (for a worker chain,
+    the head's inputs and every buffered partial)."""
+    if type(node) is not OpNode:
+        return
     acc_nr = ACCUMULATE_GRAD_SEQUENCE_NR
     for (child, _), gi in zip(node.next_edges, outputs):
         if child is not None and child.sequence_nr == acc_nr and type(gi) is np.ndarray:
-            own_if_fresh(task, child, gi, slots_of(inputs), outputs, node.saved)
+            own_if_fresh(task, child, gi, inputs, outputs, node.saved)
 
 
 def own_if_fresh(task: GraphTask, leaf: Node, gi: np.ndarray, inputs: Any, outputs: Any,
@@ -181,8 +198,8 @@ def finish(task: GraphTask, node: Node, inputs: ReadyInputs, outputs: list[Any])
             outputs = [g if child is not None and child in deps else None
                        for (child, _), g in zip(node.next_edges, outputs)]
         outputs = run_post_hooks(task, node, hooks.post, outputs, inputs_of(inputs))
-    elif type(node) is OpNode and not task.create_graph:
-        own_fresh_outputs(task, node, inputs, outputs)
+    elif not task.create_graph:
+        own_fresh_outputs(task, node, slots_of(inputs), outputs)
     task.route(node, outputs)
 
 

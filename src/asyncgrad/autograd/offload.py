@@ -12,10 +12,10 @@ import anyio
 import anyio.abc
 
 from .. import _context
-from .execute import async_kernel_for, finish, kernel_for, resolved_kernel, run_kernel
+from .execute import async_kernel_for, finish, kernel_for, own_fresh_outputs, resolved_kernel, run_kernel
 from .graph import Node
 from .graph_task import GraphTask
-from .input_buffer import InputBuffer, ReadyInputs, combine, inputs_of, value
+from .input_buffer import InputBuffer, ReadyInputs, combine, inputs_of, slots_of, value
 from .recording import OpNode
 from .threads import current_owner
 
@@ -79,7 +79,9 @@ async def _offload_chain(engine: Engine, task: GraphTask, head: Node, inputs: Re
         return
     if task.error is not None or len(results) < len(nodes):  # stopped: drop it all
         return
+    external = [*slots_of(inputs), *partials]  # what the chain did not make itself
     for k, (node, outputs) in enumerate(zip(nodes, results)):
+        own_fresh_outputs(task, node, external, outputs)  # Note [Owned gradients] in execute.py
         task.route(node, outputs, edges[k] if k < len(edges) else -1)
 
 
