@@ -77,7 +77,7 @@ class AnomalyMode:
     def run_node(self, node: Node, inputs: list[Any], math: Any) -> list[Any]:
         """``engine.run_kernel`` under anomaly mode: apply and validate the node with it
         marked as running (the parent of nodes built meanwhile), then check for NaN."""
-        from .graph_task import validate_outputs
+        from .validation import validate_outputs
 
         token = _running_node.set(node)
         try:
@@ -90,11 +90,11 @@ class AnomalyMode:
 
     async def run_node_async(self, node: Node, inputs: list[Any], math: Any) -> list[Any]:
         """The same for a node whose backward is ``async def`` (``node.apply_async``)."""
-        from .graph_task import validate_outputs
+        from .validation import validate_outputs
 
         token = _running_node.set(node)
         try:
-            outputs = validate_outputs(node, await node.apply_async(inputs, math))  # type: ignore[attr-defined]
+            outputs = validate_outputs(node, await node.apply_async(inputs, math))
         finally:
             _running_node.reset(token)
         if self.check_nan:

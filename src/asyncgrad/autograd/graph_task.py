@@ -31,7 +31,6 @@ from .exec_info import ExecMap, plan_targets
 from .graph import ACCUMULATE_GRAD_SEQUENCE_NR, Edge, GraphRoot, Node
 from .input_buffer import InputBuffer, ReadyInputs
 from .statistics import GraphTaskStatistics, graph_task_statistics
-from .validation import validate_outputs  # noqa: F401  (anomaly_mode imports it from here)
 
 if TYPE_CHECKING:
     from ..tensor import Tensor
@@ -44,12 +43,15 @@ SETUP_STEP = 1024  # nodes walked between two chances to yield
 class GraphTask:
     """The state of one ``backward``/``grad`` call (see the notes above).
 
-    Unless a field says otherwise it is written only by the thread driving the task
-    (Note [GraphTask bookkeeping lives on one thread]) and needs no lock."""
+    Each field's comment says who writes it and on which thread. "The task's thread" is
+    the event loop's thread for an async backward (its driver, the loop's runner, the
+    tasks of offload.py) or the caller's thread for a synchronous one. No field is
+    guarded by a lock (Note [GraphTask bookkeeping lives on one thread]); the few that
+    other threads touch say why that is safe."""
 
     def __init__(self, engine: Engine, *, keep_graph: bool, create_graph: bool,
                  accumulate: bool) -> None:
-        # -- set at creation, read-only afterwards (any thread may read) ---------------
+        # -- written here by the creating thread, read-only afterwards (any thread reads)
         self.id = next(_graph_task_ids)
         self.engine = engine
         self.keep_graph = keep_graph  # retain_graph: keep saved tensors
@@ -57,42 +59,56 @@ class GraphTask:
         self.accumulate = accumulate  # backward() writes .grad; grad() only captures
         self.math: Any = TENSOR_MATH if create_graph else ARRAY_MATH
         self.profiler: Any = _context.profiler.get()  # read once: kernels wrapped iff set
-        # -- set by the driver when it starts (engine.Engine._begin) ------------------
+        # -- written by the driver as it starts (Engine._begin, engine._enter), on the
+        # task's thread, before any node runs; read-only afterwards
         self.depth = 0  # reentrant depth: parent's + 1
         self.parent: GraphTask | None = None  # the backward this one is nested in
         self.context: contextvars.Context | None = None  # the driver's context, nodes run in it
-        # -- the plan: set_roots, then setup_steps ------------------------------------
+        # -- the plan: written by set_roots (creating thread, before execute), read-only
+        # once the driver starts
         self.exec_info: ExecMap | None = None  # None: every reachable node runs (exec_info.py)
-        self.captured: list[Any] = []  # grad(): one result per target, filled by prepare
-        self._root: tuple[Node, list[Any]] | None = None
-        # -- the walk: dependencies, buffers, ready queue (driver / runner) -----------
+        # grad(): one result per target; its slots are written by execute.prepare /
+        # stage_leaf on the task's thread
+        self.captured: list[Any] = []
+        self._root: tuple[Node, list[Any]] | None = None  # read once by setup_steps
+        # -- the walk: written on the task's thread only (setup_steps, execute.run_inline,
+        # route/add_gradient, offload.py's tasks); worker threads never see these
         self.dependencies: dict[Node, int] = {}  # edges each waiting node has yet to hear from
         # InputBuffers of nodes still waiting for gradients; a node that becomes ready
         # takes its inputs into its ready-queue entry (make_ready; Note [Input buffers])
         self.buffers: dict[Node, InputBuffer] = {}
         self.heap: list[tuple[int, Node, ReadyInputs]] = []  # ready nodes, by -sequence_nr
         self.ready_leaves: deque[tuple[Node, ReadyInputs]] = deque()  # ready AccumulateGrads, FIFO
-        self.to_start: deque[tuple[Node, ReadyInputs]] = deque()  # prepared nodes for the driver to offload
-        self.active_children = 0  # nested GraphTasks running (they start and end on this thread)
-        self.in_flight = 0  # kernels started elsewhere and not yet finished (driver)
-        # -- results ------------------------------------------------------------------
+        # prepared nodes that run_inline hands to the driver to run elsewhere
+        self.to_start: deque[tuple[Node, ReadyInputs]] = deque()
+        # nested GraphTasks running: written by their Engine._begin/_end, which run on
+        # this task's thread (a nested backward is started by one of its nodes)
+        self.active_children = 0
+        self.in_flight = 0  # nodes started elsewhere, not yet finished (driver, offload.run_elsewhere)
+        # -- results: written on the task's thread (execute.stage_leaf, hooks.py's
+        # retain_grad, route); commit.py reads them on that thread, or commit.sum_fresh
+        # on one worker thread while the driver awaits it (nobody writes meanwhile)
         self.staged: dict[Tensor, Any] = {}  # leaf -> gradient for .grad (commit.py)
-        # leaves whose staged array the engine made and nobody else holds, and the
-        # array each leaf's last fresh kernel output (Note [Owned gradients] in execute.py)
+        # leaves whose staged array the engine owns, and each leaf's last fresh kernel
+        # output (Note [Owned gradients] in execute.py)
         self.owned: set[Tensor] = set()
         self.fresh: dict[Node, Any] = {}
         self.retained: dict[Tensor, Any] = {}  # retain_grad() non-leaf -> gradient
         self.executed: list[Node] = []  # nodes that ran and whose saved tensors go at commit
-        self.callbacks: list[Callable[[], Any]] = []  # queue_callback
-        self.pre_commits: list[Callable[[dict[Tensor, Tensor]], Any]] = []  # queue_pre_commit
-        self.pre_commit_state: Any = None  # commit.pre_commit_view's (view, original)
-        # -- errors and stopping -------------------------------------------------------
+        # queue_callback / queue_pre_commit: appended by code a node runs (a hook, a
+        # Function's backward, possibly on a worker thread: list.append is atomic);
+        # the driver reads them only once every node has finished
+        self.callbacks: list[Callable[[], Any]] = []
+        self.pre_commits: list[Callable[[dict[Tensor, Tensor]], Any]] = []
+        self.pre_commit_state: Any = None  # commit.pre_commit_view's (view, original); driver
+        # -- errors and stopping: written on the task's thread (fail, the driver) -------
         self.error: BaseException | None = None  # the first error (fail), re-raised by the driver
-        # set on error or cancellation; also read by worker chains (a plain bool: a racy
-        # read only makes a chain run one node more)
+        # set on error or cancellation; also read, without a lock, by worker chains (a
+        # plain bool: a stale read only makes a chain run one node more)
         self.stopping = False
-        self.wakeup: Any = None  # an anyio.Event while the driver waits (scheduler.py)
-        # -- counters (statistics) -----------------------------------------------------
+        self.wakeup: Any = None  # an anyio.Event while the driver waits; set by scheduler.py
+        # -- counters for statistics: written on the task's thread; a snapshot taken
+        # from another thread may be one node behind
         self.nodes_inline = 0
         self.nodes_offloaded = 0
         self.thread_hops = 0
