@@ -3,8 +3,8 @@
 Every ready node, in ready-queue order, goes through ``execute.prepare``,
 ``run_kernel`` (or ``run_async_kernel``, awaited; wrapped by the profiler when one
 records) and ``execute.finish``, one at a time on the driving thread: no fused step, no
-offload, no worker chains, no scheduler. (So under ``pytest --reference-engine`` the two
-tests that check offloading itself fail, by design.) The
+offload, no worker chains, no scheduler. (So under ``pytest --reference-engine`` the
+tests that check overlapping or offloaded nodes themselves skip.) The
 fast paths (the loop's scheduler, the fused step of ``execute.run_inline``, offload.py)
 are checked against it in tests (tests/test_reference_executor.py, and the whole suite
 with ``pytest --reference-engine``).
