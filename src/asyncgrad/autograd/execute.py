@@ -86,8 +86,9 @@ def prepare(task: GraphTask, node: Node, ready: ReadyInputs) -> list[Any] | None
     info = task.exec_info
     entry = None if info is None else info.get(node)
     if entry is not None and entry.raw:  # the capture seam: before any hook, never run
+        grads = inputs_of(ready)
         for nr, i in entry.captures:
-            task.captured[i] = inputs_of(ready)[nr] if nr < node.num_outputs else None
+            task.captured[i] = grads[nr] if nr < len(grads) else None
         return None
     if type(node) is AccumulateGrad:
         stage_leaf(task, node, slots_of(ready))  # (a deferred sum may wait for the commit)

@@ -12,8 +12,9 @@
 ``Exp.apply(x)`` runs ``forward`` under ``no_grad`` and, when grad mode is on and some
 tensor argument requires grad, builds one node, ``ExpBackward``, with one edge per
 forward argument (an invalid edge ``(None, 0)`` for non-tensors and for tensors that do
-not require grad). Everything else follows PyTorch's ``torch.autograd.Function``
-(``pytorch_engine_semantics.md`` §11).
+not require grad). Everything else follows PyTorch's ``torch.autograd.Function``:
+its error messages, ``ctx`` methods, and the treatment of dirty, non-differentiable
+and returned-input outputs (function_outputs.py).
 
 Note [Function gradients]: the engine hands the node one gradient per forward output
 (numpy arrays in a plain backward, Tensors under ``create_graph``). The node turns them
