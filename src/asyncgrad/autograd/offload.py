@@ -89,11 +89,12 @@ async def _offload_kernel(engine: Engine, task: GraphTask, node: Node, inputs: R
                           blas: bool = False) -> list[Any]:
     task.thread_hops += 1
     if engine.policy.splits(task, node):
-        grads = inputs
-        if isinstance(inputs, InputBuffer):
+        if isinstance(inputs, InputBuffer):  # add up the deferred sums on a worker first
             task.thread_hops += 1
-            grads = await engine.offload(inputs.resolve)
-        return await _offload_per_input(engine, task, node, inputs_of(grads))
+            grads: list[Any] = await engine.offload(inputs.resolve)
+        else:
+            grads = inputs
+        return await _offload_per_input(engine, task, node, grads)
     kernel = kernel_for(task, True)
     offload: Callable[..., Any] = engine.offload_blas if blas else engine.offload
     outputs: list[Any]
