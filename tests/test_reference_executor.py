@@ -102,27 +102,15 @@ def custom_and_checkpoint(rng, log):
     return lambda: ag.backward(y.sum()), [x, w], log
 
 
-class TwoOutputs(ag.autograd.Function):
-    """``(x * 2, x * 3)``: a node with two inputs in backward."""
-
-    @staticmethod
-    def forward(ctx, x):
-        ctx.set_materialize_grads(False)
-        return x * 2.0, x * 3.0
-
-    @staticmethod
-    def backward(ctx, g1, g2):
-        return g1 * 2.0 + (0.0 if g2 is None else g2 * 3.0)
-
-
 def input_buffers(rng, log):
-    """InputBuffers with a None slot (output 1 of TwoOutputs gets no gradient), sums of
-    small and large gradients, and gradients shared by leaves (``add`` hands one array
-    to both): two backward calls, so a commit that wrote into a shared array shows."""
-    x, v, w = _ints(rng, 4), _ints(rng, 300, 300), _ints(rng, 300, 300)
-    y1, _y2 = TwoOutputs.apply(x)
+    """InputBuffers with a None slot (chunk's node: its third output gets no gradient),
+    sums of small and large gradients, and gradients shared by leaves (``add`` hands
+    one array to both): two backward calls, so a commit that wrote into a shared array
+    shows."""
+    x, v, w = _ints(rng, 6), _ints(rng, 300, 300), _ints(rng, 300, 300)
+    y1, y2, _y3 = x.chunk(3)
     y1.register_hook(lambda g: log.append(("y1", g.tolist())))
-    small = (y1 * 2.0).sum() + (y1 * 5.0).sum() + (y1 * y1).sum()
+    small = (y1 * 2.0).sum() + (y1 * 5.0).sum() + (y1 * y2).sum()
     s = v + w
     large = (s * 2.0).sum() + (s.relu() * 3.0).sum() + (v * w).sum()
     loss = small + large
