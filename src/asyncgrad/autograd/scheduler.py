@@ -14,6 +14,27 @@ as their owner (Note [Explicit nesting] in threads.py). When its own GraphTask n
 driver (nothing left to run inline, a node to start elsewhere, an error) the runner
 hands the role to the next queued GraphTask's driver.
 
+Note [The runner completes small backward calls]: when the runner finds that every node
+of another GraphTask ran, and its driver is waiting, it also completes that backward
+right there, inside its slice: the commit (when it is small enough to add up inline and
+no pre-commit function is queued), post-accumulate-grad hooks, freeing the saved
+tensors, and the final callbacks, each in that GraphTask's own context; then it wakes
+the driver once, to return. So a small backward call costs its caller two steps (start,
+return), not a wake-up per hand-over, and the loop time of the completion is counted in
+the runner's slice. An async final callback is handed to the driver, with the ones
+after it. The runner commits only for a caller not yet cancelled (Note [Per-driver
+wake-ups] in wakeup.py); a cancellation that arrives after the commit is delivered at the
+caller's next await instead, as when a backward has returned. Errors raised by the
+completion are raised by the driver, as if it had completed the backward itself.
+
+Note [Wake-ups cost the loop]: every driver the runner wakes runs on the loop in the next
+turn (its return, the caller's code, its next call), before the loop's timers. Without
+counting that, a slice that finished hundreds of small calls made the next turn hundreds
+of times longer than a slice. So each wake-up moves the end of the runner's slice
+earlier by ``wake_cost``, a running estimate of the loop time spent per driver woken
+(measured at each turn the runner gives the loop: the time until it runs again, per
+driver it woke). Slice and wake-ups together then fit in about one ``yield_interval``.
+
 Everything here runs on the loop's thread: no locks.
 """
 
@@ -29,8 +50,13 @@ import anyio
 import anyio.lowlevel
 
 from .. import _context
+from .completion import can_complete_inline, complete_inline
 from .execute import run_inline
 from .graph_task import GraphTask
+from .wakeup import Wakeup
+
+WAKE_COST = 20e-6  # the first estimate of one woken driver's loop time (seconds)
+WAKE_COST_WEIGHT = 0.25  # the weight of each new measurement in the running estimate
 
 _scheduler: anyio.lowlevel.RunVar[LoopScheduler] = anyio.lowlevel.RunVar("asyncgrad_loop_scheduler")
 _last = threading.local()  # (loop, its scheduler): a thread runs one loop at a time
@@ -57,7 +83,7 @@ def loop_scheduler() -> LoopScheduler:
     try:
         scheduler = _scheduler.get()
     except LookupError:
-        scheduler = LoopScheduler()
+        scheduler = LoopScheduler(loop if isinstance(loop, asyncio.AbstractEventLoop) else None)
         _scheduler.set(scheduler)
     _last.pair = (loop, scheduler)
     return scheduler
@@ -74,14 +100,26 @@ def _run_as(owner: object, task: GraphTask, threshold: float, deadline: float) -
     return run_inline(task, threshold, deadline)
 
 
-class LoopScheduler:
-    """The queue of GraphTasks with inline work, and who runs it (see the note)."""
+def _complete_as(owner: object, task: GraphTask, waiting: Wakeup) -> None:
+    _context.node_owner.set(owner)  # (its callbacks run in the runner's task)
+    complete_inline(task, waiting)
 
-    def __init__(self) -> None:
+
+class LoopScheduler:
+    """The queue of GraphTasks with inline work, and who runs it (see the notes)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        self.loop = loop  # None on trio (Wakeup picks its primitive by it)
         self.queue: deque[GraphTask] = deque()
         self.queued: set[GraphTask] = set()
         self.runner: GraphTask | None = None  # the GraphTask whose driver runs the queue
         self.slice_end = 0.0  # perf_counter() when the current slice of the loop's time ends
+        self.woken = 0  # drivers the runner woke since it last let the loop run
+        self.wake_cost = WAKE_COST  # estimated loop time one woken driver takes (Note [Wake-ups cost the loop])
+
+    def wakeup(self) -> Wakeup:
+        """A fresh wake-up for a driver about to wait on this loop."""
+        return Wakeup(self.loop)
 
     def add(self, task: GraphTask) -> None:
         """Queue ``task`` (it has ready nodes); without a runner, wake its driver."""
@@ -96,11 +134,20 @@ class LoopScheduler:
             self.queued.discard(task)
             self.queue.remove(task)
 
-    def _drop(self, task: GraphTask) -> None:
+    def _drop(self, task: GraphTask, owner: object, threshold: float) -> None:
+        """Take ``task`` off the queue and wake its driver; when every node ran, first
+        complete the backward for the waiting caller (Note [The runner completes small
+        backward calls])."""
         self.queue.popleft()
         self.queued.discard(task)
-        if task is not self.runner:
-            wake(task)
+        waiting = task.wakeup
+        if task is self.runner or waiting is None:
+            return
+        if (waiting.waiting and task.error is None and not task.stopping and not task.nodes_left()
+                and task.context is not None and can_complete_inline(task, threshold)):
+            task.context.run(_complete_as, owner, task, waiting)
+        waiting.set()
+        self.woken += 1
 
     async def run(self, me: GraphTask, threshold: float, interval: float) -> None:
         """Be the runner until ``me`` needs its driver; then hand over.
@@ -115,8 +162,14 @@ class LoopScheduler:
         try:
             while True:
                 if clock() >= self.slice_end:
+                    woken, left = self.woken, clock()
                     await anyio.lowlevel.checkpoint()  # the loop's turn, then a new slice
-                    self.slice_end = clock() + interval
+                    now = clock()
+                    if woken:  # what the woken drivers (and the rest of the loop) took
+                        sample = min((now - left) / woken, interval)
+                        self.wake_cost += (sample - self.wake_cost) * WAKE_COST_WEIGHT
+                    self.woken = 0
+                    self.slice_end = now + interval
                 self._run_slice(owner, threshold, self.slice_end)
                 if me not in self.queued or me.to_start or me.error is not None or not self.queue:
                     return
@@ -126,22 +179,30 @@ class LoopScheduler:
                 wake(self.queue[0])
 
     def _run_slice(self, owner: object, threshold: float, deadline: float) -> None:
+        """Run queued GraphTasks' nodes until ``deadline``, which each driver woken
+        moves earlier by its estimated cost (Note [Wake-ups cost the loop])."""
         queue = self.queue
+        clock = time.perf_counter
         while queue:
             task = queue[0]
             if task.stopping or task.active_children or task.context is None:
-                self._drop(task)  # its driver handles it (a nested task wakes it at its end)
+                self._drop(task, owner, threshold)  # its driver handles it (a nested task wakes it at its end)
+                deadline -= self.wake_cost
                 continue
             try:
                 more = task.context.run(_run_as, owner, task, threshold, deadline)
             except Exception:  # recorded on the task by run_inline; its driver raises it
-                self._drop(task)
+                self._drop(task, owner, threshold)
+                deadline -= self.wake_cost
                 continue
             if task.to_start and task is not self.runner:
                 wake(task)
             if not more:
-                self._drop(task)
-            elif time.perf_counter() >= deadline:
+                self._drop(task, owner, threshold)
+                deadline -= self.wake_cost
+                if clock() >= deadline:
+                    return
+            elif clock() >= deadline:
                 queue.rotate(-1)  # its slice ran out: to the back
                 return
             elif task.to_start and task is self.runner:

@@ -86,6 +86,18 @@ def _threadsafe_caller() -> Callable[[Callable[[], Any]], None]:
         return run_sync_soon
 
 
+def redeliver_cancellation() -> None:
+    """An asyncio task cancelled after its backward committed (Note [The runner
+    completes small backward calls] in scheduler.py) returns normally and is cancelled
+    again at its next await, the cancel count unchanged (``asyncio.timeout`` and task
+    groups match cancels to uncancels). Trio never delivers such a late cancellation
+    at the wait: its cancel scope raises at the caller's next checkpoint by itself."""
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()
+        task.cancel()
+
+
 async def run_in_executor(executor: Executor, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
     """Run ``fn`` on ``executor`` in a copy of this context (the worker thread is the
     owner of what runs there). Cancellation: a call that has not started is withdrawn;
