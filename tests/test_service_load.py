@@ -146,25 +146,38 @@ async def test_256_concurrent_backward_calls_give_exact_sums(engine):
     assert engine.statistics().graph_tasks_succeeded == 256
 
 
-async def test_the_loop_gets_a_turn_between_two_slices_of_engine_work(engine, monkeypatch):
-    """Note [One runner per loop]: with 64 backward calls in flight, engine work runs in
-    slices, and a task doing ``sleep(0)`` gets a turn between any two of them (so the
-    loop waits at most one ``yield_interval`` whatever the number of calls)."""
-    slices: list[int] = []
+async def _yield_by_timer() -> None:
+    """Yield until a timer that is already due fires (a task woken by a timer, as
+    ``asyncio.sleep(t)`` is, without depending on durations)."""
+    loop = asyncio.get_running_loop()
+    fut = loop.create_future()
+    loop.call_at(loop.time() - 1.0, fut.set_result, None)
+    await fut
+
+
+@pytest.mark.parametrize("heartbeat_yield", ["sleep(0)", "timer"])
+async def test_the_loop_gets_a_turn_between_two_slices_of_engine_work(engine, monkeypatch, heartbeat_yield):
+    """Note [One runner per loop], Note [A turn after the timers]: with 64 backward calls
+    in flight, engine work runs in slices of the loop's time, and a task gets a turn
+    between any two of them, whether it yields with ``sleep(0)`` or waits on a timer
+    (so the loop waits at most about one ``yield_interval`` whatever the number of
+    calls). Several hand-overs of the runner role may share one slice (its end)."""
+    slices: list[tuple[int, float]] = []
     original = scheduler_module.LoopScheduler._run_slice
 
-    def counted(self, *args):
-        slices.append(turns[0])
-        return original(self, *args)
+    def counted(self, owner, threshold, deadline):
+        slices.append((turns[0], self.slice_end))
+        return original(self, owner, threshold, deadline)
 
     monkeypatch.setattr(scheduler_module.LoopScheduler, "_run_slice", counted)
     turns = [0]
     done = False
+    pause = (lambda: asyncio.sleep(0)) if heartbeat_yield == "sleep(0)" else _yield_by_timer
 
     async def heartbeat() -> None:
         while not done:
             turns[0] += 1
-            await asyncio.sleep(0)
+            await pause()
 
     rng = np.random.default_rng(1)
     w = ag.tensor(rng.standard_normal((8, 8)), requires_grad=True)
@@ -178,9 +191,12 @@ async def test_the_loop_gets_a_turn_between_two_slices_of_engine_work(engine, mo
     await asyncio.gather(*(ag.backward(loss) for loss in losses))
     done = True
     await beat
-    per_turn = np.bincount(slices)
+    slices_per_turn: dict[int, set[float]] = {}
+    for turn, slice_end in slices:
+        slices_per_turn.setdefault(turn, set()).add(slice_end)
     # (2,560 nodes take several slices on any machine; how many depends on its speed)
-    assert len(slices) > 4 and per_turn.max() <= 2
+    assert len(set(end for _, end in slices)) > 4
+    assert max(len(ends) for ends in slices_per_turn.values()) == 1
 
 
 class Gate(ag.autograd.Function):

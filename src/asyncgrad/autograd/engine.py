@@ -42,7 +42,7 @@ from .errors import EngineInternalError
 from .graph_task import GraphTask
 from .offload import run_elsewhere
 from .policy import BLAS, Policy
-from .scheduler import LoopScheduler, loop_scheduler, wake
+from .scheduler import LoopScheduler, grant_admission_pass, loop_scheduler, wake
 from .statistics import EngineStatistics
 from .sync_driver import drain_sync, enter_task, execute_sync_here, exit_task
 from .threads import (
@@ -209,6 +209,7 @@ class Engine:
                 finally:
                     task.wakeup = None
                 if waiting.done:
+                    grant_admission_pass()
                     return waiting
         except BaseException:
             scheduler.discard(task)

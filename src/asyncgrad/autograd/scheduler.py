@@ -35,12 +35,31 @@ earlier by ``wake_cost``, a running estimate of the loop time spent per driver w
 (measured at each turn the runner gives the loop: the time until it runs again, per
 driver it woke). Slice and wake-ups together then fit in about one ``yield_interval``.
 
+Note [Admission]: a burst of new backward calls (a gather of 256 tasks, a wave of
+requests) would run all their first steps (argument checks, set-up) in one turn of the
+loop, unbounded by any slice. So a top-level ``backward``/``grad`` starts at once only
+while the loop has time left in the current slice or no runner is active; otherwise the
+caller waits in line (``admission``, FIFO) and the runner admits callers at the start
+of its slices, each counted like a wake-up, with at most half of the slice. A caller
+whose previous backward the runner just completed has a pass (its wake-up was counted).
+When the runner role ends with nothing queued, the first caller in line is admitted and
+becomes the runner.
+
+Note [A turn after the timers]: on asyncio, ``sleep(0)`` re-queues a task behind the
+callbacks already ready, but *before* the timers that fall due meanwhile, and a task
+woken by a timer (``asyncio.sleep(t)``) runs one iteration later still. So a runner
+yielding with ``sleep(0)`` ran two more slices before a sleeping task got the loop. The
+runner instead resumes from a timer due now: the loop runs the timers due before it,
+then the tasks they woke, then the runner. Trio runs I/O and timers between its batches
+of tasks, so a plain checkpoint is its turn.
+
 Everything here runs on the loop's thread: no locks.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import sys
 import threading
 import time
@@ -53,10 +72,15 @@ from .. import _context
 from .completion import can_complete_inline, complete_inline
 from .execute import run_inline
 from .graph_task import GraphTask
+from .threads import running_graph_task
 from .wakeup import Wakeup
 
 WAKE_COST = 20e-6  # the first estimate of one woken driver's loop time (seconds)
 WAKE_COST_WEIGHT = 0.25  # the weight of each new measurement in the running estimate
+
+# Set when the runner completed the caller's backward: its next backward needs no
+# admission (the wake-up that returned it was counted already; Note [Admission]).
+_admission_pass: contextvars.ContextVar[bool] = contextvars.ContextVar("asyncgrad_admission_pass", default=False)
 
 _scheduler: anyio.lowlevel.RunVar[LoopScheduler] = anyio.lowlevel.RunVar("asyncgrad_loop_scheduler")
 _last = threading.local()  # (loop, its scheduler): a thread runs one loop at a time
@@ -89,6 +113,34 @@ def loop_scheduler() -> LoopScheduler:
     return scheduler
 
 
+class Admission:
+    """``async with admission():`` around a top-level backward call (Note [Admission]);
+    a nested backward (started by a node of a running one) is never held back."""
+
+    __slots__ = ("_scheduler",)
+    _scheduler: LoopScheduler | None
+
+    async def __aenter__(self) -> None:
+        if running_graph_task() is not None:
+            self._scheduler = None
+            return
+        self._scheduler = scheduler = loop_scheduler()
+        await scheduler.admit()
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._scheduler is not None:
+            self._scheduler.pass_baton()  # (a caller admitted last that never ran keeps no one waiting)
+
+
+def admission() -> Admission:
+    return Admission()
+
+
+def grant_admission_pass() -> None:
+    """The runner completed this caller's backward: its next one starts at once."""
+    _admission_pass.set(True)
+
+
 def wake(task: GraphTask) -> None:
     """Wake ``task``'s driver if it waits (it re-checks its state before waiting)."""
     if task.wakeup is not None:
@@ -98,6 +150,11 @@ def wake(task: GraphTask) -> None:
 def _run_as(owner: object, task: GraphTask, threshold: float, deadline: float) -> bool:
     _context.node_owner.set(owner)
     return run_inline(task, threshold, deadline)
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():  # (not if the waiting task was cancelled meanwhile)
+        future.set_result(None)
 
 
 def _complete_as(owner: object, task: GraphTask, waiting: Wakeup) -> None:
@@ -116,6 +173,8 @@ class LoopScheduler:
         self.slice_end = 0.0  # perf_counter() when the current slice of the loop's time ends
         self.woken = 0  # drivers the runner woke since it last let the loop run
         self.wake_cost = WAKE_COST  # estimated loop time one woken driver takes (Note [Wake-ups cost the loop])
+        self.half_interval = 0.0
+        self.admission: deque[Wakeup] = deque()  # callers waiting to start a backward (Note [Admission])
 
     def wakeup(self) -> Wakeup:
         """A fresh wake-up for a driver about to wait on this loop."""
@@ -133,6 +192,52 @@ class LoopScheduler:
         if task in self.queued:
             self.queued.discard(task)
             self.queue.remove(task)
+
+    async def admit(self) -> None:
+        """Note [Admission]: return at once while the loop has time, else wait in line
+        until the runner admits this caller."""
+        if self.runner is None or (not self.admission and time.perf_counter() < self.slice_end):
+            return
+        if _admission_pass.get():  # the runner just completed this caller's backward
+            _admission_pass.set(False)
+            return
+        waiting = self.wakeup()
+        self.admission.append(waiting)
+        try:
+            await waiting.wait()
+        except BaseException:
+            if waiting in self.admission:
+                self.admission.remove(waiting)
+            else:  # admitted, then cancelled: admit the next in its place
+                self.pass_baton()
+            raise
+
+    def pass_baton(self) -> None:
+        """Without a runner and a queue, admit the first caller in line: it will start
+        its backward and become the runner (which admits the others)."""
+        if self.runner is None and not self.queue and self.admission:
+            self.admission.popleft().set()
+
+    async def loop_turn(self) -> None:
+        """Let the loop run its due timers and I/O, and the tasks they wake, before this
+        task goes on (Note [Admission]: a burst of new backward calls (a gather of 256 tasks, a wave of
+requests) would run all their first steps (argument checks, set-up) in one turn of the
+loop, unbounded by any slice. So a top-level ``backward``/``grad`` starts at once only
+while the loop has time left in the current slice or no runner is active; otherwise the
+caller waits in line (``admission``, FIFO) and the runner admits callers at the start
+of its slices, each counted like a wake-up, with at most half of the slice. A caller
+whose previous backward the runner just completed has a pass (its wake-up was counted).
+When the runner role ends with nothing queued, the first caller in line is admitted and
+becomes the runner.
+
+Note [A turn after the timers])."""
+        loop = self.loop
+        if loop is None:
+            await anyio.lowlevel.checkpoint()  # (trio: I/O and timers run between batches)
+            return
+        turn = loop.create_future()
+        loop.call_at(loop.time(), _resolve, turn)
+        await turn
 
     def _drop(self, task: GraphTask, owner: object, threshold: float) -> None:
         """Take ``task`` off the queue and wake its driver; when every node ran, first
@@ -157,13 +262,14 @@ class LoopScheduler:
         had a turn. So a task awaiting many small backward calls in a row, each done
         within a slice, still lets the loop run every ``interval``."""
         self.runner = me
+        self.half_interval = interval / 2
         owner = _context.node_owner.get()  # this driver's task (engine._enter set it)
         clock = time.perf_counter
         try:
             while True:
                 if clock() >= self.slice_end:
                     woken, left = self.woken, clock()
-                    await anyio.lowlevel.checkpoint()  # the loop's turn, then a new slice
+                    await self.loop_turn()  # the loop's turn, then a new slice
                     now = clock()
                     if woken:  # what the woken drivers (and the rest of the loop) took
                         sample = min((now - left) / woken, interval)
@@ -177,12 +283,20 @@ class LoopScheduler:
             self.runner = None
             if self.queue:
                 wake(self.queue[0])
+            else:
+                self.pass_baton()
 
     def _run_slice(self, owner: object, threshold: float, deadline: float) -> None:
         """Run queued GraphTasks' nodes until ``deadline``, which each driver woken
         moves earlier by its estimated cost (Note [Wake-ups cost the loop])."""
         queue = self.queue
         clock = time.perf_counter
+        admission = self.admission
+        # newcomers first, with at most half of the slice (Note [Admission])
+        while admission and deadline - clock() - self.wake_cost > self.half_interval:
+            admission.popleft().set()
+            self.woken += 1
+            deadline -= self.wake_cost
         while queue:
             task = queue[0]
             if task.stopping or task.active_children or task.context is None:
