@@ -349,3 +349,238 @@ async def test_blas_is_single_threaded_while_several_backward_calls_run(engine):
         Gate.gate.set()
     assert seen == [1]
     assert blas_threads() == alone
+
+
+# --- the runner completes small backward calls for waiting callers ----------------------------
+# Note [The runner completes small backward calls] (scheduler.py). A long backward started
+# first makes its driver the loop's runner for many slices; a small backward started next
+# is run *and completed* by that runner while its own caller waits. Each test checks that
+# premise (the completion ran in a task other than the small backward's caller).
+
+def _long_loss() -> tuple[ag.Tensor, ag.Tensor]:
+    a = ag.tensor(np.ones(4), requires_grad=True)
+    h = a
+    for _ in range(3000):  # thousands of inline nodes: many slices of the loop's time
+        h = h * 1.0
+    return a, h.sum()
+
+
+def _current_task() -> object:
+    return anyio.get_current_task().id
+
+
+async def _while_long_backward_runs(small: object) -> tuple[ag.Tensor, list[BaseException | None]]:
+    """Start the long backward, then ``small()`` (an async function) once the long one's
+    driver is the runner; returns the long one's leaf and what ``small`` raised."""
+    a, long_loss = _long_loss()
+    raised: list[BaseException | None] = []
+    await ag.backward((ag.tensor([1.0], requires_grad=True) * 2.0).sum())  # (the engine's one-time set-up)
+
+    async def run_small() -> None:
+        for _ in range(1000):  # until the long backward's driver is the loop's runner
+            if scheduler_module.loop_scheduler().runner is not None:
+                break
+            await anyio.sleep(0)
+        try:
+            await small()
+            raised.append(None)
+        except BaseException as e:  # noqa: BLE001  (the test inspects it)
+            raised.append(e)
+            if isinstance(e, anyio.get_cancelled_exc_class()):
+                raise
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ag.backward, long_loss)
+        tg.start_soon(run_small)
+    return a, raised
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_runner_completes_a_waiting_callers_backward_with_hooks_callbacks_and_id(engine, backend):
+    async def main() -> None:
+        events: list[object] = []
+        w = ag.tensor([1.0, 2.0], requires_grad=True)
+        w.register_post_accumulate_grad_hook(lambda p: events.append(("post-acc", p.grad.tolist())))
+        y = w * 3.0
+
+        def callback() -> None:
+            events.append(("callback", ag.autograd.current_graph_task_id(), _current_task(), w.grad.tolist()))
+
+        def hook(g: ag.Tensor) -> None:
+            events.append(("hook", ag.autograd.current_graph_task_id()))
+            ag.autograd.queue_callback(callback)
+
+        y.register_hook(hook)
+        caller: list[object] = []
+
+        async def small() -> None:
+            caller.append(_current_task())
+            await ag.backward(y.sum())
+            events.append("returned")
+
+        a, raised = await _while_long_backward_runs(small)
+        assert raised == [None]
+        (_, graph_task_id), post_acc, cb, returned = events
+        assert cb[1] == graph_task_id and cb[2] != caller[0]  # its id; run by the runner
+        assert post_acc == ("post-acc", [3.0, 3.0]) and cb[3] == [3.0, 3.0]  # after the commit
+        assert returned == "returned" and w.grad.tolist() == [3.0, 3.0] and a.grad.tolist() == [1.0] * 4
+
+    anyio.run(main, backend=backend)
+
+
+async def test_a_callback_error_in_a_runner_completed_backward_reaches_its_caller(engine):
+    w = ag.tensor([1.0, 2.0], requires_grad=True)
+    y = w * 3.0
+    ran_in: list[object] = []
+
+    def failing() -> None:
+        ran_in.append(_current_task())
+        raise KeyError("from a final callback")
+
+    y.register_hook(lambda g: ag.autograd.queue_callback(failing))
+    caller: list[object] = []
+
+    async def small() -> None:
+        caller.append(_current_task())
+        await ag.backward(y.sum())
+
+    a, raised = await _while_long_backward_runs(small)
+    assert ran_in != caller
+    assert isinstance(raised[0], KeyError) and "from a final callback" in str(raised[0])
+    assert w.grad.tolist() == [3.0, 3.0]  # final callbacks run after the commit (as in PyTorch)
+    assert a.grad.tolist() == [1.0] * 4  # the runner's own backward is unaffected
+    stats = engine.statistics()
+    assert (stats.graph_tasks_succeeded, stats.graph_tasks_failed) == (2, 1)  # (with the warm-up)
+
+
+async def test_an_async_callback_and_those_after_it_run_in_the_callers_own_task(engine):
+    w = ag.tensor([1.0], requires_grad=True)
+    y = w * 2.0
+    order: list[tuple[str, object]] = []
+
+    async def second() -> None:
+        await anyio.sleep(0)
+        order.append(("async", _current_task()))
+
+    def queue_all(g: ag.Tensor) -> None:
+        ag.autograd.queue_callback(lambda: order.append(("first", _current_task())))
+        ag.autograd.queue_callback(second)
+        ag.autograd.queue_callback(lambda: order.append(("third", _current_task())))
+
+    y.register_hook(queue_all)
+    caller: list[object] = []
+
+    async def small() -> None:
+        caller.append(_current_task())
+        await ag.backward(y.sum())
+
+    _, raised = await _while_long_backward_runs(small)
+    assert raised == [None]
+    assert [name for name, _ in order] == ["first", "async", "third"]
+    assert order[0][1] != caller[0]  # the runner ran the first
+    assert order[1][1] == order[2][1] == caller[0]  # the driver the rest
+    assert w.grad.tolist() == [2.0]
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_cancelled_caller_whose_backward_the_runner_was_running_commits_nothing(engine, backend):
+    async def main() -> None:
+        w = ag.tensor([1.0, 2.0], requires_grad=True)
+        scope = anyio.CancelScope()
+        ran_in: list[object] = []
+
+        def cancel_the_caller(g: ag.Tensor) -> None:  # runs in the runner, while the caller waits
+            ran_in.append(_current_task())
+            scope.cancel()
+
+        y = w * 3.0
+        y.register_hook(cancel_the_caller)
+        caller: list[object] = []
+
+        async def small() -> None:
+            caller.append(_current_task())
+            with scope:
+                await ag.backward(y.sum())
+            assert scope.cancelled_caught
+
+        a, raised = await _while_long_backward_runs(small)
+        assert raised == [None] and ran_in != caller
+        assert w.grad is None  # nothing committed for the cancelled caller
+        assert a.grad.tolist() == [1.0] * 4
+        await ag.backward((w * 3.0).sum())  # saved tensors were kept: it can be run again
+        assert w.grad.tolist() == [3.0, 3.0]
+
+    anyio.run(main, backend=backend)
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_cancellation_after_the_runner_committed_arrives_at_the_callers_next_await(engine, backend):
+    async def main() -> None:
+        w = ag.tensor([1.0], requires_grad=True)
+        scope = anyio.CancelScope()
+        y = w * 3.0
+        y.register_hook(lambda g: ag.autograd.queue_callback(scope.cancel))  # after the commit
+        events: list[str] = []
+
+        async def small() -> None:
+            with scope:
+                await ag.backward(y.sum())
+                events.append("returned")
+                await anyio.sleep(0)
+                events.append("not reached")
+            events.append(f"cancelled {scope.cancelled_caught}")
+
+        _, raised = await _while_long_backward_runs(small)
+        assert raised == [None]
+        assert events == ["returned", "cancelled True"] and w.grad.tolist() == [3.0]
+
+    anyio.run(main, backend=backend)
+
+
+# --- admission (Note [Admission] in scheduler.py) ------------------------------------------------
+
+async def test_a_burst_of_callers_is_admitted_in_order_a_few_per_turn(monkeypatch):
+    """64 callers started at once while a long backward runs start their backward in the
+    order they arrived, a few per turn of the loop (one per slice of a tiny yield
+    interval), and all finish with exact sums."""
+    from asyncgrad.autograd import api
+
+    prev = ag.autograd.get_engine()
+    ag.autograd.set_engine(Engine(max_workers=2, yield_interval=1e-5))
+    try:
+        turns = [0]
+        started: list[tuple[int, int]] = []  # (caller, turn) when its backward started
+        prepare = api._prepare_backward
+        w = ag.tensor(np.zeros(3), requires_grad=True)
+        losses = [(w * float(i)).sum() for i in range(64)]
+        caller_of = {id(loss): i for i, loss in enumerate(losses)}
+
+        def recorded(tensors, *args, **kwargs):
+            started.append((caller_of.get(id(tensors), -1), turns[0]))
+            return prepare(tensors, *args, **kwargs)
+
+        monkeypatch.setattr(api, "_prepare_backward", recorded)
+        done = False
+
+        async def heartbeat() -> None:
+            while not done:
+                turns[0] += 1
+                await asyncio.sleep(0)
+
+        a, long_loss = _long_loss()
+        await ag.backward((ag.tensor([1.0], requires_grad=True) * 2.0).sum())  # (one-time set-up)
+
+        beat = asyncio.ensure_future(heartbeat())
+        long_one = asyncio.ensure_future(ag.backward(long_loss))
+        await asyncio.sleep(0)  # its driver is the runner now
+        await asyncio.gather(*(ag.backward(loss) for loss in losses))
+        await long_one
+        done = True
+        await beat
+        callers = [i for i, _ in started if i >= 0]
+        assert callers == list(range(64))  # first come, first served
+        per_turn = np.bincount([turn for i, turn in started if i >= 0])
+        assert per_turn.max() <= 4  # not all 64 first steps in one turn
+        assert w.grad.tolist() == [float(sum(range(64)))] * 3 and a.grad.tolist() == [1.0] * 4
+    finally:
+        ag.autograd.set_engine(prev)

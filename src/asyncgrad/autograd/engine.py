@@ -202,10 +202,10 @@ class Engine:
                 waiting = task.wakeup = scheduler.wakeup()
                 try:
                     await waiting.wait()
-                except anyio.get_cancelled_exc_class():
+                except anyio.get_cancelled_exc_class() as cancelled:
                     if not waiting.done:
                         raise
-                    redeliver_cancellation()  # it came after the commit
+                    redeliver_cancellation(cancelled)  # it came after the commit
                 finally:
                     task.wakeup = None
                 if waiting.done:

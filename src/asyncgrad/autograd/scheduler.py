@@ -40,10 +40,10 @@ requests) would run all their first steps (argument checks, set-up) in one turn 
 loop, unbounded by any slice. So a top-level ``backward``/``grad`` starts at once only
 while the loop has time left in the current slice or no runner is active; otherwise the
 caller waits in line (``admission``, FIFO) and the runner admits callers at the start
-of its slices, each counted like a wake-up, with at most half of the slice. A caller
-whose previous backward the runner just completed has a pass (its wake-up was counted).
-When the runner role ends with nothing queued, the first caller in line is admitted and
-becomes the runner.
+of its slices, each counted like a wake-up: one per slice, more while half of the slice
+is left. A caller whose previous backward the runner just completed has a pass (its
+wake-up was counted). When the runner role ends with nothing queued, the first caller
+in line is admitted and becomes the runner.
 
 Note [A turn after the timers]: on asyncio, ``sleep(0)`` re-queues a task behind the
 callbacks already ready, but *before* the timers that fall due meanwhile, and a task
@@ -220,17 +220,7 @@ class LoopScheduler:
 
     async def loop_turn(self) -> None:
         """Let the loop run its due timers and I/O, and the tasks they wake, before this
-        task goes on (Note [Admission]: a burst of new backward calls (a gather of 256 tasks, a wave of
-requests) would run all their first steps (argument checks, set-up) in one turn of the
-loop, unbounded by any slice. So a top-level ``backward``/``grad`` starts at once only
-while the loop has time left in the current slice or no runner is active; otherwise the
-caller waits in line (``admission``, FIFO) and the runner admits callers at the start
-of its slices, each counted like a wake-up, with at most half of the slice. A caller
-whose previous backward the runner just completed has a pass (its wake-up was counted).
-When the runner role ends with nothing queued, the first caller in line is admitted and
-becomes the runner.
-
-Note [A turn after the timers])."""
+        task goes on (Note [A turn after the timers])."""
         loop = self.loop
         if loop is None:
             await anyio.lowlevel.checkpoint()  # (trio: I/O and timers run between batches)
@@ -292,11 +282,13 @@ Note [A turn after the timers])."""
         queue = self.queue
         clock = time.perf_counter
         admission = self.admission
-        # newcomers first, with at most half of the slice (Note [Admission])
-        while admission and deadline - clock() - self.wake_cost > self.half_interval:
+        # newcomers first: one, then more while half of the slice is left (Note [Admission])
+        while admission:
             admission.popleft().set()
             self.woken += 1
             deadline -= self.wake_cost
+            if deadline - clock() - self.wake_cost <= self.half_interval:
+                break
         while queue:
             task = queue[0]
             if task.stopping or task.active_children or task.context is None:

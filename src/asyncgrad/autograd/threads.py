@@ -86,16 +86,20 @@ def _threadsafe_caller() -> Callable[[Callable[[], Any]], None]:
         return run_sync_soon
 
 
-def redeliver_cancellation() -> None:
+def redeliver_cancellation(cancelled: BaseException) -> None:
     """An asyncio task cancelled after its backward committed (Note [The runner
     completes small backward calls] in scheduler.py) returns normally and is cancelled
     again at its next await, the cancel count unchanged (``asyncio.timeout`` and task
-    groups match cancels to uncancels). Trio never delivers such a late cancellation
-    at the wait: its cancel scope raises at the caller's next checkpoint by itself."""
-    task = asyncio.current_task()
+    groups match cancels to uncancels), with the same message (anyio's cancel scopes
+    recognise their own cancellations by it). Trio's cancel scope stays cancelled and
+    raises at the caller's next checkpoint by itself."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # trio: its cancel scope stays cancelled, nothing to do
+        return
     if task is not None:
         task.uncancel()
-        task.cancel()
+        task.cancel(cancelled.args[0] if cancelled.args else None)
 
 
 async def run_in_executor(executor: Executor, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
