@@ -2,7 +2,7 @@
 
 Note [One runner per loop]: all backward calls on a loop share one queue of GraphTasks
 with nodes ready to run inline, and one *runner* drains it: whichever driver finds no
-runner takes the role (the others wait on their own event). The runner runs the queued
+runner takes the role (the others wait on their own wake-up). The runner runs the queued
 GraphTasks' nodes in turn until the current slice of the loop's time ends
 (``yield_interval`` after the loop's last turn), then lets the loop run once, and goes
 on. So the loop gets a turn at least every
