@@ -72,6 +72,7 @@ from .. import _context
 from .completion import can_complete_inline, complete_inline
 from .execute import run_inline
 from .graph_task import GraphTask
+from .policy import BLAS
 from .threads import running_graph_task
 from .wakeup import Wakeup
 
@@ -117,17 +118,20 @@ class Admission:
     """``async with admission():`` around a top-level backward call (Note [Admission]);
     a nested backward (started by a node of a running one) is never held back."""
 
-    __slots__ = ("_scheduler",)
+    __slots__ = ("_scheduler", "_counted")
     _scheduler: LoopScheduler | None
 
     async def __aenter__(self) -> None:
+        self._counted = False
         if running_graph_task() is not None:
             self._scheduler = None
             return
         self._scheduler = scheduler = loop_scheduler()
-        await scheduler.admit()
+        self._counted = await scheduler.admit()  # (then counted in flight for BLAS until the end)
 
     async def __aexit__(self, *exc: object) -> None:
+        if self._counted:
+            BLAS.backward_ended()
         if self._scheduler is not None:
             self._scheduler.pass_baton()  # (a caller admitted last that never ran keeps no one waiting)
 
@@ -193,24 +197,29 @@ class LoopScheduler:
             self.queued.discard(task)
             self.queue.remove(task)
 
-    async def admit(self) -> None:
+    async def admit(self) -> bool:
         """Note [Admission]: return at once while the loop has time, else wait in line
-        until the runner admits this caller."""
+        until the runner admits this caller. Returns whether it waited (then it counts
+        as a backward call in flight for BLAS until ``Admission`` ends it)."""
         if self.runner is None or (not self.admission and time.perf_counter() < self.slice_end):
-            return
+            return False
         if _admission_pass.get():  # the runner just completed this caller's backward
             _admission_pass.set(False)
-            return
+            return False
         waiting = self.wakeup()
         self.admission.append(waiting)
+        # a call waiting to start is in flight for BLAS (Note [BLAS threads] in policy.py)
+        BLAS.backward_started()
         try:
             await waiting.wait()
         except BaseException:
+            BLAS.backward_ended()
             if waiting in self.admission:
                 self.admission.remove(waiting)
             else:  # admitted, then cancelled: admit the next in its place
                 self.pass_baton()
             raise
+        return True
 
     def pass_baton(self) -> None:
         """Without a runner and a queue, admit the first caller in line: it will start
