@@ -114,30 +114,52 @@ def loop_scheduler() -> LoopScheduler:
     return scheduler
 
 
-class Admission:
-    """``async with admission():`` around a top-level backward call (Note [Admission]);
-    a nested backward (started by a node of a running one) is never held back."""
+class _Unheld:
+    """The admission of a caller that starts at once: nothing to do on either side."""
 
-    __slots__ = ("_scheduler", "_counted")
-    _scheduler: LoopScheduler | None
+    __slots__ = ()
 
     async def __aenter__(self) -> None:
-        self._counted = False
-        if running_graph_task() is not None:
-            self._scheduler = None
-            return
-        self._scheduler = scheduler = loop_scheduler()
-        self._counted = await scheduler.admit()  # (then counted in flight for BLAS until the end)
+        return None
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._counted:
-            BLAS.backward_ended()
-        if self._scheduler is not None:
-            self._scheduler.pass_baton()  # (a caller admitted last that never ran keeps no one waiting)
+        return None
 
 
-def admission() -> Admission:
-    return Admission()
+_UNHELD = _Unheld()
+
+
+class Admission:
+    """A caller's place in the line of a busy loop (Note [Admission]): waits on entry
+    (counted as a backward call in flight for BLAS, Note [BLAS threads] in policy.py,
+    until the exit); on exit admits the next caller if the runner role is free."""
+
+    __slots__ = ("_scheduler",)
+
+    def __init__(self, scheduler: LoopScheduler) -> None:
+        self._scheduler = scheduler
+
+    async def __aenter__(self) -> None:
+        await self._scheduler.wait_in_line()
+
+    async def __aexit__(self, *exc: object) -> None:
+        BLAS.backward_ended()
+        self._scheduler.pass_baton()  # (a caller admitted last that never ran keeps no one waiting)
+
+
+def admission() -> Admission | _Unheld:
+    """``async with admission():`` around a top-level backward call: a place in line
+    when the loop is busy, else nothing (Note [Admission]). A nested backward (started
+    by a node of a running one) is never held back."""
+    scheduler = loop_scheduler()
+    if scheduler.runner is None or (not scheduler.admission and time.perf_counter() < scheduler.slice_end):
+        return _UNHELD
+    if _admission_pass.get():  # the runner just completed this caller's backward
+        _admission_pass.set(False)
+        return _UNHELD
+    if running_graph_task() is not None:
+        return _UNHELD
+    return Admission(scheduler)
 
 
 def grant_admission_pass() -> None:
@@ -197,18 +219,11 @@ class LoopScheduler:
             self.queued.discard(task)
             self.queue.remove(task)
 
-    async def admit(self) -> bool:
-        """Note [Admission]: return at once while the loop has time, else wait in line
-        until the runner admits this caller. Returns whether it waited (then it counts
-        as a backward call in flight for BLAS until ``Admission`` ends it)."""
-        if self.runner is None or (not self.admission and time.perf_counter() < self.slice_end):
-            return False
-        if _admission_pass.get():  # the runner just completed this caller's backward
-            _admission_pass.set(False)
-            return False
+    async def wait_in_line(self) -> None:
+        """Wait until the runner admits this caller (Note [Admission]); it counts as a
+        backward call in flight for BLAS from now on (``Admission`` ends that)."""
         waiting = self.wakeup()
         self.admission.append(waiting)
-        # a call waiting to start is in flight for BLAS (Note [BLAS threads] in policy.py)
         BLAS.backward_started()
         try:
             await waiting.wait()
@@ -219,7 +234,6 @@ class LoopScheduler:
             else:  # admitted, then cancelled: admit the next in its place
                 self.pass_baton()
             raise
-        return True
 
     def pass_baton(self) -> None:
         """Without a runner and a queue, admit the first caller in line: it will start
