@@ -5,7 +5,9 @@ The walk of one ``await backward(loss)`` (docs/architecture.md has it in full):
 (``GraphTask.setup_steps``), queues it on the loop's scheduler and drains it
 (``_drain``: the loop's runner runs nodes inline with ``execute.run_inline``; nodes that
 must go elsewhere are started by this driver with ``offload.run_elsewhere``), then runs
-pre-commit functions, commits (commit.py) and runs final callbacks.
+pre-commit functions, commits (commit.py) and runs final callbacks, unless the runner
+did those for it (Note [The runner completes small backward calls] in scheduler.py). The
+synchronous driver is in sync_driver.py.
 
 Note [Reentrant backwards]: a backward started while a node of another backward runs,
 in that node's own task or thread (Note [Explicit nesting] in threads.py), is *nested*:

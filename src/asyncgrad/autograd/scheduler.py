@@ -252,20 +252,21 @@ class LoopScheduler:
         loop.call_at(loop.time(), _resolve, turn)
         await turn
 
-    def _drop(self, task: GraphTask, owner: object, threshold: float) -> None:
+    def _drop(self, task: GraphTask, owner: object, threshold: float) -> float:
         """Take ``task`` off the queue and wake its driver; when every node ran, first
         complete the backward for the waiting caller (Note [The runner completes small
-        backward calls])."""
+        backward calls]). Returns the loop time to charge for the wake-up."""
         self.queue.popleft()
         self.queued.discard(task)
         waiting = task.wakeup
-        if task is self.runner or waiting is None:
-            return
-        if (waiting.waiting and task.error is None and not task.stopping and not task.nodes_left()
+        if task is self.runner or waiting is None or not waiting.waiting:
+            return 0.0  # (this driver, or one that runs anyway)
+        if (task.error is None and not task.stopping and not task.nodes_left()
                 and task.context is not None and can_complete_inline(task, threshold)):
             task.context.run(_complete_as, owner, task, waiting)
         waiting.set()
         self.woken += 1
+        return self.wake_cost
 
     async def run(self, me: GraphTask, threshold: float, interval: float) -> None:
         """Be the runner until ``me`` needs its driver; then hand over.
@@ -276,7 +277,7 @@ class LoopScheduler:
         within a slice, still lets the loop run every ``interval``."""
         self.runner = me
         self.half_interval = interval / 2
-        owner = _context.node_owner.get()  # this driver's task (engine._enter set it)
+        owner = _context.node_owner.get()  # this driver's task (sync_driver.enter_task set it)
         clock = time.perf_counter
         try:
             while True:
@@ -315,20 +316,18 @@ class LoopScheduler:
         while queue:
             task = queue[0]
             if task.stopping or task.active_children or task.context is None:
-                self._drop(task, owner, threshold)  # its driver handles it (a nested task wakes it at its end)
-                deadline -= self.wake_cost
+                # its driver handles it (a nested task wakes it at its end)
+                deadline -= self._drop(task, owner, threshold)
                 continue
             try:
                 more = task.context.run(_run_as, owner, task, threshold, deadline)
             except Exception:  # recorded on the task by run_inline; its driver raises it
-                self._drop(task, owner, threshold)
-                deadline -= self.wake_cost
+                deadline -= self._drop(task, owner, threshold)
                 continue
             if task.to_start and task is not self.runner:
                 wake(task)
             if not more:
-                self._drop(task, owner, threshold)
-                deadline -= self.wake_cost
+                deadline -= self._drop(task, owner, threshold)
                 if clock() >= deadline:
                     return
             elif clock() >= deadline:
