@@ -133,15 +133,23 @@ async def test_a_large_commit_adds_into_existing_grads_of_every_shape(engine):
     assert scalar.grad.shape == () and scalar.grad.item() == 9.0
 
 
-async def test_256_concurrent_backward_calls_give_exact_sums(engine):
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_256_concurrent_backward_calls_give_exact_sums(engine, backend):
+    """Started at once: most wait in line for admission, and the runner completes most
+    of them for their callers (Notes [Admission], [The runner completes small backward
+    calls]); every one is committed exactly once."""
     rng = np.random.default_rng(0)
     w = ag.tensor(rng.integers(-3, 4, (16, 16)).astype(np.float64), requires_grad=True)
     xs = [ag.tensor(rng.integers(-2, 3, (4, 16)).astype(np.float64)) for _ in range(256)]
     expected = sum(np.ones((4, 16)).T @ x.numpy() for x in xs)
     losses = [linear(x, w).sum() for x in xs]
-    async with anyio.create_task_group() as tg:
-        for loss in losses:
-            tg.start_soon(ag.backward, loss)
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            for loss in losses:
+                tg.start_soon(ag.backward, loss)
+
+    anyio.run(main, backend=backend)
     np.testing.assert_array_equal(w.grad.numpy(), expected)
     assert engine.statistics().graph_tasks_succeeded == 256
 
@@ -582,5 +590,29 @@ async def test_a_burst_of_callers_is_admitted_in_order_a_few_per_turn(monkeypatc
         per_turn = np.bincount([turn for i, turn in started if i >= 0])
         assert per_turn.max() <= 4  # not all 64 first steps in one turn
         assert w.grad.tolist() == [float(sum(range(64)))] * 3 and a.grad.tolist() == [1.0] * 4
+    finally:
+        ag.autograd.set_engine(prev)
+
+
+async def test_a_caller_cancelled_while_waiting_in_line_commits_nothing_and_blocks_no_one():
+    prev = ag.autograd.get_engine()
+    ag.autograd.set_engine(Engine(max_workers=2, yield_interval=1e-5))
+    try:
+        scheduler = scheduler_module.loop_scheduler()
+        a, long_loss = _long_loss()
+        await ag.backward((ag.tensor([1.0], requires_grad=True) * 2.0).sum())  # (one-time set-up)
+        w = ag.tensor(np.zeros(2), requires_grad=True)
+        long_one = asyncio.ensure_future(ag.backward(long_loss))
+        await asyncio.sleep(0)  # its driver is the runner now
+        callers = [asyncio.ensure_future(ag.backward((w * float(2 ** i)).sum())) for i in range(8)]
+        await asyncio.sleep(0)
+        assert len(scheduler.admission) >= 4  # (premise: they wait in line)
+        callers[3].cancel()
+        results = await asyncio.gather(*callers, return_exceptions=True)
+        await long_one
+        assert isinstance(results[3], asyncio.CancelledError)
+        assert [r for i, r in enumerate(results) if i != 3] == [None] * 7
+        assert w.grad.tolist() == [float(255 - 8)] * 2 and a.grad.tolist() == [1.0] * 4
+        assert not scheduler.admission and scheduler.runner is None
     finally:
         ag.autograd.set_engine(prev)
