@@ -98,7 +98,8 @@ def redeliver_cancellation(cancelled: BaseException) -> None:
     except RuntimeError:  # trio: its cancel scope stays cancelled, nothing to do
         return
     if task is not None:
-        task.uncancel()
+        if hasattr(task, "uncancel"):  # (Python 3.11+: cancels are counted)
+            task.uncancel()
         task.cancel(cancelled.args[0] if cancelled.args else None)
 
 
