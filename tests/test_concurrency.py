@@ -608,3 +608,35 @@ async def test_async_backward_awaiting_a_nested_backward(offload_all):
     x = ag.tensor([1.0], requires_grad=True)
     await ag.backward(_AsyncReenter.apply(x).sum())
     assert x.grad.item() == 2.0 + 6.0
+
+
+async def test_a_gradient_from_an_executor_that_keeps_its_futures_is_still_taken_over(monkeypatch):
+    """The executor's future (and a worker thread's frame, until it next runs) may be
+    kept after the loop read the result: the result comes back in a list emptied on
+    the loop, so the commit still owns the gradient and takes it over without a copy."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from asyncgrad.autograd import commit
+    from asyncgrad.functional import linear
+
+    class Keeping(ThreadPoolExecutor):
+        kept: list = []
+
+        def submit(self, *args, **kwargs):
+            future = super().submit(*args, **kwargs)
+            self.kept.append(future)
+            return future
+
+    prev = ag.autograd.get_engine()
+    with Keeping(max_workers=2) as executor:
+        ag.autograd.set_engine(Engine(executor=executor, inline_threshold=0))
+        try:
+            stolen: list[bool] = []
+            real_owned = commit._owned
+            monkeypatch.setattr(commit, "_owned", lambda a, refs: stolen.append(real_owned(a, refs + 1)) or stolen[-1])
+            w = ag.tensor(np.ones((3, 4)), requires_grad=True)
+            await ag.backward(linear(ag.tensor(np.ones((5, 4))), w).sum())
+            assert len(Keeping.kept) >= 2  # the kernel and the commit's sums ran on it
+            assert stolen == [True] and w.grad.tolist() == [[5.0] * 4] * 3
+        finally:
+            ag.autograd.set_engine(prev)

@@ -133,38 +133,59 @@ async def test_a_large_commit_adds_into_existing_grads_of_every_shape(engine):
     assert scalar.grad.shape == () and scalar.grad.item() == 9.0
 
 
-async def test_256_concurrent_backward_calls_give_exact_sums(engine):
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_256_concurrent_backward_calls_give_exact_sums(engine, backend):
+    """Started at once: most wait in line for admission, and the runner completes most
+    of them for their callers (Notes [Admission], [The runner completes small backward
+    calls]); every one is committed exactly once."""
     rng = np.random.default_rng(0)
     w = ag.tensor(rng.integers(-3, 4, (16, 16)).astype(np.float64), requires_grad=True)
     xs = [ag.tensor(rng.integers(-2, 3, (4, 16)).astype(np.float64)) for _ in range(256)]
     expected = sum(np.ones((4, 16)).T @ x.numpy() for x in xs)
     losses = [linear(x, w).sum() for x in xs]
-    async with anyio.create_task_group() as tg:
-        for loss in losses:
-            tg.start_soon(ag.backward, loss)
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            for loss in losses:
+                tg.start_soon(ag.backward, loss)
+
+    anyio.run(main, backend=backend)
     np.testing.assert_array_equal(w.grad.numpy(), expected)
     assert engine.statistics().graph_tasks_succeeded == 256
 
 
-async def test_the_loop_gets_a_turn_between_two_slices_of_engine_work(engine, monkeypatch):
-    """Note [One runner per loop]: with 64 backward calls in flight, engine work runs in
-    slices, and a task doing ``sleep(0)`` gets a turn between any two of them (so the
-    loop waits at most one ``yield_interval`` whatever the number of calls)."""
-    slices: list[int] = []
+async def _yield_by_timer() -> None:
+    """Yield until a timer that is already due fires (a task woken by a timer, as
+    ``asyncio.sleep(t)`` is, without depending on durations)."""
+    loop = asyncio.get_running_loop()
+    fut = loop.create_future()
+    loop.call_at(loop.time() - 1.0, fut.set_result, None)
+    await fut
+
+
+@pytest.mark.parametrize("heartbeat_yield", ["sleep(0)", "timer"])
+async def test_the_loop_gets_a_turn_between_two_slices_of_engine_work(engine, monkeypatch, heartbeat_yield):
+    """Note [One runner per loop], Note [A turn after the timers]: with 64 backward calls
+    in flight, engine work runs in slices of the loop's time, and a task gets a turn
+    between any two of them, whether it yields with ``sleep(0)`` or waits on a timer
+    (so the loop waits at most about one ``yield_interval`` whatever the number of
+    calls). Several hand-overs of the runner role may share one slice (its end)."""
+    slices: list[tuple[int, float]] = []
     original = scheduler_module.LoopScheduler._run_slice
 
-    def counted(self, *args):
-        slices.append(turns[0])
-        return original(self, *args)
+    def counted(self, owner, threshold, deadline):
+        slices.append((turns[0], self.slice_end))
+        return original(self, owner, threshold, deadline)
 
     monkeypatch.setattr(scheduler_module.LoopScheduler, "_run_slice", counted)
     turns = [0]
     done = False
+    pause = (lambda: asyncio.sleep(0)) if heartbeat_yield == "sleep(0)" else _yield_by_timer
 
     async def heartbeat() -> None:
         while not done:
             turns[0] += 1
-            await asyncio.sleep(0)
+            await pause()
 
     rng = np.random.default_rng(1)
     w = ag.tensor(rng.standard_normal((8, 8)), requires_grad=True)
@@ -178,9 +199,12 @@ async def test_the_loop_gets_a_turn_between_two_slices_of_engine_work(engine, mo
     await asyncio.gather(*(ag.backward(loss) for loss in losses))
     done = True
     await beat
-    per_turn = np.bincount(slices)
+    slices_per_turn: dict[int, set[float]] = {}
+    for turn, slice_end in slices:
+        slices_per_turn.setdefault(turn, set()).add(slice_end)
     # (2,560 nodes take several slices on any machine; how many depends on its speed)
-    assert len(slices) > 4 and per_turn.max() <= 2
+    assert len(set(end for _, end in slices)) > 4
+    assert max(len(ends) for ends in slices_per_turn.values()) == 1
 
 
 class Gate(ag.autograd.Function):
@@ -333,3 +357,262 @@ async def test_blas_is_single_threaded_while_several_backward_calls_run(engine):
         Gate.gate.set()
     assert seen == [1]
     assert blas_threads() == alone
+
+
+# --- the runner completes small backward calls for waiting callers ----------------------------
+# Note [The runner completes small backward calls] (scheduler.py). A long backward started
+# first makes its driver the loop's runner for many slices; a small backward started next
+# is run *and completed* by that runner while its own caller waits. Each test checks that
+# premise (the completion ran in a task other than the small backward's caller).
+
+def _long_loss() -> tuple[ag.Tensor, ag.Tensor]:
+    a = ag.tensor(np.ones(4), requires_grad=True)
+    h = a
+    for _ in range(3000):  # thousands of inline nodes: many slices of the loop's time
+        h = h * 1.0
+    return a, h.sum()
+
+
+def _current_task() -> object:
+    return anyio.get_current_task().id
+
+
+async def _while_long_backward_runs(small: object) -> tuple[ag.Tensor, list[BaseException | None]]:
+    """Start the long backward, then ``small()`` (an async function) once the long one's
+    driver is the runner; returns the long one's leaf and what ``small`` raised."""
+    a, long_loss = _long_loss()
+    raised: list[BaseException | None] = []
+    await ag.backward((ag.tensor([1.0], requires_grad=True) * 2.0).sum())  # (the engine's one-time set-up)
+
+    async def run_small() -> None:
+        for _ in range(1000):  # until the long backward's driver is the loop's runner
+            if scheduler_module.loop_scheduler().runner is not None:
+                break
+            await anyio.sleep(0)
+        try:
+            await small()
+            raised.append(None)
+        except BaseException as e:  # noqa: BLE001  (the test inspects it)
+            raised.append(e)
+            if isinstance(e, anyio.get_cancelled_exc_class()):
+                raise
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ag.backward, long_loss)
+        tg.start_soon(run_small)
+    return a, raised
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_runner_completes_a_waiting_callers_backward_with_hooks_callbacks_and_id(engine, backend):
+    async def main() -> None:
+        events: list[object] = []
+        w = ag.tensor([1.0, 2.0], requires_grad=True)
+        w.register_post_accumulate_grad_hook(lambda p: events.append(("post-acc", p.grad.tolist())))
+        y = w * 3.0
+
+        def callback() -> None:
+            events.append(("callback", ag.autograd.current_graph_task_id(), _current_task(), w.grad.tolist()))
+
+        def hook(g: ag.Tensor) -> None:
+            events.append(("hook", ag.autograd.current_graph_task_id()))
+            ag.autograd.queue_callback(callback)
+
+        y.register_hook(hook)
+        caller: list[object] = []
+
+        async def small() -> None:
+            caller.append(_current_task())
+            await ag.backward(y.sum())
+            events.append("returned")
+
+        a, raised = await _while_long_backward_runs(small)
+        assert raised == [None]
+        (_, graph_task_id), post_acc, cb, returned = events
+        assert cb[1] == graph_task_id and cb[2] != caller[0]  # its id; run by the runner
+        assert post_acc == ("post-acc", [3.0, 3.0]) and cb[3] == [3.0, 3.0]  # after the commit
+        assert returned == "returned" and w.grad.tolist() == [3.0, 3.0] and a.grad.tolist() == [1.0] * 4
+
+    anyio.run(main, backend=backend)
+
+
+async def test_a_callback_error_in_a_runner_completed_backward_reaches_its_caller(engine):
+    w = ag.tensor([1.0, 2.0], requires_grad=True)
+    y = w * 3.0
+    ran_in: list[object] = []
+
+    def failing() -> None:
+        ran_in.append(_current_task())
+        raise KeyError("from a final callback")
+
+    y.register_hook(lambda g: ag.autograd.queue_callback(failing))
+    caller: list[object] = []
+
+    async def small() -> None:
+        caller.append(_current_task())
+        await ag.backward(y.sum())
+
+    a, raised = await _while_long_backward_runs(small)
+    assert ran_in != caller
+    assert isinstance(raised[0], KeyError) and "from a final callback" in str(raised[0])
+    assert w.grad.tolist() == [3.0, 3.0]  # final callbacks run after the commit (as in PyTorch)
+    assert a.grad.tolist() == [1.0] * 4  # the runner's own backward is unaffected
+    stats = engine.statistics()
+    assert (stats.graph_tasks_succeeded, stats.graph_tasks_failed) == (2, 1)  # (with the warm-up)
+
+
+async def test_an_async_callback_and_those_after_it_run_in_the_callers_own_task(engine):
+    w = ag.tensor([1.0], requires_grad=True)
+    y = w * 2.0
+    order: list[tuple[str, object]] = []
+
+    async def second() -> None:
+        await anyio.sleep(0)
+        order.append(("async", _current_task()))
+
+    def queue_all(g: ag.Tensor) -> None:
+        ag.autograd.queue_callback(lambda: order.append(("first", _current_task())))
+        ag.autograd.queue_callback(second)
+        ag.autograd.queue_callback(lambda: order.append(("third", _current_task())))
+
+    y.register_hook(queue_all)
+    caller: list[object] = []
+
+    async def small() -> None:
+        caller.append(_current_task())
+        await ag.backward(y.sum())
+
+    _, raised = await _while_long_backward_runs(small)
+    assert raised == [None]
+    assert [name for name, _ in order] == ["first", "async", "third"]
+    assert order[0][1] != caller[0]  # the runner ran the first
+    assert order[1][1] == order[2][1] == caller[0]  # the driver the rest
+    assert w.grad.tolist() == [2.0]
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_cancelled_caller_whose_backward_the_runner_was_running_commits_nothing(engine, backend):
+    async def main() -> None:
+        w = ag.tensor([1.0, 2.0], requires_grad=True)
+        scope = anyio.CancelScope()
+        ran_in: list[object] = []
+
+        def cancel_the_caller(g: ag.Tensor) -> None:  # runs in the runner, while the caller waits
+            ran_in.append(_current_task())
+            scope.cancel()
+
+        y = w * 3.0
+        y.register_hook(cancel_the_caller)
+        caller: list[object] = []
+
+        async def small() -> None:
+            caller.append(_current_task())
+            with scope:
+                await ag.backward(y.sum())
+            assert scope.cancelled_caught
+
+        a, raised = await _while_long_backward_runs(small)
+        assert raised == [None] and ran_in != caller
+        assert w.grad is None  # nothing committed for the cancelled caller
+        assert a.grad.tolist() == [1.0] * 4
+        await ag.backward((w * 3.0).sum())  # saved tensors were kept: it can be run again
+        assert w.grad.tolist() == [3.0, 3.0]
+
+    anyio.run(main, backend=backend)
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_cancellation_after_the_runner_committed_arrives_at_the_callers_next_await(engine, backend):
+    async def main() -> None:
+        w = ag.tensor([1.0], requires_grad=True)
+        scope = anyio.CancelScope()
+        y = w * 3.0
+        y.register_hook(lambda g: ag.autograd.queue_callback(scope.cancel))  # after the commit
+        events: list[str] = []
+
+        async def small() -> None:
+            with scope:
+                await ag.backward(y.sum())
+                events.append("returned")
+                await anyio.sleep(0)
+                events.append("not reached")
+            events.append(f"cancelled {scope.cancelled_caught}")
+
+        _, raised = await _while_long_backward_runs(small)
+        assert raised == [None]
+        assert events == ["returned", "cancelled True"] and w.grad.tolist() == [3.0]
+
+    anyio.run(main, backend=backend)
+
+
+# --- admission (Note [Admission] in scheduler.py) ------------------------------------------------
+
+async def test_a_burst_of_callers_is_admitted_in_order_a_few_per_turn(monkeypatch):
+    """64 callers started at once while a long backward runs start their backward in the
+    order they arrived, a few per turn of the loop (one per slice of a tiny yield
+    interval), and all finish with exact sums."""
+    from asyncgrad.autograd import api
+
+    prev = ag.autograd.get_engine()
+    ag.autograd.set_engine(Engine(max_workers=2, yield_interval=1e-5))
+    try:
+        turns = [0]
+        started: list[tuple[int, int]] = []  # (caller, turn) when its backward started
+        prepare = api._prepare_backward
+        w = ag.tensor(np.zeros(3), requires_grad=True)
+        losses = [(w * float(i)).sum() for i in range(64)]
+        caller_of = {id(loss): i for i, loss in enumerate(losses)}
+
+        def recorded(tensors, *args, **kwargs):
+            started.append((caller_of.get(id(tensors), -1), turns[0]))
+            return prepare(tensors, *args, **kwargs)
+
+        monkeypatch.setattr(api, "_prepare_backward", recorded)
+        done = False
+
+        async def heartbeat() -> None:
+            while not done:
+                turns[0] += 1
+                await asyncio.sleep(0)
+
+        a, long_loss = _long_loss()
+        await ag.backward((ag.tensor([1.0], requires_grad=True) * 2.0).sum())  # (one-time set-up)
+
+        beat = asyncio.ensure_future(heartbeat())
+        long_one = asyncio.ensure_future(ag.backward(long_loss))
+        await asyncio.sleep(0)  # its driver is the runner now
+        await asyncio.gather(*(ag.backward(loss) for loss in losses))
+        await long_one
+        done = True
+        await beat
+        callers = [i for i, _ in started if i >= 0]
+        assert callers == list(range(64))  # first come, first served
+        per_turn = np.bincount([turn for i, turn in started if i >= 0])
+        assert per_turn.max() <= 4  # not all 64 first steps in one turn
+        assert w.grad.tolist() == [float(sum(range(64)))] * 3 and a.grad.tolist() == [1.0] * 4
+    finally:
+        ag.autograd.set_engine(prev)
+
+
+async def test_a_caller_cancelled_while_waiting_in_line_commits_nothing_and_blocks_no_one():
+    prev = ag.autograd.get_engine()
+    ag.autograd.set_engine(Engine(max_workers=2, yield_interval=1e-5))
+    try:
+        scheduler = scheduler_module.loop_scheduler()
+        a, long_loss = _long_loss()
+        await ag.backward((ag.tensor([1.0], requires_grad=True) * 2.0).sum())  # (one-time set-up)
+        w = ag.tensor(np.zeros(2), requires_grad=True)
+        long_one = asyncio.ensure_future(ag.backward(long_loss))
+        await asyncio.sleep(0)  # its driver is the runner now
+        callers = [asyncio.ensure_future(ag.backward((w * float(2 ** i)).sum())) for i in range(8)]
+        await asyncio.sleep(0)
+        assert len(scheduler.admission) >= 4  # (premise: they wait in line)
+        callers[3].cancel()
+        results = await asyncio.gather(*callers, return_exceptions=True)
+        await long_one
+        assert isinstance(results[3], asyncio.CancelledError)
+        assert [r for i, r in enumerate(results) if i != 3] == [None] * 7
+        assert w.grad.tolist() == [float(255 - 8)] * 2 and a.grad.tolist() == [1.0] * 4
+        assert not scheduler.admission and scheduler.runner is None
+    finally:
+        ag.autograd.set_engine(prev)

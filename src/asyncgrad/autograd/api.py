@@ -22,6 +22,7 @@ from ..tensor import Tensor
 from .engine import get_engine
 from .graph import Edge
 from .graph_task import GraphTask
+from .scheduler import admission
 from .threads import in_event_loop_thread, running_graph_task
 
 _CREATE_GRAPH_WARNING = (
@@ -204,8 +205,9 @@ async def backward(tensors: Any, grad_tensors: Any = None, *, retain_graph: bool
                    create_graph: bool = False, inputs: Any = None) -> None:
     """Accumulate the gradients of ``tensors`` into ``.grad`` of the leaves (and of
     tensors that ``retain_grad()``), committing only if the whole backward succeeds."""
-    task = _prepare_backward(tensors, grad_tensors, retain_graph, create_graph, inputs)
-    await _execute(task)
+    async with admission():  # (Note [Admission] in scheduler.py)
+        task = _prepare_backward(tensors, grad_tensors, retain_graph, create_graph, inputs)
+        await _execute(task)
 
 
 async def grad(outputs: Any, inputs: Any, grad_outputs: Any = None, *,
@@ -213,9 +215,10 @@ async def grad(outputs: Any, inputs: Any, grad_outputs: Any = None, *,
                allow_unused: bool | None = None, materialize_grads: bool = False
                ) -> tuple[Tensor | None, ...]:
     """The gradients of ``outputs`` with respect to ``inputs``; no ``.grad`` is touched."""
-    task, ins, allow = _prepare_grad(outputs, inputs, grad_outputs, retain_graph, create_graph,
-                                     allow_unused, materialize_grads)
-    await _execute(task)
+    async with admission():  # (Note [Admission] in scheduler.py)
+        task, ins, allow = _prepare_grad(outputs, inputs, grad_outputs, retain_graph, create_graph,
+                                         allow_unused, materialize_grads)
+        await _execute(task)
     return _grad_results(task, ins, allow, materialize_grads, create_graph)
 
 

@@ -5,7 +5,9 @@ The walk of one ``await backward(loss)`` (docs/architecture.md has it in full):
 (``GraphTask.setup_steps``), queues it on the loop's scheduler and drains it
 (``_drain``: the loop's runner runs nodes inline with ``execute.run_inline``; nodes that
 must go elsewhere are started by this driver with ``offload.run_elsewhere``), then runs
-pre-commit functions, commits (commit.py) and runs final callbacks.
+pre-commit functions, commits (commit.py) and runs final callbacks, unless the runner
+did those for it (Note [The runner completes small backward calls] in scheduler.py). The
+synchronous driver is in sync_driver.py.
 
 Note [Reentrant backwards]: a backward started while a node of another backward runs,
 in that node's own task or thread (Note [Explicit nesting] in threads.py), is *nested*:
@@ -25,7 +27,6 @@ saved tensor is freed, so the same backward can be run again.
 
 from __future__ import annotations
 
-import contextvars
 import os
 import threading
 import time
@@ -37,19 +38,20 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 
-from .. import _context
 from . import commit
+from .completion import check_complete
 from .errors import EngineInternalError
-from .execute import async_kernel_for, finish, run_inline
 from .graph_task import GraphTask
 from .offload import run_elsewhere
 from .policy import BLAS, Policy
-from .scheduler import loop_scheduler, wake
+from .scheduler import LoopScheduler, grant_admission_pass, loop_scheduler, wake
 from .statistics import EngineStatistics
+from .sync_driver import drain_sync, enter_task, execute_sync_here, exit_task
 from .threads import (
-    as_owner, await_blocking, block_on, current_owner, is_awaitable, run_in_executor, run_on_fresh_thread,
+    as_owner, is_awaitable, redeliver_cancellation, run_in_executor, run_on_fresh_thread,
     running_graph_task,
 )
+from .wakeup import Wakeup
 from .threads import in_event_loop_thread, run_on_fresh_thread as _run_on_fresh_thread  # noqa: F401  (gradcheck.py)
 from .workers import WorkerPool, shared_pool
 
@@ -57,7 +59,6 @@ REENTRANT_HANDOFF_DEPTH = 40
 DEFAULT_INLINE_THRESHOLD = 131_072
 YIELD_INTERVAL = 0.0005
 WORKER_NICE = 10
-_INF = float("inf")
 
 
 class Engine:
@@ -115,15 +116,18 @@ class Engine:
         self.policy.start_setup(self._warm)
         parent = self._begin(task)
         outcome = "cancelled"
-        tokens = _enter(task)
+        tokens = enter_task(task)
         try:
             await self._run_steps(task.setup_steps())
-            await self._drain(task)
-            _check_complete(task)
-            if task.pre_commits:
-                await self._run_pre_commits(task)
-            await self._commit(task)
-            await self._run_callbacks(task)
+            completed = await self._drain(task)
+            if completed is not None:  # by the loop's runner, for this driver
+                await self._after_runner_completed(task, completed)
+            else:
+                check_complete(task)
+                if task.pre_commits:
+                    await self._run_pre_commits(task)
+                await self._commit(task)
+                await self._run_callbacks(task)
             outcome = "succeeded"
         except anyio.get_cancelled_exc_class():
             raise
@@ -131,7 +135,7 @@ class Engine:
             outcome = "failed"
             raise
         finally:
-            _exit(tokens)
+            exit_task(tokens)
             self._end(task, parent, outcome)
 
     def execute_sync(self, task: GraphTask) -> None:
@@ -139,63 +143,39 @@ class Engine:
         parent = running_graph_task()
         if parent is not None and (parent.depth + 1) % REENTRANT_HANDOFF_DEPTH == 0:
             # the fresh thread runs this nested backward as the node's owner
-            run_on_fresh_thread(as_owner, self._execute_sync_here, task)
+            run_on_fresh_thread(as_owner, execute_sync_here, self, task)
         else:
-            self._execute_sync_here(task)
+            execute_sync_here(self, task)
 
     # --- drivers --------------------------------------------------------------------------
-    def _execute_sync_here(self, task: GraphTask) -> None:
-        self.policy.start_setup(self._warm)
-        parent = self._begin(task)
-        outcome = "failed"
-        tokens = _enter(task)
-        try:
-            for _ in task.setup_steps():
-                pass
-            self._drain_sync(task)
-            _check_complete(task)
-            if task.pre_commits:
-                _call_each(task.pre_commits, await_blocking, commit.pre_commit_view(task))
-                commit.end_pre_commit(task)
-            commit.commit_inline(task)
-            self._after_commit_sync(task)
-            _call_each(task.callbacks, await_blocking)
-            outcome = "succeeded"
-        finally:
-            _exit(tokens)
-            self._end(task, parent, outcome)
-
     def _drain_sync(self, task: GraphTask) -> None:
-        """Every node inline on this thread; an ``async def`` backward is run to its end
-        here (threads.block_on)."""
-        while run_inline(task, _INF, _INF) or task.to_start:
-            while task.to_start:
-                node, inputs = task.to_start.popleft()
-                try:
-                    outputs = block_on(async_kernel_for(task), node, inputs, task.math)
-                    task.nodes_inline += 1
-                    finish(task, node, inputs, outputs)
-                except BaseException as e:
-                    task.fail(e, node)
-                    raise
+        """Every node inline on this thread (sync_driver.py; the reference engine
+        replaces it)."""
+        drain_sync(task)
 
-    async def _drain(self, task: GraphTask) -> None:
+    async def _drain(self, task: GraphTask) -> Wakeup | None:
         """Until every node ran. Small graphs run inline only; the task group for
-        nodes that go elsewhere is opened when the first such node appears."""
+        nodes that go elsewhere is opened when the first such node appears. Returns the
+        driver's wake-up when the loop's runner completed the backward for it."""
         scheduler = loop_scheduler()
-        if await self._serve(task, scheduler, None):
-            return
+        served = await self._serve(task, scheduler, None)
+        if served is not False:
+            return None if served is True else served
         async with anyio.create_task_group() as tg:
             try:
-                await self._serve(task, scheduler, tg)
+                served = await self._serve(task, scheduler, tg)
             except BaseException:
                 task.stopping = True  # cancelled: chains on worker threads stop early
                 raise
+        return None if type(served) is bool else served
 
-    async def _serve(self, task: GraphTask, scheduler: Any, tg: anyio.abc.TaskGroup | None) -> bool:
+    async def _serve(self, task: GraphTask, scheduler: LoopScheduler,
+                     tg: anyio.abc.TaskGroup | None) -> bool | Wakeup:
         """Drive ``task``: start its nodes that go elsewhere (in ``tg``), be the loop's
         runner when there is none, else wait to be woken. Returns True when every node
-        ran (or it failed), False when a node must start and there is no ``tg``."""
+        ran (or it failed), False when a node must start and there is no ``tg``, the
+        wake-up when the runner completed the backward (Note [The runner completes small
+        backward calls] in scheduler.py)."""
         try:
             while True:
                 if task.error is not None:
@@ -221,11 +201,18 @@ class Engine:
                     # cancellation that did it reaches this driver at its next wait
                     await anyio.lowlevel.checkpoint()
                     raise EngineInternalError(f"graph task {task.id} stopped without an error or a cancellation")
-                task.wakeup = anyio.Event()
+                waiting = task.wakeup = scheduler.wakeup()
                 try:
-                    await task.wakeup.wait()
+                    await waiting.wait()
+                except anyio.get_cancelled_exc_class() as cancelled:
+                    if not waiting.done:
+                        raise
+                    redeliver_cancellation(cancelled)  # it came after the commit
                 finally:
                     task.wakeup = None
+                if waiting.done:
+                    grant_admission_pass()
+                    return waiting
         except BaseException:
             scheduler.discard(task)
             raise
@@ -292,14 +279,6 @@ class Engine:
                 with anyio.CancelScope(shield=True):  # bookkeeping after the commit: finish it
                     await self._run_steps(commit.release_steps(task))
 
-    @staticmethod
-    def _after_commit_sync(task: GraphTask) -> None:
-        try:
-            commit.after_commit(task)
-        finally:
-            for _ in commit.release_steps(task):
-                pass
-
     async def _run_steps(self, steps: Iterator[None]) -> None:
         """Exhaust a step generator, yielding to the loop every yield_interval."""
         interval = self.yield_interval
@@ -310,13 +289,22 @@ class Engine:
                 deadline = time.perf_counter() + interval
 
     @staticmethod
-    async def _run_callbacks(task: GraphTask) -> None:
-        i = 0
+    async def _run_callbacks(task: GraphTask, start: int = 0) -> None:
+        i = start
         while i < len(task.callbacks):  # a callback may queue more
             result = task.callbacks[i]()
             if is_awaitable(result):
                 await result
             i += 1
+
+    async def _after_runner_completed(self, task: GraphTask, completed: Wakeup) -> None:
+        """The runner committed: raise what its completion raised, or run the final
+        callbacks it left to this driver (from an async one on)."""
+        if completed.error is not None:
+            raise completed.error
+        if completed.pending is not None:
+            await completed.pending
+            await self._run_callbacks(task, completed.callbacks_from)
 
     @staticmethod
     async def _run_pre_commits(task: GraphTask) -> None:
@@ -362,39 +350,6 @@ class Engine:
                 self._failed += 1
             else:
                 self._cancelled += 1
-
-
-def _check_complete(task: GraphTask) -> None:
-    """After the drain: raise the task's error, or check that every node ran."""
-    if task.error is not None:
-        raise task.error
-    if task.dependencies:
-        raise EngineInternalError(f"graph task {task.id} ended with {len(task.dependencies)} "
-                                  "nodes that never became ready")
-
-
-def _call_each(fns: list[Callable[..., Any]], finish_one: Callable[[Any], None], *args: Any) -> None:
-    """Call ``fns`` in order, including any appended while iterating (a callback may
-    queue more), passing each result to ``finish_one``."""
-    i = 0
-    while i < len(fns):
-        finish_one(fns[i](*args))
-        i += 1
-
-
-def _enter(task: GraphTask) -> tuple[Any, Any, Any]:
-    """Make ``task`` the context's running backward, owned by this task or thread (its
-    callbacks run here), and capture the context its nodes run in."""
-    tokens = (_context.current_graph_task.set(task), _context.grad_enabled.set(task.create_graph),
-              _context.node_owner.set(current_owner()))
-    task.context = contextvars.copy_context()
-    return tokens
-
-
-def _exit(tokens: tuple[Any, Any, Any]) -> None:
-    _context.node_owner.reset(tokens[2])
-    _context.grad_enabled.reset(tokens[1])
-    _context.current_graph_task.reset(tokens[0])
 
 
 _default_engine: Engine | None = None

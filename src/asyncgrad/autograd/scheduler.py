@@ -2,7 +2,7 @@
 
 Note [One runner per loop]: all backward calls on a loop share one queue of GraphTasks
 with nodes ready to run inline, and one *runner* drains it: whichever driver finds no
-runner takes the role (the others wait on their own event). The runner runs the queued
+runner takes the role (the others wait on their own wake-up). The runner runs the queued
 GraphTasks' nodes in turn until the current slice of the loop's time ends
 (``yield_interval`` after the loop's last turn), then lets the loop run once, and goes
 on. So the loop gets a turn at least every
@@ -14,12 +14,52 @@ as their owner (Note [Explicit nesting] in threads.py). When its own GraphTask n
 driver (nothing left to run inline, a node to start elsewhere, an error) the runner
 hands the role to the next queued GraphTask's driver.
 
+Note [The runner completes small backward calls]: when the runner finds that every node
+of another GraphTask ran, and its driver is waiting, it also completes that backward
+right there, inside its slice: the commit (when it is small enough to add up inline and
+no pre-commit function is queued), post-accumulate-grad hooks, freeing the saved
+tensors, and the final callbacks, each in that GraphTask's own context; then it wakes
+the driver once, to return. So a small backward call costs its caller two steps (start,
+return), not a wake-up per hand-over, and the loop time of the completion is counted in
+the runner's slice. An async final callback is handed to the driver, with the ones
+after it. The runner commits only for a caller not yet cancelled (Note [Per-driver
+wake-ups] in wakeup.py); a cancellation that arrives after the commit is delivered at the
+caller's next await instead, as when a backward has returned. Errors raised by the
+completion are raised by the driver, as if it had completed the backward itself.
+
+Note [Wake-ups cost the loop]: every driver the runner wakes runs on the loop in the next
+turn (its return, the caller's code, its next call), before the loop's timers. Without
+counting that, a slice that finished hundreds of small calls made the next turn hundreds
+of times longer than a slice. So each wake-up moves the end of the runner's slice
+earlier by ``wake_cost``, a running estimate of the loop time spent per driver woken
+(measured at each turn the runner gives the loop: the time until it runs again, per
+driver it woke). Slice and wake-ups together then fit in about one ``yield_interval``.
+
+Note [Admission]: a burst of new backward calls (a gather of 256 tasks, a wave of
+requests) would run all their first steps (argument checks, set-up) in one turn of the
+loop, unbounded by any slice. So a top-level ``backward``/``grad`` starts at once only
+while the loop has time left in the current slice or no runner is active; otherwise the
+caller waits in line (``admission``, FIFO) and the runner admits callers at the start
+of its slices, each counted like a wake-up: one per slice, more while half of the slice
+is left. A caller whose previous backward the runner just completed has a pass (its
+wake-up was counted). When the runner role ends with nothing queued, the first caller
+in line is admitted and becomes the runner.
+
+Note [A turn after the timers]: on asyncio, ``sleep(0)`` re-queues a task behind the
+callbacks already ready, but *before* the timers that fall due meanwhile, and a task
+woken by a timer (``asyncio.sleep(t)``) runs one iteration later still. So a runner
+yielding with ``sleep(0)`` ran two more slices before a sleeping task got the loop. The
+runner instead resumes from a timer due now: the loop runs the timers due before it,
+then the tasks they woke, then the runner. Trio runs I/O and timers between its batches
+of tasks, so a plain checkpoint is its turn.
+
 Everything here runs on the loop's thread: no locks.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import sys
 import threading
 import time
@@ -29,8 +69,19 @@ import anyio
 import anyio.lowlevel
 
 from .. import _context
+from .completion import can_complete_inline, complete_inline
 from .execute import run_inline
 from .graph_task import GraphTask
+from .policy import BLAS
+from .threads import running_graph_task
+from .wakeup import Wakeup
+
+WAKE_COST = 20e-6  # the first estimate of one woken driver's loop time (seconds)
+WAKE_COST_WEIGHT = 0.25  # the weight of each new measurement in the running estimate
+
+# Set when the runner completed the caller's backward: its next backward needs no
+# admission (the wake-up that returned it was counted already; Note [Admission]).
+_admission_pass: contextvars.ContextVar[bool] = contextvars.ContextVar("asyncgrad_admission_pass", default=False)
 
 _scheduler: anyio.lowlevel.RunVar[LoopScheduler] = anyio.lowlevel.RunVar("asyncgrad_loop_scheduler")
 _last = threading.local()  # (loop, its scheduler): a thread runs one loop at a time
@@ -57,10 +108,63 @@ def loop_scheduler() -> LoopScheduler:
     try:
         scheduler = _scheduler.get()
     except LookupError:
-        scheduler = LoopScheduler()
+        scheduler = LoopScheduler(loop if isinstance(loop, asyncio.AbstractEventLoop) else None)
         _scheduler.set(scheduler)
     _last.pair = (loop, scheduler)
     return scheduler
+
+
+class _Unheld:
+    """The admission of a caller that starts at once: nothing to do on either side."""
+
+    __slots__ = ()
+
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+
+_UNHELD = _Unheld()
+
+
+class Admission:
+    """A caller's place in the line of a busy loop (Note [Admission]): waits on entry
+    (counted as a backward call in flight for BLAS, Note [BLAS threads] in policy.py,
+    until the exit); on exit admits the next caller if the runner role is free."""
+
+    __slots__ = ("_scheduler",)
+
+    def __init__(self, scheduler: LoopScheduler) -> None:
+        self._scheduler = scheduler
+
+    async def __aenter__(self) -> None:
+        await self._scheduler.wait_in_line()
+
+    async def __aexit__(self, *exc: object) -> None:
+        BLAS.backward_ended()
+        self._scheduler.pass_baton()  # (a caller admitted last that never ran keeps no one waiting)
+
+
+def admission() -> Admission | _Unheld:
+    """``async with admission():`` around a top-level backward call: a place in line
+    when the loop is busy, else nothing (Note [Admission]). A nested backward (started
+    by a node of a running one) is never held back."""
+    scheduler = loop_scheduler()
+    if scheduler.runner is None or (not scheduler.admission and time.perf_counter() < scheduler.slice_end):
+        return _UNHELD
+    if _admission_pass.get():  # the runner just completed this caller's backward
+        _admission_pass.set(False)
+        return _UNHELD
+    if running_graph_task() is not None:
+        return _UNHELD
+    return Admission(scheduler)
+
+
+def grant_admission_pass() -> None:
+    """The runner completed this caller's backward: its next one starts at once."""
+    _admission_pass.set(True)
 
 
 def wake(task: GraphTask) -> None:
@@ -74,14 +178,33 @@ def _run_as(owner: object, task: GraphTask, threshold: float, deadline: float) -
     return run_inline(task, threshold, deadline)
 
 
-class LoopScheduler:
-    """The queue of GraphTasks with inline work, and who runs it (see the note)."""
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():  # (not if the waiting task was cancelled meanwhile)
+        future.set_result(None)
 
-    def __init__(self) -> None:
+
+def _complete_as(owner: object, task: GraphTask, waiting: Wakeup) -> None:
+    _context.node_owner.set(owner)  # (its callbacks run in the runner's task)
+    complete_inline(task, waiting)
+
+
+class LoopScheduler:
+    """The queue of GraphTasks with inline work, and who runs it (see the notes)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        self.loop = loop  # None on trio (Wakeup picks its primitive by it)
         self.queue: deque[GraphTask] = deque()
         self.queued: set[GraphTask] = set()
         self.runner: GraphTask | None = None  # the GraphTask whose driver runs the queue
         self.slice_end = 0.0  # perf_counter() when the current slice of the loop's time ends
+        self.woken = 0  # drivers the runner woke since it last let the loop run
+        self.wake_cost = WAKE_COST  # estimated loop time one woken driver takes (Note [Wake-ups cost the loop])
+        self.half_interval = 0.0
+        self.admission: deque[Wakeup] = deque()  # callers waiting to start a backward (Note [Admission])
+
+    def wakeup(self) -> Wakeup:
+        """A fresh wake-up for a driver about to wait on this loop."""
+        return Wakeup(self.loop)
 
     def add(self, task: GraphTask) -> None:
         """Queue ``task`` (it has ready nodes); without a runner, wake its driver."""
@@ -96,11 +219,54 @@ class LoopScheduler:
             self.queued.discard(task)
             self.queue.remove(task)
 
-    def _drop(self, task: GraphTask) -> None:
+    async def wait_in_line(self) -> None:
+        """Wait until the runner admits this caller (Note [Admission]); it counts as a
+        backward call in flight for BLAS from now on (``Admission`` ends that)."""
+        waiting = self.wakeup()
+        self.admission.append(waiting)
+        BLAS.backward_started()
+        try:
+            await waiting.wait()
+        except BaseException:
+            BLAS.backward_ended()
+            if waiting in self.admission:
+                self.admission.remove(waiting)
+            else:  # admitted, then cancelled: admit the next in its place
+                self.pass_baton()
+            raise
+
+    def pass_baton(self) -> None:
+        """Without a runner and a queue, admit the first caller in line: it will start
+        its backward and become the runner (which admits the others)."""
+        if self.runner is None and not self.queue and self.admission:
+            self.admission.popleft().set()
+
+    async def loop_turn(self) -> None:
+        """Let the loop run its due timers and I/O, and the tasks they wake, before this
+        task goes on (Note [A turn after the timers])."""
+        loop = self.loop
+        if loop is None:
+            await anyio.lowlevel.checkpoint()  # (trio: I/O and timers run between batches)
+            return
+        turn = loop.create_future()
+        loop.call_at(loop.time(), _resolve, turn)
+        await turn
+
+    def _drop(self, task: GraphTask, owner: object, threshold: float) -> float:
+        """Take ``task`` off the queue and wake its driver; when every node ran, first
+        complete the backward for the waiting caller (Note [The runner completes small
+        backward calls]). Returns the loop time to charge for the wake-up."""
         self.queue.popleft()
         self.queued.discard(task)
-        if task is not self.runner:
-            wake(task)
+        waiting = task.wakeup
+        if task is self.runner or waiting is None or not waiting.waiting:
+            return 0.0  # (this driver, or one that runs anyway)
+        if (task.error is None and not task.stopping and not task.nodes_left()
+                and task.context is not None and can_complete_inline(task, threshold)):
+            task.context.run(_complete_as, owner, task, waiting)
+        waiting.set()
+        self.woken += 1
+        return self.wake_cost
 
     async def run(self, me: GraphTask, threshold: float, interval: float) -> None:
         """Be the runner until ``me`` needs its driver; then hand over.
@@ -110,13 +276,20 @@ class LoopScheduler:
         had a turn. So a task awaiting many small backward calls in a row, each done
         within a slice, still lets the loop run every ``interval``."""
         self.runner = me
-        owner = _context.node_owner.get()  # this driver's task (engine._enter set it)
+        self.half_interval = interval / 2
+        owner = _context.node_owner.get()  # this driver's task (sync_driver.enter_task set it)
         clock = time.perf_counter
         try:
             while True:
                 if clock() >= self.slice_end:
-                    await anyio.lowlevel.checkpoint()  # the loop's turn, then a new slice
-                    self.slice_end = clock() + interval
+                    woken, left = self.woken, clock()
+                    await self.loop_turn()  # the loop's turn, then a new slice
+                    now = clock()
+                    if woken:  # what the woken drivers (and the rest of the loop) took
+                        sample = min((now - left) / woken, interval)
+                        self.wake_cost += (sample - self.wake_cost) * WAKE_COST_WEIGHT
+                    self.woken = 0
+                    self.slice_end = now + interval
                 self._run_slice(owner, threshold, self.slice_end)
                 if me not in self.queued or me.to_start or me.error is not None or not self.queue:
                     return
@@ -124,24 +297,40 @@ class LoopScheduler:
             self.runner = None
             if self.queue:
                 wake(self.queue[0])
+            else:
+                self.pass_baton()
 
     def _run_slice(self, owner: object, threshold: float, deadline: float) -> None:
+        """Run queued GraphTasks' nodes until ``deadline``, which each driver woken
+        moves earlier by its estimated cost (Note [Wake-ups cost the loop])."""
         queue = self.queue
+        clock = time.perf_counter
+        admission = self.admission
+        # newcomers first: one, then more while half of the slice is left (Note [Admission])
+        while admission:
+            admission.popleft().set()
+            self.woken += 1
+            deadline -= self.wake_cost
+            if deadline - clock() - self.wake_cost <= self.half_interval:
+                break
         while queue:
             task = queue[0]
             if task.stopping or task.active_children or task.context is None:
-                self._drop(task)  # its driver handles it (a nested task wakes it at its end)
+                # its driver handles it (a nested task wakes it at its end)
+                deadline -= self._drop(task, owner, threshold)
                 continue
             try:
                 more = task.context.run(_run_as, owner, task, threshold, deadline)
             except Exception:  # recorded on the task by run_inline; its driver raises it
-                self._drop(task)
+                deadline -= self._drop(task, owner, threshold)
                 continue
             if task.to_start and task is not self.runner:
                 wake(task)
             if not more:
-                self._drop(task)
-            elif time.perf_counter() >= deadline:
+                deadline -= self._drop(task, owner, threshold)
+                if clock() >= deadline:
+                    return
+            elif clock() >= deadline:
                 queue.rotate(-1)  # its slice ran out: to the back
                 return
             elif task.to_start and task is self.runner:

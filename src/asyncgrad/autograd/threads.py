@@ -86,15 +86,38 @@ def _threadsafe_caller() -> Callable[[Callable[[], Any]], None]:
         return run_sync_soon
 
 
+def redeliver_cancellation(cancelled: BaseException) -> None:
+    """An asyncio task cancelled after its backward committed (Note [The runner
+    completes small backward calls] in scheduler.py) returns normally and is cancelled
+    again at its next await, the cancel count unchanged (``asyncio.timeout`` and task
+    groups match cancels to uncancels), with the same message (anyio's cancel scopes
+    recognise their own cancellations by it). Trio's cancel scope stays cancelled and
+    raises at the caller's next checkpoint by itself."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # trio: its cancel scope stays cancelled, nothing to do
+        return
+    if task is not None:
+        if hasattr(task, "uncancel"):  # (Python 3.11+: cancels are counted)
+            task.uncancel()
+        task.cancel(cancelled.args[0] if cancelled.args else None)
+
+
 async def run_in_executor(executor: Executor, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
     """Run ``fn`` on ``executor`` in a copy of this context (the worker thread is the
     owner of what runs there). Cancellation: a call that has not started is withdrawn;
     one that has is waited for (a thread cannot be interrupted), then the cancellation
-    goes on."""
+    goes on.
+
+    The result comes back in a one-item list that is emptied here: the executor's
+    future, and the worker thread's frame until it next runs, keep only the empty list.
+    A worker thread (niced, Note [Worker threads yield the CPU to the loop]) may keep
+    them a while after the loop went on, and a gradient array still referenced there
+    could not be taken over by the commit without a copy (commit._owned)."""
     ctx = contextvars.copy_context()
     done = anyio.Event()
     call_soon = _threadsafe_caller()
-    future = executor.submit(ctx.run, as_owner, fn, *args)
+    future = executor.submit(ctx.run, _boxed, fn, *args)
     future.add_done_callback(lambda _: call_soon(done.set))
     try:
         await done.wait()
@@ -103,7 +126,11 @@ async def run_in_executor(executor: Executor, fn: Callable[..., Any], args: tupl
             with anyio.CancelScope(shield=True):
                 await done.wait()
         raise
-    return future.result()
+    return future.result().pop()
+
+
+def _boxed(fn: Callable[..., Any], *args: Any) -> list[Any]:
+    return [as_owner(fn, *args)]
 
 
 def in_event_loop_thread() -> bool:

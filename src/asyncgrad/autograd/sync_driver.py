@@ -1,0 +1,86 @@
+"""The synchronous driver (``backward_sync``, reentrant backward calls from a node's
+own thread, checkpoint recomputation), and what both drivers do on entering a backward.
+
+Every node runs inline on the calling thread; an ``async def`` backward is run to its
+end here (threads.block_on). It never waits for a worker slot, so an exhausted pool
+cannot deadlock a nested backward (Note [Reentrant backwards] in engine.py).
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from .. import _context
+from . import commit
+from .completion import check_complete, commit_and_release
+from .execute import async_kernel_for, finish, run_inline
+from .graph_task import GraphTask
+from .threads import await_blocking, block_on, current_owner
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+_INF = float("inf")
+
+
+def execute_sync_here(engine: Engine, task: GraphTask) -> None:
+    """Run ``task`` to its end on this thread: set-up, drain, pre-commit functions,
+    commit, final callbacks."""
+    engine.policy.start_setup(engine._warm)
+    parent = engine._begin(task)
+    outcome = "failed"
+    tokens = enter_task(task)
+    try:
+        for _ in task.setup_steps():
+            pass
+        engine._drain_sync(task)
+        check_complete(task)
+        if task.pre_commits:
+            _call_each(task.pre_commits, await_blocking, commit.pre_commit_view(task))
+            commit.end_pre_commit(task)
+        commit_and_release(task)
+        _call_each(task.callbacks, await_blocking)
+        outcome = "succeeded"
+    finally:
+        exit_task(tokens)
+        engine._end(task, parent, outcome)
+
+
+def drain_sync(task: GraphTask) -> None:
+    """Every node inline on this thread."""
+    while run_inline(task, _INF, _INF) or task.to_start:
+        while task.to_start:
+            node, inputs = task.to_start.popleft()
+            try:
+                outputs = block_on(async_kernel_for(task), node, inputs, task.math)
+                task.nodes_inline += 1
+                finish(task, node, inputs, outputs)
+            except BaseException as e:
+                task.fail(e, node)
+                raise
+
+
+def _call_each(fns: list[Callable[..., Any]], finish_one: Callable[[Any], None], *args: Any) -> None:
+    """Call ``fns`` in order, including any appended while iterating (a callback may
+    queue more), passing each result to ``finish_one``."""
+    i = 0
+    while i < len(fns):
+        finish_one(fns[i](*args))
+        i += 1
+
+
+def enter_task(task: GraphTask) -> tuple[Any, Any, Any]:
+    """Make ``task`` the context's running backward, owned by this task or thread (its
+    callbacks run here), and capture the context its nodes run in."""
+    tokens = (_context.current_graph_task.set(task), _context.grad_enabled.set(task.create_graph),
+              _context.node_owner.set(current_owner()))
+    task.context = contextvars.copy_context()
+    return tokens
+
+
+def exit_task(tokens: tuple[Any, Any, Any]) -> None:
+    _context.node_owner.reset(tokens[2])
+    _context.grad_enabled.reset(tokens[1])
+    _context.current_graph_task.reset(tokens[0])
