@@ -38,7 +38,7 @@ import anyio.abc
 import anyio.lowlevel
 
 from .. import _context
-from . import commit
+from . import commit, lifecycle
 from .errors import EngineInternalError
 from .execute import async_kernel_for, finish, run_inline
 from .graph_task import GraphTask
@@ -117,18 +117,28 @@ class Engine:
         outcome = "cancelled"
         tokens = _enter(task)
         try:
-            await self._run_steps(task.setup_steps())
+            setup = task.setup_steps()
+            try:
+                await self._run_steps(setup)
+            finally:  # cancelled mid-walk: finish it, so the abort runs every start hook
+                for _ in setup:
+                    pass
+            if task.starting:
+                await lifecycle.run_start_hooks(task)
             await self._drain(task)
             _check_complete(task)
             if task.pre_commits:
                 await self._run_pre_commits(task)
+            lifecycle.disarm(task)
             await self._commit(task)
             await self._run_callbacks(task)
             outcome = "succeeded"
-        except anyio.get_cancelled_exc_class():
+        except anyio.get_cancelled_exc_class() as e:
+            await lifecycle.abort(task, e)
             raise
-        except BaseException:
+        except BaseException as e:
             outcome = "failed"
+            await lifecycle.abort(task, e)
             raise
         finally:
             _exit(tokens)
@@ -152,15 +162,21 @@ class Engine:
         try:
             for _ in task.setup_steps():
                 pass
+            if task.starting:
+                lifecycle.run_start_hooks_sync(task)
             self._drain_sync(task)
             _check_complete(task)
             if task.pre_commits:
                 _call_each(task.pre_commits, await_blocking, commit.pre_commit_view(task))
                 commit.end_pre_commit(task)
+            lifecycle.disarm(task)
             commit.commit_inline(task)
             self._after_commit_sync(task)
             _call_each(task.callbacks, await_blocking)
             outcome = "succeeded"
+        except BaseException as e:
+            lifecycle.abort_sync(task, e)
+            raise
         finally:
             _exit(tokens)
             self._end(task, parent, outcome)

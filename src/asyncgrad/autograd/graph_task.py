@@ -30,6 +30,7 @@ from ..ops._array_math import ARRAY_MATH
 from .exec_info import ExecMap, plan_targets
 from .graph import ACCUMULATE_GRAD_SEQUENCE_NR, Edge, GraphRoot, Node
 from .input_buffer import add_to_buffer
+from .lifecycle import START_HOOKS
 from .statistics import GraphTaskStatistics, graph_task_statistics
 from .validation import validate_outputs  # noqa: F401  (anomaly_mode imports it from here)
 
@@ -82,6 +83,10 @@ class GraphTask:
         self.callbacks: list[Callable[[], Any]] = []  # queue_callback
         self.pre_commits: list[Callable[[dict[Tensor, Tensor]], Any]] = []  # queue_pre_commit
         self.pre_commit_state: Any = None  # commit.pre_commit_view's (view, original)
+        # -- lifecycle (lifecycle.py) ----------------------------------------------------
+        self.starting: list[Node] = []  # nodes with start hooks found by setup_steps
+        # queue_on_abort functions; None once the commit started or the abort ran
+        self.aborts: list[Callable[[BaseException], Any]] | None = []
         # -- errors and stopping -------------------------------------------------------
         self.error: BaseException | None = None  # the first error (fail), re-raised by the driver
         # set on error or cancellation; also read by worker chains (a plain bool: a racy
@@ -129,6 +134,9 @@ class GraphTask:
         info = self.exec_info
         stack = [root]
         walked = 0
+        starts = START_HOOKS  # Note [Backward start hooks]: usually empty
+        if starts and id(root) in starts:
+            self.starting.append(root)
         while stack:
             node = stack.pop()
             walked += 1
@@ -146,6 +154,8 @@ class GraphTask:
                 else:
                     deps[child] = 1
                     stack.append(child)
+                    if starts and id(child) in starts:
+                        self.starting.append(child)
         self.make_ready(root, buf)
 
     # ------------------------------------------------------------------------------------
