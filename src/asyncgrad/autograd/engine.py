@@ -120,9 +120,8 @@ class Engine:
             setup = task.setup_steps()
             try:
                 await self._run_steps(setup)
-            finally:  # cancelled mid-walk: finish it, so the abort runs every start hook
-                for _ in setup:
-                    pass
+            finally:
+                lifecycle.finish_setup(setup)
             if task.starting:
                 await lifecycle.run_start_hooks(task)
             await self._drain(task)

@@ -15,9 +15,9 @@ each newly found node up here only while some hook is registered (a truth test o
 empty dict otherwise), so its per-node cost stays one dict lookup at most. The hooks
 are called by the driver after the set-up, so they may be ``async`` and may raise: the
 backward then fails before any node ran (and is aborted). A backward cancelled during
-its set-up finishes the walk (without yielding) and runs them, shielded, before its
-abort functions: every backward that started calls the start hooks of the nodes it
-would run, then commits or is aborted.
+its set-up finishes the walk (without yielding; only while some hook is registered)
+and runs them, shielded, before its abort functions: every backward that started
+calls the start hooks of the nodes it would run, then commits or is aborted.
 
 Note [Abort functions]: ``queue_on_abort(fn)`` registers ``fn(error)`` with the running
 backward, to be run exactly once if it ends without committing: a node raised, a
@@ -26,16 +26,17 @@ exception, the backend's cancellation exception for a cancellation). Never on su
 once the commit starts, the abort functions are dropped. They run after every node
 has finished (kernels on worker threads included), in registration order, awaited and
 shielded from cancellation, still inside the backward (``current_graph_task_id()``
-names it); under the blocking forms they run on the calling thread. If one raises, the
-others still run and the *original* error propagates, with a note naming what the
-abort function raised (as an exception raised while handling another is reported
-beside it rather than replacing it).
+names it); under the blocking forms they run on the calling thread. If one raises an
+``Exception``, the others still run and the *original* error propagates, with a note
+naming what the abort function raised (as an exception raised while handling another
+is reported beside it rather than replacing it); a ``BaseException`` such as
+``KeyboardInterrupt`` is not caught.
 """
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -105,6 +106,15 @@ def start_hooks(task: GraphTask) -> list[Callable[[], Any]]:
             fns.extend(entry[1].values())
     task.starting = []
     return fns
+
+
+def finish_setup(steps: Iterator[None]) -> None:
+    """After the set-up's walk, done or cancelled: a cancelled walk is finished here,
+    without yielding, so that the abort runs every start hook (Note [Backward start
+    hooks]); not when no start hook is registered at all (nothing to find)."""
+    if START_HOOKS:
+        for _ in steps:
+            pass
 
 
 async def run_start_hooks(task: GraphTask) -> None:
