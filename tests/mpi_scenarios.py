@@ -123,8 +123,9 @@ async def failure(dist, r):
 
 async def unused(dist, r):
     """extra.* is used on rank 1 only: on rank 0 its average must be written by the
-    commit itself, so a final callback queued before DDP's pre-commit ran, and extra's
-    post-accumulate-grad hook (run after the commit, for what it wrote), see it."""
+    commit itself, so extra's post-accumulate-grad hook (run for what the commit wrote)
+    and a final callback queued before DDP's pre-commit runs (so before any callback
+    it could queue) both see it."""
     ag.manual_seed(0)
     model = Net()
     model.use_extra = r == 1
@@ -163,19 +164,22 @@ async def loss_failures(dist, r):
     out: dict[str, Any] = {"params": params(model), "before": grads(model)}
     x, y = batch(r)
 
+    def described(e):
+        return [type(e).__name__, str(e), list(getattr(e, "failed_ranks", []))]
+
     def outcome(run):
         try:
             run()
             return "ok"
         except Exception as e:
-            return [type(e).__name__, str(e), list(getattr(e, "failed_ranks", []))]
+            return described(e)
 
     async def run_async(loss):
         try:
             await ag.backward(loss)
             return "ok"
         except Exception as e:
-            return [type(e).__name__, str(e), list(getattr(e, "failed_ranks", []))]
+            return described(e)
 
     out["round1"] = await run_async(loss_of(loss_node(ddp(x), "fail" if r == 1 else None), y))
     out["after1"] = grads(model)
