@@ -78,7 +78,8 @@ def register_backward_start_hook(node: Node, fn: Callable[[], Any]) -> Removable
 
 def queue_on_abort(fn: Callable[[BaseException], Any]) -> None:
     """Run ``fn(error)`` (sync or async) if the current backward ends without committing:
-    a node or a pre-commit function raised, or it was cancelled (Note [Abort functions]).
+    a node, a start hook or a pre-commit function raised, or it was cancelled (Note
+    [Abort functions]).
     Never on success. Awaited and shielded from cancellation; exactly once. If ``fn``
     raises, the backward's own error still propagates, with a note naming ``fn``'s.
     Only valid while a backward runs and before its commit started."""
@@ -170,7 +171,8 @@ def abort_sync(task: GraphTask, error: BaseException) -> None:
 
 
 def _note(error: BaseException, fn: Callable[..., Any], raised: Exception) -> None:
-    name = getattr(fn, "__qualname__", None) or type(fn).__name__
+    target = getattr(fn, "func", fn)  # (a functools.partial: name what it calls)
+    name = getattr(target, "__qualname__", None) or type(target).__name__
     error.add_note(f"asyncgrad: while aborting this backward, {name} raised {type(raised).__name__}: {raised}")
 
 
