@@ -122,13 +122,82 @@ async def failure(dist, r):
 
 
 async def unused(dist, r):
+    """extra.* is used on rank 1 only: on rank 0 its average must be written by the
+    commit itself, so extra's post-accumulate-grad hook (run for what the commit wrote)
+    and a final callback queued before DDP's pre-commit runs (so before any callback
+    it could queue) both see it."""
     ag.manual_seed(0)
     model = Net()
     model.use_extra = r == 1
     ddp = dist.DistributedDataParallel(model)
     x, y = batch(r)
-    await ag.backward(loss_of(ddp(x), y))
-    return {"params": params(model), "grads": grads(model)}
+    seen: dict[str, Any] = {}
+    loss = loss_of(ddp(x), y)
+
+    def after_accumulate(p):
+        seen["hook"] = p.grad.numpy().tolist()
+
+    def look():
+        g = model.extra.weight.grad
+        seen["callback"] = None if g is None else g.numpy().tolist()
+
+    model.extra.weight.register_post_accumulate_grad_hook(after_accumulate)
+    loss.grad_fn.register_prehook(lambda g: ag.autograd.queue_callback(look))
+    await ag.backward(loss)
+    return {"params": params(model), "grads": grads(model), "seen": seen}
+
+
+def loss_node(out, mode):
+    """A node of the loss, recorded after ``ddp(x)``: it runs before any DDP node."""
+    return Inject.apply(out, mode) if mode is not None else out
+
+
+async def loss_failures(dist, r):
+    """Failures outside the model, before any DDP node runs. Round 1: a loss node fails
+    on rank 1. Round 2: the same under the blocking form, on both ranks. Round 3: rank
+    0 is cancelled in a loss node. Round 4 succeeds: the ranks are still in step."""
+    ag.manual_seed(0)
+    model = Net()
+    ddp = dist.DistributedDataParallel(model, timeout=20)
+    for p in model.parameters():
+        p.grad = ag.full(p.shape, 7.0)
+    out: dict[str, Any] = {"params": params(model), "before": grads(model)}
+    x, y = batch(r)
+
+    def described(e):
+        return [type(e).__name__, str(e), list(getattr(e, "failed_ranks", []))]
+
+    def outcome(run):
+        try:
+            run()
+            return "ok"
+        except Exception as e:
+            return described(e)
+
+    async def run_async(loss):
+        try:
+            await ag.backward(loss)
+            return "ok"
+        except Exception as e:
+            return described(e)
+
+    out["round1"] = await run_async(loss_of(loss_node(ddp(x), "fail" if r == 1 else None), y))
+    out["after1"] = grads(model)
+
+    loss = loss_of(loss_node(ddp(x), "fail" if r == 1 else None), y)
+    out["round2"] = await anyio.to_thread.run_sync(outcome, loss.backward)  # a thread without a loop
+    out["after2"] = grads(model)
+
+    loss = loss_of(loss_node(ddp(x), "stall" if r == 0 else None), y)
+    with anyio.move_on_after(0.5 if r == 0 else 30) as scope:  # only rank 0 is cancelled
+        out["round3"] = await run_async(loss)
+    if scope.cancelled_caught:
+        out["round3"] = "cancelled"
+    out["after3"] = grads(model)
+
+    out["round4"] = await run_async(loss_of(ddp(x), y))
+    out["after4"] = grads(model)
+    return out
 
 
 async def no_sync(dist, r):
@@ -244,8 +313,8 @@ async def timeout(dist, r):
     return out
 
 
-SCENARIOS = {f.__name__: f for f in (average, failure, unused, no_sync, concurrent_grad, two_forwards_and_sync,
-                                     collectives, timeout)}
+SCENARIOS = {f.__name__: f for f in (average, failure, unused, loss_failures, no_sync, concurrent_grad,
+                                     two_forwards_and_sync, collectives, timeout)}
 
 
 def main() -> None:

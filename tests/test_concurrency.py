@@ -612,8 +612,9 @@ async def test_async_backward_awaiting_a_nested_backward(offload_all):
 
 async def test_a_gradient_from_an_executor_that_keeps_its_futures_is_still_taken_over(monkeypatch):
     """The executor's future (and a worker thread's frame, until it next runs) may be
-    kept after the loop read the result: the result comes back in a list emptied on
-    the loop, so the commit still owns the gradient and takes it over without a copy."""
+    kept after the loop read the result: the engine still owns the kernel's fresh
+    gradient (ownership is explicit, not a reference count) and the commit takes it
+    over without a copy."""
     from concurrent.futures import ThreadPoolExecutor
 
     from asyncgrad.autograd import commit
@@ -632,8 +633,8 @@ async def test_a_gradient_from_an_executor_that_keeps_its_futures_is_still_taken
         ag.autograd.set_engine(Engine(executor=executor, inline_threshold=0))
         try:
             stolen: list[bool] = []
-            real_owned = commit._owned
-            monkeypatch.setattr(commit, "_owned", lambda a, refs: stolen.append(real_owned(a, refs + 1)) or stolen[-1])
+            real_take = commit._take
+            monkeypatch.setattr(commit, "_take", lambda g, dt, owned: stolen.append(owned) or real_take(g, dt, owned))
             w = ag.tensor(np.ones((3, 4)), requires_grad=True)
             await ag.backward(linear(ag.tensor(np.ones((5, 4))), w).sum())
             assert len(Keeping.kept) >= 2  # the kernel and the commit's sums ran on it

@@ -132,6 +132,30 @@ def test_a_parameter_unused_on_one_rank_gets_the_average_with_zeros_and_one_unus
     assert want["never.weight"] is None
     for r in (0, 1):
         assert_grads(res[r]["grads"], want)
+    # on rank 0 (extra unused there) the commit itself wrote extra's average: a callback
+    # queued before DDP's pre-commit, and extra's post-accumulate-grad hook, both see it
+    for r in (0, 1):
+        np.testing.assert_allclose(res[r]["seen"]["callback"], want["extra.weight"], rtol=0, atol=1e-12)
+        np.testing.assert_allclose(res[r]["seen"]["hook"], want["extra.weight"], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_failure_or_cancellation_in_the_loss_before_any_ddp_node_is_voted_and_rounds_stay_in_step(backend):
+    res = run("loss_failures", backend)
+    for r in (0, 1):  # nothing committed on any rank in rounds 1-3
+        assert res[r]["after1"] == res[r]["after2"] == res[r]["after3"] == res[r]["before"]
+    for rnd in ("round1", "round2"):  # async, then the blocking form loss.backward()
+        assert res[1][rnd][:2] == ["ValueError", "injected failure"], rnd  # its own error
+        assert res[0][rnd][0] == "RemoteBackwardError" and res[0][rnd][2] == [1], rnd  # not a timeout
+    assert res[0]["round3"] == "cancelled"
+    assert res[1]["round3"][0] == "RemoteBackwardError" and res[1]["round3"][2] == [0]
+    assert res[0]["round4"] == res[1]["round4"] == "ok"
+    params = res[0]["params"]
+    g = [local_grads(params, r) for r in (0, 1)]
+    want = {n: (np.full(np.shape(res[0]["before"][n]), 7.0) if g[0][n] is None else 7.0 + (g[0][n] + g[1][n]) / 2)
+            for n in g[0]}
+    for r in (0, 1):  # round 4 averaged this round's batches: the ranks were in step
+        assert_grads(res[r]["after4"], want)
 
 
 def test_no_sync_accumulates_locally_then_the_next_backward_averages_the_sum():

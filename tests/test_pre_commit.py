@@ -127,6 +127,19 @@ async def test_a_replacement_of_the_wrong_shape_is_refused_naming_both_shapes():
     assert w.grad is None and b.grad is None
 
 
+async def test_a_replacement_of_another_dtype_is_refused_naming_both_dtypes():
+    w, b = leaves()
+    loss = loss_of(w, b)
+
+    def wrong(staged):
+        staged[w] = staged[w].float()  # float32 for a float64 leaf: refused, not silently cast
+
+    loss.grad_fn.register_prehook(lambda g: ag.autograd.queue_pre_commit(wrong))
+    with pytest.raises(RuntimeError, match="dtype float32 for a tensor of dtype float64"):
+        await ag.backward(loss)
+    assert w.grad is None and b.grad is None
+
+
 async def test_runs_before_final_callbacks_and_grad_calls_see_an_empty_mapping():
     w, b = leaves()
     order = []

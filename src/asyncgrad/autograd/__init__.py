@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from .function import Function, FunctionCtx, once_differentiable
     from .gradcheck import GradcheckError, gradcheck, gradgradcheck
     from .api import queue_callback, queue_pre_commit
+    from .lifecycle import queue_on_abort, register_backward_start_hook
     from .statistics import (
         EngineStatistics, GraphTaskStatistics, current_graph_task_id, current_graph_task_statistics,
     )
@@ -29,6 +30,7 @@ _WHERE = {
     "EngineStatistics": "statistics", "GraphTaskStatistics": "statistics",
     "current_graph_task_id": "statistics", "current_graph_task_statistics": "statistics",
     "queue_callback": "api", "queue_pre_commit": "api",
+    "queue_on_abort": "lifecycle", "register_backward_start_hook": "lifecycle",
     "EngineInternalError": "errors",
     "GradcheckError": "gradcheck", "gradcheck": "gradcheck", "gradgradcheck": "gradcheck",
     "detect_anomaly": "anomaly_mode", "is_anomaly_check_nan_enabled": "anomaly_mode",
@@ -42,8 +44,8 @@ __all__ = [
     "GraphTaskStatistics", "backward", "backward_sync", "current_graph_task_id",
     "current_graph_task_statistics", "detect_anomaly", "function", "get_engine", "grad", "grad_sync",
     "gradcheck", "gradgradcheck", "graph", "is_anomaly_check_nan_enabled", "is_anomaly_enabled",
-    "once_differentiable", "profiler", "queue_callback", "queue_pre_commit", "set_detect_anomaly",
-    "set_engine",
+    "once_differentiable", "profiler", "queue_callback", "queue_on_abort", "queue_pre_commit",
+    "register_backward_start_hook", "set_detect_anomaly", "set_engine",
 ]
 assert sorted(__all__) == sorted([*_WHERE, *_SUBMODULES])
 

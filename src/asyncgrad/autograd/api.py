@@ -265,7 +265,9 @@ def queue_pre_commit(fn: Callable[[dict[Any, Any]], Any]) -> None:
     """Run ``fn(staged)`` (sync or async) after every node of the current backward has
     finished and before its commit (Note [Pre-commit] in commit.py). ``staged`` maps
     each tensor whose ``.grad`` will change to its staged gradient (a Tensor); ``fn`` may
-    replace entries with Tensors of the same shape. Only valid while a backward runs.
+    replace entries with Tensors of the same shape and dtype, and (``backward()`` only)
+    add entries for leaves that require grad which this backward did not reach: they
+    are committed in the same commit. Only valid while a backward runs.
 
     Errors: if ``fn`` raises, nothing is committed and the exception propagates from
     the backward call. Cancellation: an ``async`` ``fn`` may be cancelled with the

@@ -24,10 +24,13 @@ Note [Atomic commits]: a commit is all or nothing for every observer.
 
 Note [Pre-commit]: ``queue_pre_commit(fn)`` adds a step between "every node finished"
 and the commit. The functions see each tensor whose ``.grad`` will change with its
-staged gradient, may replace those gradients (same shape), and may raise or be
-cancelled: the commit has not started, so nothing is written and nothing freed.
-Distributed data parallelism averages gradients across processes here and lets every
-process commit, or none.
+staged gradient, may replace those gradients (same shape and dtype), may add entries
+for leaves this backward did not reach (a leaf that requires grad; ``backward()``
+only), and may raise or be cancelled: the commit has not started, so nothing is written
+and nothing freed. Added entries go into the same commit as the others, so they are
+as atomic. Distributed data parallelism averages gradients across processes here (a
+parameter unused on this process but used on another gets its average too) and lets
+every process commit, or none.
 """
 
 from __future__ import annotations
@@ -157,22 +160,52 @@ def pre_commit_view(task: GraphTask) -> dict[Tensor, Tensor]:
 
 
 def end_pre_commit(task: GraphTask) -> None:
-    """Restage the entries the pre-commit functions replaced, each checked like a
-    node's output (a Tensor of its variable's shape)."""
+    """Restage the entries the pre-commit functions replaced or added, each checked like
+    a node's output (a Tensor of its variable's shape and dtype); an added key must be
+    a leaf that requires grad, and only a backward that writes ``.grad`` takes one.
+    Everything is checked before anything is staged: a refusal stages nothing."""
     view, original = task.pre_commit_state
     task.pre_commit_state = None
+    changed: list[tuple[dict[Tensor, Any], Tensor, Tensor]] = []
     for stage in _stages(task):
         for var in stage:
             g = view.get(var)
             if g is None or g is original.get(var):
                 continue
-            if not isinstance(g, Tensor):
-                raise TypeError(f"a pre-commit function staged a {type(g).__name__} for a tensor of "
-                                f"shape {tuple(var.shape)}; expected a Tensor")
-            if tuple(g.shape) != tuple(var.shape):
-                raise RuntimeError(f"a pre-commit function staged a gradient of shape {tuple(g.shape)} "
-                                   f"for a tensor of shape {tuple(var.shape)}")
-            stage[var] = g if task.create_graph else g.numpy()
+            changed.append((stage, var, _checked(var, g)))
+    for var in view:
+        if var not in original and var not in task.staged and var not in task.retained:
+            changed.append((task.staged, _checked_new_leaf(task, var), _checked(var, view[var])))
+    for stage, var, g in changed:
+        stage[var] = g if task.create_graph else g.numpy()
+
+
+def _checked(var: Tensor, g: Any) -> Tensor:
+    if not isinstance(g, Tensor):
+        raise TypeError(f"a pre-commit function staged a {type(g).__name__} for a tensor of "
+                        f"shape {tuple(var.shape)}; expected a Tensor")
+    if tuple(g.shape) != tuple(var.shape):
+        raise RuntimeError(f"a pre-commit function staged a gradient of shape {tuple(g.shape)} "
+                           f"for a tensor of shape {tuple(var.shape)}")
+    if g.dtype != var.dtype:
+        raise RuntimeError(f"a pre-commit function staged a gradient of dtype {g.dtype} "
+                           f"for a tensor of dtype {var.dtype}")
+    return g
+
+
+def _checked_new_leaf(task: GraphTask, var: Any) -> Tensor:
+    """Note [Pre-commit]: a key the backward did not stage must be a leaf it may write."""
+    if not isinstance(var, Tensor):
+        raise TypeError(f"a pre-commit function added a key of type {type(var).__name__}; "
+                        "expected a Tensor (a leaf that requires grad)")
+    if not task.accumulate:
+        raise RuntimeError("a pre-commit function added an entry to a grad() call, which "
+                           "commits nothing; only backward() commits into .grad")
+    if var.grad_fn is not None or not var.requires_grad:
+        what = "not a leaf" if var.grad_fn is not None else "a leaf that does not require grad"
+        raise RuntimeError(f"a pre-commit function added a tensor of shape {tuple(var.shape)} that is "
+                           f"{what}; only leaves that require grad can be committed")
+    return var
 
 
 def _take(g: Any, dtype: Any, owned: bool) -> Any:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from . import commit
+from . import commit, lifecycle
 from .errors import EngineInternalError
 from .graph_task import GraphTask
 from .threads import is_awaitable
@@ -39,7 +39,9 @@ def can_complete_inline(task: GraphTask, threshold: float) -> bool:
 
 def commit_and_release(task: GraphTask) -> None:
     """Commit in place on this thread, run post-accumulate-grad hooks, free saved
-    tensors (also when a hook raised: the commit happened)."""
+    tensors (also when a hook raised: the commit happened). From here on the backward
+    is never aborted (Note [Abort functions] in lifecycle.py)."""
+    lifecycle.disarm(task)
     commit.commit_inline(task)
     try:
         commit.after_commit(task)

@@ -38,7 +38,7 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 
-from . import commit
+from . import commit, lifecycle
 from .completion import check_complete
 from .errors import EngineInternalError
 from .graph_task import GraphTask
@@ -118,7 +118,13 @@ class Engine:
         outcome = "cancelled"
         tokens = enter_task(task)
         try:
-            await self._run_steps(task.setup_steps())
+            setup = task.setup_steps()
+            try:
+                await self._run_steps(setup)
+            finally:
+                lifecycle.finish_setup(setup)
+            if task.starting:
+                await lifecycle.run_start_hooks(task)
             completed = await self._drain(task)
             if completed is not None:  # by the loop's runner, for this driver
                 await self._after_runner_completed(task, completed)
@@ -126,13 +132,16 @@ class Engine:
                 check_complete(task)
                 if task.pre_commits:
                     await self._run_pre_commits(task)
+                lifecycle.disarm(task)
                 await self._commit(task)
                 await self._run_callbacks(task)
             outcome = "succeeded"
-        except anyio.get_cancelled_exc_class():
+        except anyio.get_cancelled_exc_class() as e:
+            await lifecycle.abort(task, e)
             raise
-        except BaseException:
+        except BaseException as e:
             outcome = "failed"
+            await lifecycle.abort(task, e)
             raise
         finally:
             exit_task(tokens)

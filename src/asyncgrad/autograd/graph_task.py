@@ -30,6 +30,7 @@ from ..ops._array_math import ARRAY_MATH
 from .exec_info import ExecMap, plan_targets
 from .graph import ACCUMULATE_GRAD_SEQUENCE_NR, Edge, GraphRoot, Node
 from .input_buffer import InputBuffer, ReadyInputs
+from .lifecycle import START_HOOKS
 from .statistics import GraphTaskStatistics, graph_task_statistics
 
 if TYPE_CHECKING:
@@ -101,6 +102,11 @@ class GraphTask:
         self.callbacks: list[Callable[[], Any]] = []
         self.pre_commits: list[Callable[[dict[Tensor, Tensor]], Any]] = []
         self.pre_commit_state: Any = None  # commit.pre_commit_view's (view, original); driver
+        # -- lifecycle (lifecycle.py): written on the task's thread (setup_steps,
+        # queue_on_abort from a node's code, the driver)
+        self.starting: list[Node] = []  # nodes with start hooks found by setup_steps
+        # queue_on_abort functions; None once the commit started or the abort ran
+        self.aborts: list[Callable[[BaseException], Any]] | None = []
         # -- errors and stopping: written on the task's thread (fail, the driver) -------
         self.error: BaseException | None = None  # the first error (fail), re-raised by the driver
         # set on error or cancellation; also read, without a lock, by worker chains (a
@@ -149,6 +155,9 @@ class GraphTask:
         info = self.exec_info
         stack = [root]
         walked = 0
+        starts = START_HOOKS  # Note [Backward start hooks]: usually empty
+        if starts and id(root) in starts:
+            self.starting.append(root)
         while stack:
             node = stack.pop()
             walked += 1
@@ -166,6 +175,8 @@ class GraphTask:
                 else:
                     deps[child] = 1
                     stack.append(child)
+                    if starts and id(child) in starts:
+                        self.starting.append(child)
         self.make_ready(root, buf)
 
     # ------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .. import _context
-from . import commit
+from . import commit, lifecycle
 from .completion import check_complete, commit_and_release
 from .execute import async_kernel_for, finish, run_inline
 from .graph_task import GraphTask
@@ -26,8 +26,8 @@ _INF = float("inf")
 
 
 def execute_sync_here(engine: Engine, task: GraphTask) -> None:
-    """Run ``task`` to its end on this thread: set-up, drain, pre-commit functions,
-    commit, final callbacks."""
+    """Run ``task`` to its end on this thread: set-up, start hooks, drain, pre-commit
+    functions, commit, final callbacks; or, on an error, its abort functions."""
     engine.policy.start_setup(engine._warm)
     parent = engine._begin(task)
     outcome = "failed"
@@ -35,6 +35,8 @@ def execute_sync_here(engine: Engine, task: GraphTask) -> None:
     try:
         for _ in task.setup_steps():
             pass
+        if task.starting:
+            lifecycle.run_start_hooks_sync(task)
         engine._drain_sync(task)
         check_complete(task)
         if task.pre_commits:
@@ -43,6 +45,9 @@ def execute_sync_here(engine: Engine, task: GraphTask) -> None:
         commit_and_release(task)
         _call_each(task.callbacks, await_blocking)
         outcome = "succeeded"
+    except BaseException as e:
+        lifecycle.abort_sync(task, e)
+        raise
     finally:
         exit_task(tokens)
         engine._end(task, parent, outcome)

@@ -112,8 +112,8 @@ async def run_in_executor(executor: Executor, fn: Callable[..., Any], args: tupl
     The result comes back in a one-item list that is emptied here: the executor's
     future, and the worker thread's frame until it next runs, keep only the empty list.
     A worker thread (niced, Note [Worker threads yield the CPU to the loop]) may keep
-    them a while after the loop went on, and a gradient array still referenced there
-    could not be taken over by the commit without a copy (commit._owned)."""
+    them a while after the loop went on, and would keep a large gradient alive with
+    them after the commit took it over (Note [Owned gradients] in execute.py)."""
     ctx = contextvars.copy_context()
     done = anyio.Event()
     call_soon = _threadsafe_caller()

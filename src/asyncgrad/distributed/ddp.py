@@ -3,35 +3,38 @@ committed on every rank or on none.
 
 Note [Round protocol]: one DDP backward is a *round*. Every rank runs the same steps:
 
-1. ``ddp(x)`` adds a zero from a ``_RoundWatch`` node to its output (``out + 0``: same
-   values). That node sits on a branch of its own, so a backward reaches it only when
-   it accumulates through this DDP's forward: ``ag.grad`` / ``inputs=`` prune it.
-2. Its pre-hook, run by the engine before any node of the model (the watch node was
-   recorded last, so it has the highest ``sequence_nr``), opens the round for this
-   GraphTask id and queues the pre-commit (``ag.autograd.queue_pre_commit``).
+1. ``ddp(x)`` adds a zero from a ``_RoundMarker`` node to its output (``out + 0``: same
+   values). That node sits on a branch of its own (to a private anchor leaf), so only a
+   backward that accumulates through this DDP's forward executes it: ``ag.grad`` and
+   ``inputs=`` prune it. It carries a backward start hook
+   (``ag.autograd.register_backward_start_hook``).
+2. The engine calls that hook when the backward starts, before any of its nodes runs,
+   under every form (``await ag.backward``, ``backward_sync``, ``loss.backward()``).
+   It opens the round for this GraphTask id and registers the rest of the round with
+   the backward: the pre-commit (``queue_pre_commit``) and the abort function
+   (``queue_on_abort``).
 3. Each parameter's tensor hook records its gradient in the round if the current
    GraphTask is the round's; a full bucket is launched at once, in bucket order, and
    packed, all-reduced and averaged on the communication thread (Note [Buckets], Note
    [One communication thread]). Hooks of other backward calls (a request's own
    ``ag.grad``) find another id and do nothing.
-4. The watch node's ``async`` backward stays in flight until every other node of the
-   backward has finished. Its only job is to be cancelled if the backward fails (the
-   engine cancels in-flight nodes when a node raises) or is cancelled: then, shielded,
-   it completes the round's collectives with a "failed" vote (step 6), so the other
-   ranks learn about it instead of waiting.
+4. If the backward ends without committing (a node raised, the loss's included; a
+   pre-commit raised; it was cancelled), the engine runs the abort function, shielded,
+   after every node finished: it completes the round's collectives with a "failed"
+   vote (step 6), so the other ranks learn about it instead of waiting.
 5. The pre-commit fills the slots of parameters that got no gradient with zeros,
    launches the remaining buckets and waits for all of them (``timeout`` per wait).
 6. The vote: one tiny all-reduce of a failure flag per rank and a "used" flag per
    parameter. It is shielded from cancellation: once this rank has voted "ok" it commits
    whenever every rank did. If any rank failed, every other rank raises
    ``RemoteBackwardError`` naming them and nothing is committed; otherwise each staged
-   gradient is replaced by the average.
+   gradient is replaced by the average, and a parameter this rank did not use but
+   another did gets its average added to the mapping: every average is written by the
+   one commit.
 
 A failed or timed-out rank still posts every collective of the round, so all ranks stay
 in step and the next round works. Rounds of one DDP never overlap; several forwards
-through the DDP in one backward share its round. Why a watch node at all: the engine
-has no public hook for "this backward failed or was cancelled before its commit"
-(docs/guides/distributed.md, "Limits of the current design").
+through the DDP in one backward share its round.
 """
 
 from __future__ import annotations
@@ -47,9 +50,9 @@ import numpy as np
 from .. import grad_mode
 from ..autograd import (
     current_graph_task_id,
-    current_graph_task_statistics,
-    queue_callback,
+    queue_on_abort,
     queue_pre_commit,
+    register_backward_start_hook,
 )
 from ..autograd.function import Function
 from ..creation import from_numpy, zeros, zeros_like
@@ -63,7 +66,6 @@ from .errors import DistributedTimeout, RemoteBackwardError
 from .rounds import Round
 
 DEFAULT_BUCKET_CAP_MB = 8.0  # 4-8 MB buckets beat PyTorch's 25 MB on the measured machine
-WATCH_INTERVAL = 0.0005  # seconds between two looks at the backward's progress
 
 
 class DistributedDataParallel(Module):
@@ -115,7 +117,7 @@ class DistributedDataParallel(Module):
         if not self._require_sync:
             self._unsynced = True
             return out
-        return self._attach_watch(out)
+        return self._attach_marker(out)
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -148,34 +150,35 @@ class DistributedDataParallel(Module):
                 for t, buf in zip(tensors, bufs):
                     t.copy_(from_numpy(buf))
 
-    def _attach_watch(self, out: Any) -> Any:
-        """``out`` with ``+ 0`` from a watch node added to its first differentiable tensor."""
+    def _attach_marker(self, out: Any) -> Any:
+        """``out`` with ``+ 0`` from a round marker added to its first differentiable tensor."""
         if isinstance(out, Tensor):
             if not out.requires_grad or not np.issubdtype(out.dtype, np.floating):
                 return out
             anchor = self._anchors.get(out.dtype)
             if anchor is None:
                 anchor = self._anchors[out.dtype] = zeros((), dtype=out.dtype, requires_grad=True)
-            zero = _RoundWatch.apply(anchor, self)
-            zero.grad_fn.register_prehook(self._begin_round)
+            zero = _RoundMarker.apply(anchor)
+            register_backward_start_hook(zero.grad_fn, self._begin_round)
             return out + zero
         if isinstance(out, (tuple, list)):
             items = list(out)
             for i, item in enumerate(items):
-                attached = self._attach_watch(item)
+                attached = self._attach_marker(item)
                 if attached is not item:
                     items[i] = attached
                     return type(out)(items) if isinstance(out, list) else _same_tuple(out, items)
             return out
         if isinstance(out, dict):
             for key, item in out.items():
-                attached = self._attach_watch(item)
+                attached = self._attach_marker(item)
                 if attached is not item:
                     return {**out, key: attached}
         return out
 
     # --- the round (Note [Round protocol]) ------------------------------------------------
-    def _begin_round(self, grad_outputs: Any) -> None:
+    def _begin_round(self) -> None:
+        """The marker's start hook (step 2)."""
         task_id = current_graph_task_id()
         if self._round is not None and self._round.task_id == task_id:
             return  # several forwards through this DDP in one backward: one round
@@ -183,8 +186,9 @@ class DistributedDataParallel(Module):
             raise RuntimeError("DistributedDataParallel runs one backward at a time; another backward "
                                "through this DDP is still running (rank "
                                f"{self._rank}, graph task {self._round.task_id})")
-        self._round = Round(task_id, self._layout, self._launch_bucket)
-        queue_pre_commit(self._pre_commit)
+        rnd = self._round = Round(task_id, self._layout, self._launch_bucket)
+        queue_pre_commit(partial(self._pre_commit, rnd))
+        queue_on_abort(partial(self._abort, rnd))
 
     def _on_grad(self, i: int, grad: Tensor) -> None:
         rnd = self._round
@@ -215,32 +219,16 @@ class DistributedDataParallel(Module):
         raise DistributedTimeout(f"rank {self._rank}: the other ranks made no progress for {self._timeout:g} s "
                                  "(a rank stopped or is far behind); nothing was committed")
 
-    async def _watch(self) -> None:
-        """The watch node's backward (Note [Round protocol], step 4)."""
-        rnd = self._round
-        stats = current_graph_task_statistics()
-        if rnd is None or stats is None or stats.in_flight == 0:
-            return  # the synchronous driver runs one node at a time: nothing to watch
-        if rnd.watched:
-            return  # another forward's watch node of the same backward already watches
-        rnd.watched = True
-        try:
-            while not _only_the_watch_left(current_graph_task_statistics()):
-                await anyio.sleep(WATCH_INTERVAL)
-        except BaseException:
-            with anyio.CancelScope(shield=True):
-                await self._abort(rnd)
-            raise
-
-    async def _abort(self, rnd: Round, *, timed_out: bool = False) -> None:
-        """Complete the round's collectives with a "failed" vote. After a timeout the
-        collectives are posted but not awaited (the peers are not answering)."""
+    async def _abort(self, rnd: Round, error: BaseException) -> None:
+        """The abort function (step 4): complete the round's collectives with a "failed"
+        vote. After a timeout the collectives are posted but not awaited (the peers
+        are not answering)."""
         if self._round is not rnd:
-            return
+            return  # the round already voted (its pre-commit raised after the vote)
         try:
             rnd.fill_rest(self._old_grad)
             futures = [*rnd.futures, self._submit_vote(rnd, failed=True)]
-            if timed_out:
+            if rnd.timed_out:
                 self._layout.reallocate()  # MPI may still write into the old buffers
                 return
             for f in futures:
@@ -258,19 +246,16 @@ class DistributedDataParallel(Module):
         return self._rt.comm_thread.submit(lambda: comm.Iallreduce(MPI.IN_PLACE, votes, op=MPI.SUM),
                                            lambda: votes)
 
-    async def _pre_commit(self, staged: dict[Tensor, Tensor]) -> None:
-        """Note [Round protocol], steps 5 and 6."""
-        rnd = self._round
-        if rnd is None or rnd.task_id != current_graph_task_id():
-            return
+    async def _pre_commit(self, rnd: Round, staged: dict[Tensor, Tensor]) -> None:
+        """Note [Round protocol], steps 5 and 6. Raising here makes the engine abort the
+        backward, which runs ``_abort`` (a no-op once this rank has voted)."""
         averages: dict[int, np.ndarray] = {}
+        rnd.fill_rest(self._old_grad)
         try:
-            rnd.fill_rest(self._old_grad)
             for f in rnd.futures:
                 averages.update(await self._wait(f))
-        except BaseException as e:
-            with anyio.CancelScope(shield=True):
-                await self._abort(rnd, timed_out=isinstance(e, DistributedTimeout))
+        except DistributedTimeout:
+            rnd.timed_out = True
             raise
         with anyio.CancelScope(shield=True):  # voted "ok": commit if every rank did
             try:
@@ -287,49 +272,27 @@ class DistributedDataParallel(Module):
 
     def _stage_averages(self, rnd: Round, staged: dict[Tensor, Tensor], averages: dict[int, np.ndarray],
                         used: np.ndarray) -> None:
-        by_id = {id(t): t for t in staged}
-        late: list[tuple[Tensor, np.ndarray, bool]] = []
+        """Each used parameter's staged gradient becomes its average (less the local
+        ``.grad`` already folded in after no_sync); a parameter with no gradient here
+        but one on another rank gets an entry of its own (Note [Pre-commit])."""
         for i, p in enumerate(self._layout.params):
             if not used[i]:
                 continue  # no rank produced a gradient: .grad stays as it is
             avg, old = averages[i], rnd.old[i]
-            key = by_id.get(id(p))
-            if key is not None:
-                staged[key] = from_numpy(avg - old if old is not None else avg)
-            else:  # no gradient here, but on another rank: the engine has no entry to replace
-                late.append((p, avg, old is not None))
+            staged[p] = from_numpy(avg - old if old is not None else avg)
         self._unsynced = False
-        if late:
-            queue_callback(partial(_write_late, late))
 
 
-class _RoundWatch(Function):
-    """A zero whose backward watches the round (Note [Round protocol], steps 1 and 4)."""
+class _RoundMarker(Function):
+    """A zero that carries the round's start hook (Note [Round protocol], step 1)."""
 
     @staticmethod
-    def forward(ctx: Any, anchor: Tensor, ddp: DistributedDataParallel) -> Tensor:
-        ctx.ddp = ddp
+    def forward(ctx: Any, anchor: Tensor) -> Tensor:
         return zeros_like(anchor)
 
     @staticmethod
-    async def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
-        await ctx.ddp._watch()
-        return zeros_like(grad), None
-
-
-def _only_the_watch_left(stats: Any) -> bool:
-    """Nothing but the watch node in flight, nothing ready, and at most its own
-    successor (the anchor's AccumulateGrad) waiting: every other node has finished."""
-    return bool(stats.in_flight <= 1 and stats.ready == 0 and stats.pending <= 1)
-
-
-def _write_late(late: list[tuple[Tensor, np.ndarray, bool]]) -> None:
-    """Averages of parameters this rank did not use (a final callback, after the commit)."""
-    for p, avg, includes_old in late:
-        if includes_old or p.grad is None:
-            p.grad = from_numpy(avg)
-        else:
-            p.grad = from_numpy(p.grad.numpy() + avg)
+    def backward(ctx: Any, grad: Tensor) -> Tensor:
+        return zeros_like(grad)
 
 
 def _same_tuple(original: tuple[Any, ...], items: list[Any]) -> tuple[Any, ...]:

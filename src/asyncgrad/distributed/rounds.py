@@ -32,7 +32,7 @@ class Round:
         self._filled = [False] * n
         self._missing = [len(b.params) for b in layout.buckets]
         self.futures: list[Any] = []  # one per launched bucket, in bucket order
-        self.watched = False  # a watch node is in flight for this round (ddp.py, step 4)
+        self.timed_out = False  # the pre-commit gave up waiting: the abort does not wait either
         self._lock = threading.Lock()
 
     def fill(self, i: int, grad: np.ndarray | None, old: np.ndarray | None) -> None:
