@@ -461,6 +461,39 @@ async def test_a_callback_error_in_a_runner_completed_backward_reaches_its_calle
     assert (stats.graph_tasks_succeeded, stats.graph_tasks_failed) == (2, 1)  # (with the warm-up)
 
 
+async def test_abort_functions_of_a_runner_completed_backward_run_only_if_it_did_not_commit(engine):
+    """The runner commits a waiting caller's small backward (Note [The runner completes
+    small backward calls]): from that commit on the backward is never aborted, as on the
+    driver's own path (Note [Abort functions]); a node error still aborts it."""
+    aborted: list[str] = []
+    w = ag.tensor([1.0, 2.0], requires_grad=True)
+
+    def queue_abort(g: ag.Tensor, label: str) -> None:
+        ag.autograd.queue_on_abort(lambda e: aborted.append(f"{label}: {type(e).__name__}"))
+
+    y = w * 3.0
+    y.register_hook(lambda g: queue_abort(g, "committed"))
+    y.register_hook(lambda g: ag.autograd.queue_callback(lambda: (_ for _ in ()).throw(KeyError("late"))))
+
+    async def small() -> None:
+        await ag.backward(y.sum())
+
+    _, raised = await _while_long_backward_runs(small)
+    assert isinstance(raised[0], KeyError)  # a final callback failed after the commit
+    assert aborted == [] and w.grad.tolist() == [3.0, 3.0]
+
+    z = w * 2.0
+    z.register_hook(lambda g: queue_abort(g, "failed"))
+    z.register_hook(lambda g: 1 / 0)
+
+    async def failing() -> None:
+        await ag.backward(z.sum())
+
+    _, raised = await _while_long_backward_runs(failing)
+    assert isinstance(raised[0], ZeroDivisionError)
+    assert aborted == ["failed: ZeroDivisionError"] and w.grad.tolist() == [3.0, 3.0]
+
+
 async def test_an_async_callback_and_those_after_it_run_in_the_callers_own_task(engine):
     w = ag.tensor([1.0], requires_grad=True)
     y = w * 2.0
