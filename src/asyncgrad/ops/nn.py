@@ -69,8 +69,6 @@ def _log_softmax_rule(m, g, ans, x, *, dim):  # type: ignore[no-untyped-def]
     return d
 
 
-
-
 def _gelu(x, *, approximate):  # type: ignore[no-untyped-def]
     """Exact GELU ``x * Phi(x)`` and, as aux, the normal cdf ``Phi(x)``.
 
@@ -166,23 +164,16 @@ def _layer_norm(x, *affine, dims, eps):  # type: ignore[no-untyped-def]
     its fused backward; numpy would recompute it in two passes for each of the three
     rules (dx, dw, db each read it). Keeping x-hat costs one array of x's size per node
     and spares the backward four of its passes. The row reductions are matrix-vector
-    products (a BLAS gemv against ``1/n``) and ``einsum`` row dots, not ``mean`` over a
-    short last axis, which numpy reduces row by row.
+    products and ``einsum`` row dots (``_row_means``), not ``mean`` over a short last
+    axis, which numpy reduces row by row.
     """
     n = math.prod(x.shape[x.ndim - len(dims):])
     rows = x.reshape(-1, n)  # (a copy only for non-contiguous input)
-    if n == 0 or rows.shape[0] == 0:  # nothing to average: numpy's mean gives NaN rows
-        with np.errstate(invalid="ignore", divide="ignore"):
-            mean = rows.mean(axis=1, keepdims=True)
-            xhat = rows - mean
-            rstd = 1 / np.sqrt(np.mean(xhat * xhat, axis=1, keepdims=True) + eps)
-    else:
-        mean = rows @ _row_mean_weights(n, rows.dtype)
-        xhat = rows - mean[:, None]
-        var = np.einsum("ij,ij->i", xhat, xhat)
-        var *= 1.0 / n
-        var += eps
-        rstd = np.sqrt(var)[:, None]
+    with np.errstate(invalid="ignore", divide="ignore"):  # empty rows: NaN, as PyTorch
+        xhat = rows - _row_means(rows)
+        rstd = _row_means(xhat, xhat)
+        rstd += eps
+        np.sqrt(rstd, out=rstd)
         np.divide(1, rstd, out=rstd)
     xhat *= rstd
     if not affine:
@@ -194,9 +185,18 @@ def _layer_norm(x, *affine, dims, eps):  # type: ignore[no-untyped-def]
     return out.reshape(x.shape), (xhat, rstd)
 
 
-def _row_mean_weights(n: int, dtype: np.dtype) -> np.ndarray:
-    """``rows @ this`` is each row's mean (a BLAS gemv)."""
-    return np.full(n, 1.0 / n, dtype=dtype)
+def _row_means(a: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
+    """The mean of each row of the 2-D ``a`` (of ``a * b`` when ``b`` is given), as a
+    column ``(N, 1)``: a gemv against ``1/n`` (an einsum row dot for ``a * b``) for
+    float32/64, numpy's mean otherwise (float16 accumulates in float32 there)."""
+    n = a.shape[1]
+    if a.dtype not in _FAST or n == 0 or a.shape[0] == 0:
+        return np.mean(a if b is None else a * b, axis=1, keepdims=True)
+    if b is None:
+        return (a @ np.full(n, 1.0 / n, dtype=a.dtype))[:, None]
+    dots = np.einsum("ij,ij->i", a, b)
+    dots *= 1.0 / n
+    return dots[:, None]
 
 
 def _ln_xhat(m, x, dims, eps, aux):  # type: ignore[no-untyped-def]
@@ -216,15 +216,12 @@ def _ln_rule_x(m, g, ans, x, w=None, b=None, *, dims, eps, aux):  # type: ignore
     if m.tensor_mode:
         gw = g if w is None else g * w
         return rstd * (gw - m.mean(gw, dims, True) - xhat * m.mean(gw * xhat, dims, True))
-    n = xhat.shape[1]
     gw = g.reshape(xhat.shape)
     if w is not None:
         gw = gw * w.reshape(-1)
-    proj = np.einsum("ij,ij->i", gw, xhat)
-    proj *= 1.0 / n
-    dx = xhat * proj[:, None]
+    dx = xhat * _row_means(gw, xhat)
     np.subtract(gw, dx, out=dx)
-    dx -= (gw @ _row_mean_weights(n, gw.dtype))[:, None]
+    dx -= _row_means(gw)
     dx *= rstd
     return dx.reshape(g.shape)
 
@@ -243,6 +240,8 @@ def _ln_rule_b(m, g, ans, x, w, b, *, dims, eps, aux):  # type: ignore[no-untype
 
 def _sum_rows(a: np.ndarray) -> np.ndarray:
     """The sum of the rows of a 2-D array (a BLAS gemv with a vector of ones)."""
+    if a.dtype not in _FAST:
+        return a.sum(axis=0)
     return np.ones(a.shape[0], dtype=a.dtype) @ a
 
 
