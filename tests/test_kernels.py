@@ -247,6 +247,23 @@ def test_layer_norm_tricky_rows_match_torch_forward_and_backward(dtype: type) ->
         np.testing.assert_allclose(b.grad.numpy(), tb.grad.numpy(), **tol)
 
 
+def test_layer_norm_float16_takes_numpys_mean_and_stays_float16() -> None:
+    """float16 rows are averaged by numpy's mean (float32 accumulation), not the float32/64
+    gemv path: values and gradients agree with the float64 computation to float16's
+    precision, in float16."""
+    x16, w16, b16 = _ln_inputs(np.float16, (4, 6, 16), (16,), "both")
+    x64, w64, b64 = (ag.tensor(t.numpy().astype(np.float64), requires_grad=True) for t in (x16, w16, b16))
+    g = np.random.default_rng(5).standard_normal((4, 6, 16))
+    for x, w, b in ((x16, w16, b16), (x64, w64, b64)):
+        y = AF.layer_norm(x, 16, w, b)
+        ag.backward_sync(y, ag.from_numpy(g.astype(x.dtype)))
+        assert y.dtype == x.dtype and x.grad.dtype == x.dtype
+    np.testing.assert_allclose(AF.layer_norm(x16, 16, w16, b16).numpy(), AF.layer_norm(x64, 16, w64, b64).numpy(),
+                               rtol=1e-2, atol=1e-2)
+    for a, c in ((x16, x64), (w16, w64), (b16, b64)):
+        np.testing.assert_allclose(a.grad.numpy(), c.grad.numpy(), rtol=2e-2, atol=5e-2)
+
+
 def test_layer_norm_of_empty_input_keeps_its_shape() -> None:
     x = ag.zeros((0, 4), requires_grad=True)
     w = ag.ones(4, requires_grad=True)
