@@ -213,6 +213,67 @@ def test_layer_norm_gradcheck_and_gradgradcheck(affine: str) -> None:
     assert gradgradcheck(fn, leaves)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_layer_norm_tricky_rows_match_torch_forward_and_backward(dtype: type) -> None:
+    """Rows with inf, NaN, a constant row (variance 0: rstd = 1/sqrt(eps)), huge and tiny
+    magnitudes, and a non-contiguous input: the gemv/einsum row reductions and the kept
+    x-hat give PyTorch's values and gradients, NaN where PyTorch has NaN."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(11)
+    x0 = rng.standard_normal((6, 8)).astype(dtype)
+    x0[0] = 2.5  # constant row
+    x0[1, 3] = math.inf
+    x0[2, 0] = math.nan
+    x0[3] *= 1e15
+    x0[4] *= 1e-20
+    w0, b0 = rng.uniform(0.5, 1.5, 8).astype(dtype), rng.standard_normal(8).astype(dtype)
+    g0 = rng.standard_normal((6, 8)).astype(dtype)
+    for view in (False, True):
+        src = np.repeat(x0, 2, axis=1)[:, ::2] if view else x0.copy()  # non-contiguous input too
+        x = ag.from_numpy(src).requires_grad_()
+        w, b = ag.tensor(w0, requires_grad=True), ag.tensor(b0, requires_grad=True)
+        with np.errstate(all="ignore"):
+            y = AF.layer_norm(x, 8, w, b)
+            ag.backward_sync(y, ag.from_numpy(g0))
+        tx, tw, tb = (torch.from_numpy(np.ascontiguousarray(a)).requires_grad_() for a in (x0, w0, b0))
+        ty = torch.nn.functional.layer_norm(tx, (8,), tw, tb)
+        ty.backward(torch.from_numpy(g0))
+        tol = {"rtol": 2e-5, "atol": 2e-5} if dtype == np.float32 else {"rtol": 1e-11, "atol": 1e-11}
+        assert y.dtype == np.dtype(dtype) and x.grad.dtype == np.dtype(dtype)
+        np.testing.assert_allclose(y.numpy(), ty.detach().numpy(), **tol)
+        np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), **tol)
+        # dw and db sum over every row: a NaN row makes them NaN in both libraries
+        np.testing.assert_allclose(w.grad.numpy(), tw.grad.numpy(), **tol)
+        np.testing.assert_allclose(b.grad.numpy(), tb.grad.numpy(), **tol)
+
+
+def test_layer_norm_float16_takes_numpys_mean_and_stays_float16() -> None:
+    """float16 rows are averaged by numpy's mean (float32 accumulation), not the float32/64
+    gemv path: values and gradients agree with the float64 computation to float16's
+    precision, in float16."""
+    x16, w16, b16 = _ln_inputs(np.float16, (4, 6, 16), (16,), "both")
+    x64, w64, b64 = (ag.tensor(t.numpy().astype(np.float64), requires_grad=True) for t in (x16, w16, b16))
+    g = np.random.default_rng(5).standard_normal((4, 6, 16))
+    for x, w, b in ((x16, w16, b16), (x64, w64, b64)):
+        y = AF.layer_norm(x, 16, w, b)
+        ag.backward_sync(y, ag.from_numpy(g.astype(x.dtype)))
+        assert y.dtype == x.dtype and x.grad.dtype == x.dtype
+    np.testing.assert_allclose(AF.layer_norm(x16, 16, w16, b16).numpy(), AF.layer_norm(x64, 16, w64, b64).numpy(),
+                               rtol=1e-2, atol=1e-2)
+    for a, c in ((x16, x64), (w16, w64), (b16, b64)):
+        np.testing.assert_allclose(a.grad.numpy(), c.grad.numpy(), rtol=2e-2, atol=5e-2)
+
+
+def test_layer_norm_of_empty_input_keeps_its_shape() -> None:
+    x = ag.zeros((0, 4), requires_grad=True)
+    w = ag.ones(4, requires_grad=True)
+    y = AF.layer_norm(x, 4, w, ag.zeros(4, requires_grad=True))
+    assert y.shape == (0, 4)
+    ag.backward_sync(y.sum())
+    assert x.grad.shape == (0, 4)
+    np.testing.assert_array_equal(w.grad.numpy(), np.zeros(4))
+
+
 def test_layer_norm_sees_in_place_changes_of_its_input() -> None:
     x, w, b = _ln_inputs(np.float64, (2, 4), (4,), "both")
     h = x * 1.0
@@ -336,3 +397,27 @@ def test_softmax_family_gradcheck_gradgradcheck_and_0d(op: str) -> None:
     s = ag.tensor(0.3, requires_grad=True)
     (g,) = ag.grad_sync(fns[op](s), s)
     assert g.shape == ()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dim", [0, 1, 2])
+def test_row_sums_by_gemv_equal_np_sum(dtype: type, dim: int) -> None:
+    """``_sum_keep`` (a gemv over a contiguous last axis, np.sum otherwise) is np.sum with
+    keepdims, inf and NaN included, for contiguous and strided input."""
+    x = _masked_logits(dtype)
+    x[1, 2, 3] = math.nan
+    for a in (x, x.transpose(0, 2, 1)):
+        with np.errstate(invalid="ignore"):
+            got, want = N._sum_keep(a, dim), np.sum(a, axis=dim, keepdims=True)
+        assert got.shape == want.shape and got.dtype == want.dtype
+        tol = 1e-6 if dtype == np.float32 else 1e-14
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_softmax_family_over_a_leading_dim_gradcheck(op: str) -> None:
+    """Over a dim that is not the last (np.sum's path, not the gemv): gradients in float64."""
+    fn = AF.softmax if op == "softmax" else AF.log_softmax
+    x = ag.tensor(np.random.default_rng(9).standard_normal((3, 4, 2)), requires_grad=True)
+    assert gradcheck(lambda t: fn(t, 1), (x,))
+    assert gradcheck(lambda t: fn(t.transpose(0, 2), -1), (x,))

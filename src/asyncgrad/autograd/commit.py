@@ -57,8 +57,12 @@ def grad_lock() -> threading.RLock:
 
 
 def staged_size(task: GraphTask) -> int:
-    """Elements the commit will add (to decide whether it is computed on a worker)."""
-    return sum(getattr(g, "size", 0) for g in task.staged.values() if g is not None)  # (PendingSum too)
+    """Elements the commit will add (to decide whether it is computed on a worker): a
+    leaf's first ``.grad`` is the staged array itself (stolen) and adds nothing, so a
+    backward into fresh leaves never hops for its commit; deferred sums always add."""
+    staged = task.staged
+    return sum(getattr(g, "size", 0) for var in staged if (g := staged[var]) is not None
+               and (var._grad is not None or type(g) is PendingSum))
 
 
 def _stages(task: GraphTask) -> tuple[dict[Tensor, Any], dict[Tensor, Any]]:

@@ -56,7 +56,7 @@ from .threads import in_event_loop_thread, run_on_fresh_thread as _run_on_fresh_
 from .workers import WorkerPool, shared_pool
 
 REENTRANT_HANDOFF_DEPTH = 40
-DEFAULT_INLINE_THRESHOLD = 131_072
+DEFAULT_INLINE_THRESHOLD = 1_500_000  # Note [Inline or offload] in policy.py
 YIELD_INTERVAL = 0.0005
 WORKER_NICE = 10
 

@@ -1,9 +1,19 @@
 """Scheduling policy: pure decisions about where a node's kernel runs, kept in one place.
 
-Note [Inline or offload]: a node whose ``work`` (elements its kernel touches) is below
-``inline_threshold`` runs inline on the event loop: a thread hop costs ~100 us, a tiny
-node ~1 us. Larger kernels run on the engine's worker threads (numpy releases the GIL),
-at most ``max_workers`` of them (workers.py), so independent branches overlap.
+Note [Inline or offload]: a node whose ``work`` is below ``inline_threshold`` runs
+inline on the event loop; larger kernels run on the engine's worker threads (numpy
+releases the GIL), at most ``max_workers`` of them (workers.py), so independent branches
+overlap and the loop stays free. ``work`` (recording.py) counts the elements the kernel
+reads (the incoming gradient and the saved arrays) times the op's cost factor, plus, for
+a matrix product, its multiply-adds over ``MULTIPLY_ADDS_PER_ELEMENT``: a product's
+backward is two GEMMs, tens of elementwise passes' worth, so it is weighed by what it
+computes, not by what it reads. The default threshold (1.5 M elements) is where a hop repays
+itself: a hop costs the engine a few hundred microseconds in all (submit, a thread's
+wake-up, the kernel on a core whose caches do not hold its inputs, the route back on the
+loop), about what an elementwise pass over that many elements takes. Below it an
+elementwise node finishes on the loop sooner than a hop would, in about one of the loop's
+time slices; a transformer's per-token nodes (layer norm, softmax, GELU at GPT-small
+sizes) then run inline and only its matrix products and the very large nodes hop.
 
 Note [Worker chains]: a large node takes the nodes that only it feeds along on the same
 worker hop, since a hop costs as much as a heavy elementwise kernel. A node C follows its

@@ -17,6 +17,10 @@ from .validation import validate_one
 from .graph import FREED_MESSAGE, NO_EDGE, HookedSavedTensor, Node, SavedTensor, save_for_backward
 
 _grad_enabled = _context.grad_enabled
+# A BLAS multiply-add costs about this fraction of an elementwise pass over one element
+# (Note [Inline or offload] in policy.py): a matrix product's backward counts as
+# (output elements x inner dimension) / this many elements of work.
+MULTIPLY_ADDS_PER_ELEMENT = 4
 _wrap = Tensor._wrap
 _nonleaf = Tensor._nonleaf
 _anomaly = _context.anomaly_mode
@@ -241,8 +245,12 @@ def record(spec: OpSpec, inputs: tuple[Any, ...], out: np.ndarray, aux: Any = No
         node.saved = tuple(saved)
         node.checks = tuple(checks)
     # elements the kernel reads: the incoming gradient and every saved array, scaled by
-    # the op's cost factor (Note [Inline or offload] in engine.py)
+    # the op's cost factor; a matrix product's by its multiply-adds (Note [Inline or
+    # offload] in policy.py)
     work = out.size + sum(e.data.size for e in node.checks if type(e) is SavedTensor)
+    if spec.blas:
+        first = inputs[0].data if type(inputs[0]) is Tensor else np.asarray(inputs[0])
+        work += out.size * (first.shape[-1] if first.ndim else 1) // MULTIPLY_ADDS_PER_ELEMENT
     node.work = work if spec.cost == 1.0 else int(work * spec.cost)
     if _anomaly.get() is not None:
         from .anomaly_mode import record_forward_trace

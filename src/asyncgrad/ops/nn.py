@@ -16,6 +16,19 @@ _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 
+_FAST = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _sum_keep(a, dim):  # type: ignore[no-untyped-def]
+    """``np.sum(a, axis=dim, keepdims=True)``; over the last axis of a contiguous float
+    array as a BLAS gemv with a vector of ones: numpy reduces a short last axis row by
+    row, several times slower than the whole softmax pass around it."""
+    if dim == a.ndim - 1 and a.dtype in _FAST and a.size and a.flags.c_contiguous:
+        n = a.shape[-1]
+        return (a.reshape(-1, n) @ np.ones(n, dtype=a.dtype)).reshape(*a.shape[:-1], 1)
+    return np.sum(a, axis=dim, keepdims=True)
+
+
 # softmax and log_softmax work in one buffer where they can (fewer full-size temporaries);
 # 0-d input goes the plain way, as ufuncs return scalars for it and out= needs arrays
 def _softmax(x, *, dim):  # type: ignore[no-untyped-def]
@@ -24,7 +37,9 @@ def _softmax(x, *, dim):  # type: ignore[no-untyped-def]
         return e / np.sum(e, axis=dim, keepdims=True)
     out = x - np.max(x, axis=dim, keepdims=True)
     np.exp(out, out=out)
-    out /= np.sum(out, axis=dim, keepdims=True)
+    total = _sum_keep(out, dim)
+    np.divide(1, total, out=total)  # one division per row, then a multiply per element
+    out *= total
     return out
 
 
@@ -32,7 +47,7 @@ def _log_softmax(x, *, dim):  # type: ignore[no-untyped-def]
     shifted = x - np.max(x, axis=dim, keepdims=True)
     if x.ndim == 0:
         return shifted - np.log(np.sum(np.exp(shifted), axis=dim, keepdims=True))
-    shifted -= np.log(np.sum(np.exp(shifted), axis=dim, keepdims=True))
+    shifted -= np.log(_sum_keep(np.exp(shifted), dim))
     return shifted
 
 
@@ -40,7 +55,7 @@ def _softmax_rule(m, g, ans, x, *, dim):  # type: ignore[no-untyped-def]
     if m.tensor_mode or ans.ndim == 0:
         return ans * (g - m.sum(g * ans, dim, True))
     d = g * ans
-    np.subtract(g, d.sum(axis=dim, keepdims=True), out=d)
+    np.subtract(g, _sum_keep(d, dim), out=d)
     d *= ans
     return d
 
@@ -49,12 +64,9 @@ def _log_softmax_rule(m, g, ans, x, *, dim):  # type: ignore[no-untyped-def]
     if m.tensor_mode or ans.ndim == 0:
         return g - m.exp(ans) * m.sum(g, dim, True)
     d = np.exp(ans)
-    d *= g.sum(axis=dim, keepdims=True)
+    d *= _sum_keep(g, dim)
     np.subtract(g, d, out=d)
     return d
-
-
-_FAST = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def _gelu(x, *, approximate):  # type: ignore[no-untyped-def]
@@ -144,29 +156,55 @@ def _mse_rule_x(m, g, ans, x, y, *, reduction):  # type: ignore[no-untyped-def]
 
 
 def _layer_norm(x, *affine, dims, eps):  # type: ignore[no-untyped-def]
-    """``(x - mean) / sqrt(var + eps) * w + b`` over ``dims``; ``affine`` is ``(w, b)``,
-    ``(w,)`` or ``()``. Returns the output and, as aux, ``(mean, rstd)`` for the backward
-    (PyTorch's ``native_layer_norm`` saves the same)."""
-    mean = x.mean(axis=dims, keepdims=True)
-    out = x - mean
-    var = np.mean(out * out, axis=dims, keepdims=True)
-    rstd = 1 / np.sqrt(var + eps)
-    out *= rstd
-    if affine:
-        out *= affine[0]
+    """``(x - mean) / sqrt(var + eps) * w + b`` over ``dims`` (the trailing ones);
+    ``affine`` is ``(w, b)``, ``(w,)`` or ``()``. Returns the output and, as aux,
+    ``(xhat, rstd)``: the normalised input as rows ``(N, n)`` and ``1 / std`` as ``(N, 1)``.
+
+    Note [Layer norm keeps x-hat]: PyTorch saves ``(mean, rstd)`` and recomputes x-hat in
+    its fused backward; numpy would recompute it in two passes for each of the three
+    rules (dx, dw, db each read it). Keeping x-hat costs one array of x's size per node
+    and spares the backward four of its passes. The row reductions are matrix-vector
+    products and ``einsum`` row dots (``_row_means``), not ``mean`` over a short last
+    axis, which numpy reduces row by row.
+    """
+    n = math.prod(x.shape[x.ndim - len(dims):])
+    rows = x.reshape(-1, n)  # (a copy only for non-contiguous input)
+    with np.errstate(invalid="ignore", divide="ignore"):  # empty rows: NaN, as PyTorch
+        xhat = rows - _row_means(rows)
+        rstd = _row_means(xhat, xhat)
+        rstd += eps
+        np.sqrt(rstd, out=rstd)
+        np.divide(1, rstd, out=rstd)
+    xhat *= rstd
+    if not affine:
+        return xhat.reshape(x.shape).copy(), (xhat, rstd)
+    out = np.empty_like(xhat)
+    np.multiply(xhat, affine[0].reshape(-1), out=out)
     if len(affine) > 1:
-        out += affine[1]
-    return out, (mean, rstd)
+        out += affine[1].reshape(-1)
+    return out.reshape(x.shape), (xhat, rstd)
+
+
+def _row_means(a: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
+    """The mean of each row of the 2-D ``a`` (of ``a * b`` when ``b`` is given), as a
+    column ``(N, 1)``: a gemv against ``1/n`` (an einsum row dot for ``a * b``) for
+    float32/64, numpy's mean otherwise (float16 accumulates in float32 there)."""
+    n = a.shape[1]
+    if a.dtype not in _FAST or n == 0 or a.shape[0] == 0:
+        return np.mean(a if b is None else a * b, axis=1, keepdims=True)
+    if b is None:
+        return (a @ np.full(n, 1.0 / n, dtype=a.dtype))[:, None]
+    dots = np.einsum("ij,ij->i", a, b)
+    dots *= 1.0 / n
+    return dots[:, None]
 
 
 def _ln_xhat(m, x, dims, eps, aux):  # type: ignore[no-untyped-def]
-    """The normalised input and ``rstd``: from the forward's aux in a plain backward, from
-    ``x`` by differentiable ops under create_graph."""
+    """The normalised input and ``rstd``: the forward's, as rows ``(N, n)``, in a plain
+    backward (Note [Layer norm keeps x-hat]); from ``x`` by differentiable ops, in x's
+    shape, under create_graph."""
     if not m.tensor_mode:
-        mean, rstd = aux
-        xhat = x - mean
-        xhat *= rstd
-        return xhat, rstd
+        return aux
     xc = x - m.mean(x, dims, True)
     rstd = 1.0 / m.sqrt(m.mean(xc * xc, dims, True) + eps)
     return xc * rstd, rstd
@@ -175,32 +213,36 @@ def _ln_xhat(m, x, dims, eps, aux):  # type: ignore[no-untyped-def]
 def _ln_rule_x(m, g, ans, x, w=None, b=None, *, dims, eps, aux):  # type: ignore[no-untyped-def]
     # dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)), gw = g * w
     xhat, rstd = _ln_xhat(m, x, dims, eps, aux)
-    gw = g if w is None else g * w
     if m.tensor_mode:
+        gw = g if w is None else g * w
         return rstd * (gw - m.mean(gw, dims, True) - xhat * m.mean(gw * xhat, dims, True))
-    proj = np.mean(gw * xhat, axis=dims, keepdims=True)
-    dx = gw - np.mean(gw, axis=dims, keepdims=True)
-    xhat *= proj
-    dx -= xhat
+    gw = g.reshape(xhat.shape)
+    if w is not None:
+        gw = gw * w.reshape(-1)
+    dx = xhat * _row_means(gw, xhat)
+    np.subtract(gw, dx, out=dx)
+    dx -= _row_means(gw)
     dx *= rstd
-    return dx
+    return dx.reshape(g.shape)
 
 
 def _ln_rule_w(m, g, ans, x, w, b=None, *, dims, eps, aux):  # type: ignore[no-untyped-def]
     xhat, _ = _ln_xhat(m, x, dims, eps, aux)
     if m.tensor_mode:
         return g * xhat  # summed over the leading dims by the engine
-    xhat *= g
-    return _sum_rows(xhat, dims)
+    gx = g.reshape(xhat.shape) * xhat
+    return _sum_rows(gx).reshape(w.shape)
 
 
 def _ln_rule_b(m, g, ans, x, w, b, *, dims, eps, aux):  # type: ignore[no-untyped-def]
-    return g if m.tensor_mode else _sum_rows(g, dims)
+    return g if m.tensor_mode else _sum_rows(g.reshape(aux[0].shape)).reshape(g.shape[g.ndim - len(dims):])
 
 
-def _sum_rows(a: np.ndarray, dims: tuple[int, ...]) -> np.ndarray:
-    """Sum over the dims before the normalised ones (one reduction over a 2-D view)."""
-    return a.reshape(-1, *a.shape[a.ndim - len(dims):]).sum(axis=0)
+def _sum_rows(a: np.ndarray) -> np.ndarray:
+    """The sum of the rows of a 2-D array (a BLAS gemv with a vector of ones)."""
+    if a.dtype not in _FAST:
+        return a.sum(axis=0)
+    return np.ones(a.shape[0], dtype=a.dtype) @ a
 
 
 # name ---------- node name ------------- forward ------- derivative ---------------------
