@@ -14,7 +14,11 @@ import pytest
 
 import asyncgrad as ag
 from asyncgrad.autograd import Engine, get_engine, set_engine
+from asyncgrad.autograd.threads import run_in_executor
 from asyncgrad.autograd.workers import WorkerPool, shared_pool
+
+BACKENDS = ["asyncio", pytest.param("trio", marks=pytest.mark.skipif(
+    __import__("importlib").util.find_spec("trio") is None, reason="trio not installed"))]
 
 
 def _poll(condition, timeout: float = 5.0) -> bool:
@@ -227,3 +231,65 @@ def test_blas_kernels_from_several_loops_share_one_bound():
     _backwards_on_loop_threads(engine, one_backward)
     assert engine.statistics().graph_tasks_succeeded == 12
     assert 1 <= matmuls.peak <= max(CORES, max(per_call))
+
+
+# --- the hop to a worker and back (threads.run_in_executor) ---------------------------------
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_call_cancelled_while_it_runs_is_waited_for_and_its_result_dropped(backend):
+    """A thread cannot be interrupted: the await returns only after the call ended, and
+    the cancellation goes on (the result is not returned)."""
+    import anyio
+
+    pool = WorkerPool(1)
+    started, gate = threading.Event(), threading.Event()
+    events: list[str] = []
+
+    def kernel() -> str:
+        started.set()
+        gate.wait(5)
+        events.append("kernel ended")
+        return "result"
+
+    async def main() -> None:
+        got: list[str] = []
+        with anyio.CancelScope() as scope:
+            async def cancel_once_it_runs() -> None:
+                await anyio.to_thread.run_sync(started.wait)
+                scope.cancel()
+                gate.set()  # (after the cancel: the await must wait for the kernel)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(cancel_once_it_runs)
+                got.append(await run_in_executor(pool, kernel, ()))
+        events.append("await returned")
+        assert scope.cancelled_caught and got == []
+
+    anyio.run(main, backend=backend)
+    assert events == ["kernel ended", "await returned"]
+    assert pool.threads == 1  # the one worker, idle again (no thread leaked)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_call_cancelled_while_queued_never_runs_and_errors_come_back(backend):
+    import anyio
+
+    pool = WorkerPool(1)
+    gate = threading.Event()
+    ran: list[str] = []
+
+    def boom() -> None:
+        raise ValueError("kernel failed")
+
+    async def main() -> None:
+        blocker = pool.submit(gate.wait, 5)  # holds the only worker
+        with anyio.move_on_after(0.01):
+            await run_in_executor(pool, ran.append, ("queued",))
+        gate.set()
+        blocker.result(timeout=5)
+        with pytest.raises(ValueError, match="kernel failed"):
+            await run_in_executor(pool, boom, ())
+        assert await run_in_executor(pool, lambda a, b: a + b, (2, 3)) == 5
+
+    anyio.run(main, backend=backend)
+    assert ran == []
+    assert pool.threads == 1

@@ -113,8 +113,57 @@ async def run_in_executor(executor: Executor, fn: Callable[..., Any], args: tupl
     future, and the worker thread's frame until it next runs, keep only the empty list.
     A worker thread (niced, Note [Worker threads yield the CPU to the loop]) may keep
     them a while after the loop went on, and would keep a large gradient alive with
-    them after the commit took it over (Note [Owned gradients] in execute.py)."""
+    them after the commit took it over (Note [Owned gradients] in execute.py).
+
+    Note [A bare future for the hop back]: on asyncio the awaiting task waits on a
+    plain ``asyncio.Future`` that the worker's done-callback resolves through
+    ``call_soon_threadsafe``, not on an anyio Event (an asyncio Event wrapped in
+    anyio's, whose ``wait`` makes a future of its own and whose ``set`` walks its
+    waiters). The hop is on the critical path of every offloaded node, and the loop
+    must reach its ``select`` before the worker gets the GIL, so each step the loop
+    runs between the submit and its next sleep delays the kernel's start. Trio keeps
+    the anyio Event."""
     ctx = contextvars.copy_context()
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # trio
+        return await _run_in_executor_anyio(executor, fn, args, ctx)
+    arrival = _Arrival(loop)
+    future = executor.submit(ctx.run, _boxed, fn, *args)
+    future.add_done_callback(arrival.from_worker)
+    try:
+        await arrival.waiter
+    except asyncio.CancelledError:
+        if not future.cancel() and not future.done():
+            # started: wait for its end (the loop thread ran every earlier arrival,
+            # so a kernel that ended before this point shows as done above)
+            arrival.waiter = loop.create_future()
+            with anyio.CancelScope(shield=True):
+                await arrival.waiter
+        raise
+    return future.result().pop()
+
+
+class _Arrival:
+    """The loop-side end of one call on a worker: ``waiter`` is resolved on the loop
+    once the call's future is done (the waiter may be replaced after a cancellation)."""
+
+    __slots__ = ("loop", "waiter")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.waiter: asyncio.Future[None] = loop.create_future()
+
+    def from_worker(self, _: object) -> None:
+        self.loop.call_soon_threadsafe(self.arrive)
+
+    def arrive(self) -> None:
+        if not self.waiter.done():  # (cancelled meanwhile: nothing waits on it)
+            self.waiter.set_result(None)
+
+
+async def _run_in_executor_anyio(executor: Executor, fn: Callable[..., Any], args: tuple[Any, ...],
+                                 ctx: contextvars.Context) -> Any:
     done = anyio.Event()
     call_soon = _threadsafe_caller()
     future = executor.submit(ctx.run, _boxed, fn, *args)
