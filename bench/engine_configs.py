@@ -4,7 +4,7 @@ three ways, beside PyTorch's manual-attention step, interleaved rounds, medians:
     python -m bench.engine_configs [--rounds 9]
 
 Shows how much of the transformer step is the engine's scheduling (large nodes hop to
-worker threads, which run at niceness 10 by default) rather than the kernels.
+worker threads, at the process's priority unless ``worker_nice`` is set) rather than the kernels.
 """
 
 from __future__ import annotations

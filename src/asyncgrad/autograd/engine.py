@@ -58,15 +58,15 @@ from .workers import WorkerPool, shared_pool
 REENTRANT_HANDOFF_DEPTH = 40
 DEFAULT_INLINE_THRESHOLD = 1_500_000  # Note [Inline or offload] in policy.py
 YIELD_INTERVAL = 0.0005
-WORKER_NICE = 10
+WORKER_NICE = 0  # Note [Worker threads yield the CPU to the loop] in workers.py: opt-in
 
 
 class Engine:
     """Runs backward passes. ``max_workers`` bounds the engine's kernel threads,
     ``inline_threshold`` (elements) decides which nodes run inline, ``executor``
     replaces the engine's own worker threads with any ``concurrent.futures.Executor``,
-    ``worker_nice`` lowers those threads' scheduling priority (Note [Worker threads
-    yield the CPU to the loop] in workers.py), ``yield_interval`` is the longest the
+    ``worker_nice`` lowers those threads' scheduling priority (default 0: none; Note
+    [Worker threads yield the CPU to the loop] in workers.py), ``yield_interval`` is the longest the
     loop goes without a turn (Note [One runner per loop] in scheduler.py)."""
 
     def __init__(self, *, max_workers: int | None = None, inline_threshold: int | None = None,

@@ -1,17 +1,20 @@
 """The engine's own worker threads: a small pool that hands each kernel to the thread
-that went idle last, at a lowered scheduling priority.
+that went idle last, optionally at a lowered scheduling priority.
 
 Note [Worker threads yield the CPU to the loop]: kernels use every core, and a BLAS call
 adds threads of its own, so with the loop's thread at the same priority the OS scheduler
-lets the loop wait behind them. Two decisions keep the loop served at the same speed
-(docs/benchmarks.md has the loop-lag figures):
+lets the loop wait behind them. Two means keep the loop served:
 
-* the workers run at niceness ``nice`` (Linux: each thread has its own; default 10), so
-  a woken loop thread gets a core at once. Lower priority costs nothing on an idle
-  machine; next to other busy processes the kernels get a smaller share of the CPU
-  (``Engine(worker_nice=0)`` keeps the process's priority). A thread's niceness cannot
-  be raised back without privileges, which is why these threads are the engine's own
-  and not anyio's, which the application shares;
+* the workers can run at a lowered priority, niceness ``nice`` (Linux: each thread has
+  its own), so a woken loop thread gets a core at once. It is opt-in
+  (``Engine(worker_nice=10)``), not the default: next to one other busy process the
+  niced kernels get a small share of the core they share with it, the backward takes
+  several times as long, and even the loop's worst lag grows (it waits for its
+  kernels); on a machine the service has to itself it shortens the loop's p99 lag
+  during large backwards at the same speed (``python -m bench.worker_nice [--busy]``). A
+  service that owns its machine and cares about loop lag sets it; the default does not
+  starve. A thread's niceness cannot be raised back without privileges, which is why
+  these threads are the engine's own and not anyio's, which the application shares;
 * the thread that finished the last kernel takes the next one: a worker goes back on a
   stack of idle threads *before* its result wakes the loop, and the loop's next kernel
   goes to the top of that stack. When kernels come one after another, one thread then
