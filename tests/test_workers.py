@@ -119,9 +119,11 @@ def test_worker_threads_run_at_lowered_priority(nice):
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread niceness is Linux's")
-async def test_engine_kernels_run_on_its_niced_threads():
+@pytest.mark.parametrize("nice", [None, 5])
+async def test_engine_kernels_run_on_its_threads_niced_only_when_asked(nice):
+    """Default: the process's priority (Note [Worker threads yield the CPU to the loop])."""
     prev = get_engine()
-    engine = Engine(inline_threshold=0, worker_nice=5)
+    engine = Engine(inline_threshold=0) if nice is None else Engine(inline_threshold=0, worker_nice=nice)
     set_engine(engine)
     seen: list[tuple[str, int]] = []
 
@@ -137,7 +139,8 @@ async def test_engine_kernels_run_on_its_niced_threads():
     finally:
         set_engine(prev)
     base = os.getpriority(os.PRIO_PROCESS, 0)
-    assert seen and all(name.startswith("asyncgrad-worker") and nice == min(19, base + 5) for name, nice in seen)
+    expected = base if nice is None else min(19, base + nice)
+    assert seen and all(name.startswith("asyncgrad-worker") and got == expected for name, got in seen)
 
 
 class _Concurrency:

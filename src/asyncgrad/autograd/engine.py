@@ -65,9 +65,10 @@ class Engine:
     """Runs backward passes. ``max_workers`` bounds the engine's kernel threads,
     ``inline_threshold`` (elements) decides which nodes run inline, ``executor``
     replaces the engine's own worker threads with any ``concurrent.futures.Executor``,
-    ``worker_nice`` lowers those threads' scheduling priority (default 0: none; Note
-    [Worker threads yield the CPU to the loop] in workers.py), ``yield_interval`` is the longest the
-    loop goes without a turn (Note [One runner per loop] in scheduler.py)."""
+    ``worker_nice`` lowers those threads' scheduling priority (default 0: not at all;
+    Note [Worker threads yield the CPU to the loop] in workers.py), ``yield_interval``
+    is the longest the loop goes without a turn (Note [One runner per loop] in
+    scheduler.py)."""
 
     def __init__(self, *, max_workers: int | None = None, inline_threshold: int | None = None,
                  executor: Executor | None = None, yield_interval: float = YIELD_INTERVAL,

@@ -111,8 +111,8 @@ async def run_in_executor(executor: Executor, fn: Callable[..., Any], args: tupl
 
     The result comes back in a one-item list that is emptied here: the executor's
     future, and the worker thread's frame until it next runs, keep only the empty list.
-    A worker thread (niced, Note [Worker threads yield the CPU to the loop]) may keep
-    them a while after the loop went on, and would keep a large gradient alive with
+    A worker thread (possibly niced, Note [Worker threads yield the CPU to the loop])
+    may keep them a while after the loop went on, and would keep a large gradient alive with
     them after the commit took it over (Note [Owned gradients] in execute.py).
 
     Note [A bare future for the hop back]: on asyncio the awaiting task waits on a
