@@ -53,10 +53,10 @@ for them on its worker thread, never on the loop.
 
 Note [BLAS hysteresis]: flipping BLAS's threads per backward call made two tasks that
 alternate (one's forward pass while the other's backward is in flight, then one alone)
-call ``set_num_threads`` about twice per pass (1,887 calls in 960 passes of the
-``concurrent`` workload's MLP with 2 tasks), and gave their forward passes' small
-products BLAS's helper threads half of the time, the case where a busy core makes a
-two-threaded call many times slower. So BLAS goes single-threaded at once when a
+call ``set_num_threads`` about twice per pass, and gave their forward passes' small
+products BLAS's helper threads part of the time, the case where a busy core makes a
+two-threaded call many times slower (``python -m bench.blas_flips 2`` measures both).
+So BLAS goes single-threaded at once when a
 second backward starts, but gets its own threads back only after ``RELAX_AFTER``
 backward calls in a row started with no other in flight: a service that was concurrent
 recently stays single-threaded between its requests; one caller running backward after
