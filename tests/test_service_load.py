@@ -343,7 +343,13 @@ async def test_blas_is_single_threaded_while_several_backward_calls_run(engine):
     x = ag.tensor([1.0], requires_grad=True)
     await ag.backward((x * 2.0).sum())  # starts the one-time set-up
     await anyio.to_thread.run_sync(engine.policy.ready.wait)
+    from asyncgrad.autograd.policy import RELAX_AFTER
+
+    for _ in range(RELAX_AFTER):  # alone long enough to have BLAS's own threads (Note [BLAS hysteresis])
+        await ag.backward((x * 2.0).sum())
     alone = blas_threads()
+    if alone == 1:
+        pytest.skip("numpy's BLAS is single-threaded here: nothing to adapt")
     seen: list[int] = []
     Gate.gate = anyio.Event()
     z = ag.tensor([3.0], requires_grad=True)
@@ -356,7 +362,63 @@ async def test_blas_is_single_threaded_while_several_backward_calls_run(engine):
         await ag.backward(y.sum())
         Gate.gate.set()
     assert seen == [1]
+    # Note [BLAS hysteresis]: its own threads come back on the RELAX_AFTER-th call alone
+    during: list[int] = []
+    for _ in range(RELAX_AFTER):
+        y = x * 3.0
+        y.register_hook(lambda g: during.append(blas_threads()))
+        await ag.backward(y.sum())
+    assert during == [1] * (RELAX_AFTER - 1) + [alone]
     assert blas_threads() == alone
+
+
+class _FakeBlas:
+    """A BLAS library's threadpoolctl controller that records the counts it is set to."""
+
+    def __init__(self) -> None:
+        self.num_threads = 2
+        self.calls: list[int] = []
+
+    def set_num_threads(self, n: int) -> None:
+        self.calls.append(n)
+        self.num_threads = n
+
+
+def test_blas_threads_do_not_flip_per_call_while_calls_alternate():
+    """Note [BLAS hysteresis]: two callers whose backward calls overlap on and off (the
+    count of calls in flight going 1, 2, 1, 2, ...) switch BLAS to one thread once, not
+    twice per call; a lone caller gets BLAS's threads back after RELAX_AFTER calls alone,
+    and a call overlapping another before that starts the count again."""
+    from asyncgrad.autograd.policy import RELAX_AFTER, BlasThreads
+
+    blas = BlasThreads(2)
+    lib = _FakeBlas()
+    blas._libs, blas._default = [lib], 2
+    blas.backward_started()  # caller A alone: BLAS keeps its threads
+    assert blas.per_call == 2
+    for _ in range(50):  # B starts while A runs, A ends, A starts while B runs, B ends...
+        blas.backward_started()
+        assert blas.per_call == 1
+        blas.backward_ended()
+        assert blas.per_call == 1
+    assert lib.calls == [1]
+    blas.backward_ended()
+    for i in range(RELAX_AFTER - 2):  # alone, but concurrent recently
+        blas.backward_started()
+        assert blas.per_call == 1, i
+        blas.backward_ended()
+    blas.backward_started()  # the (RELAX_AFTER-1)-th alone; another overlaps it: the count starts again
+    blas.backward_started()
+    blas.backward_ended()
+    blas.backward_ended()
+    for _ in range(RELAX_AFTER - 1):
+        blas.backward_started()
+        blas.backward_ended()
+    assert lib.calls == [1]
+    blas.backward_started()  # the RELAX_AFTER-th call alone in a row
+    assert blas.per_call == 2 and lib.calls == [1, 2]
+    blas.backward_ended()
+    assert blas.per_call == 2 and lib.calls == [1, 2]
 
 
 # --- the runner completes small backward calls for waiting callers ----------------------------

@@ -34,7 +34,9 @@ BLAS call waits for its helper threads, many times longer than a single-threaded
 takes (docs/benchmarks.md). So BLAS's threads adapt (``BLAS``):
 numpy's BLAS is single-threaded while more than one backward call is in flight in the
 process, and uses its own default threads while one backward runs alone (one large
-product on all cores beats two single-threaded ones). The switch is made only while no
+product on all cores beats two single-threaded ones). Going back to BLAS's own threads
+waits until ``RELAX_AFTER`` backward calls in a row started alone (Note [BLAS
+hysteresis]). The switch is made only while no
 engine BLAS kernel runs (OpenBLAS's pthreads build just stores the count; a call in
 progress keeps the count it started with). On worker threads, BLAS kernels take
 ``threads-per-call`` of ``cores`` shared slots, over every loop and engine, and a BLAS
@@ -48,6 +50,18 @@ take tens of milliseconds once. They run on a background thread started with the
 engine's first backward, never on the loop. Until they are done the policy assumes BLAS
 uses every core (one BLAS kernel at a time, no split BLAS nodes); a BLAS kernel waits
 for them on its worker thread, never on the loop.
+
+Note [BLAS hysteresis]: flipping BLAS's threads per backward call made two tasks that
+alternate (one's forward pass while the other's backward is in flight, then one alone)
+call ``set_num_threads`` about twice per pass, and gave their forward passes' small
+products BLAS's helper threads part of the time, the case where a busy core makes a
+two-threaded call many times slower (``python -m bench.blas_flips 2`` measures both).
+So BLAS goes single-threaded at once when a
+second backward starts, but gets its own threads back only after ``RELAX_AFTER``
+backward calls in a row started with no other in flight: a service that was concurrent
+recently stays single-threaded between its requests; one caller running backward after
+backward alone gets BLAS's threads after a few calls. Counted in calls, not seconds, so
+the decision depends only on the order of events.
 """
 
 from __future__ import annotations
@@ -63,6 +77,7 @@ if TYPE_CHECKING:
     from .graph_task import GraphTask
 
 MAX_LIGHT_RUN = 4  # light nodes in a row inside a worker chain (Note [Worker chains])
+RELAX_AFTER = 8  # backward calls started alone in a row before BLAS gets its threads back (Note [BLAS hysteresis])
 CORES = os.cpu_count() or 1
 
 
@@ -196,6 +211,7 @@ class BlasThreads:
         self._default = cores  # BLAS's own threads per call
         self._fixed = False  # Engine(blas_threads=n): never adapt
         self._single = False
+        self._alone = 0  # backward calls started in a row with no other in flight
 
     @property
     def per_call(self) -> int:
@@ -226,6 +242,7 @@ class BlasThreads:
     def backward_started(self) -> None:
         with self._cond:
             self._backwards += 1
+            self._alone = self._alone + 1 if self._backwards == 1 else 0
             self._adapt()
 
     def backward_ended(self) -> None:
@@ -234,7 +251,7 @@ class BlasThreads:
             self._adapt()
 
     def _adapt(self) -> None:
-        single = self._backwards > 1
+        single = self._backwards > 1 or (self._single and self._alone < RELAX_AFTER)
         if self._fixed or not self._libs or single == self._single or self._free != self.cores:
             return  # (a BLAS kernel running: the next start or end adapts)
         for lib in self._libs:
