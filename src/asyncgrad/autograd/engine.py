@@ -133,7 +133,6 @@ class Engine:
                 check_complete(task)
                 if task.pre_commits:
                     await self._run_pre_commits(task)
-                lifecycle.disarm(task)
                 await self._commit(task)
                 await self._run_callbacks(task)
             outcome = "succeeded"
@@ -272,7 +271,9 @@ class Engine:
     # --- commit and callbacks -------------------------------------------------------------
     async def _commit(self, task: GraphTask) -> None:
         """Commit on success (Note [Atomic commits] in commit.py). Shielded from
-        cancellation once started: it happens entirely or not at all."""
+        cancellation once started: it happens entirely or not at all. From here on the
+        backward is never aborted (Note [Abort functions] in lifecycle.py)."""
+        lifecycle.disarm(task)
         if task.create_graph or commit.staged_size(task) < self.inline_threshold:
             commit.commit_inline(task)
         else:

@@ -8,9 +8,10 @@ reads (the incoming gradient and the saved arrays) times the op's cost factor, p
 a matrix product, its multiply-adds over ``MULTIPLY_ADDS_PER_ELEMENT``: a product's
 backward is two GEMMs, tens of elementwise passes' worth, so it is weighed by what it
 computes, not by what it reads. The default threshold (1.5 M elements) is where a hop repays
-itself: a hop costs the engine a few hundred microseconds in all (submit, a thread's
-wake-up, the kernel on a core whose caches do not hold its inputs, the route back on the
-loop), about what an elementwise pass over that many elements takes. Below it an
+itself: a hop costs the engine a submit, two thread wake-ups, the kernel on a core whose
+caches do not hold its inputs, and the route back on the loop, about what an
+elementwise pass over that many elements takes (docs/benchmarks.md, the op table's
+"bwd" and "bwd inline" columns). Below it an
 elementwise node finishes on the loop sooner than a hop would, in about one of the loop's
 time slices; a transformer's per-token nodes (layer norm, softmax, GELU at GPT-small
 sizes) then run inline and only its matrix products and the very large nodes hop.
