@@ -711,3 +711,81 @@ async def test_a_caller_cancelled_while_waiting_in_line_commits_nothing_and_bloc
         assert not scheduler.admission and scheduler.runner is None
     finally:
         ag.autograd.set_engine(prev)
+
+
+# --- a finished backward leaves nothing for the garbage collector ------------------------------
+# Note [A finished GraphTask is freed at once] (sync_driver.py): the GraphTask and the graph it
+# walked are freed by reference counting when the call returns, however it was completed.
+
+def _watched_backward_graph() -> tuple[ag.Tensor, ag.Tensor, list[object]]:
+    """A leaf, a loss whose graph is watched, and weak references to the loss's node and
+    (filled in by a hook while the backward runs) its GraphTask."""
+    import weakref
+
+    from asyncgrad.autograd.threads import running_graph_task
+
+    w = ag.tensor([1.0, 2.0], requires_grad=True)
+    y = w * 3.0
+    refs: list[object] = []
+    y.register_hook(lambda g: refs.append(weakref.ref(running_graph_task())))
+    loss = y.sum()
+    refs.append(weakref.ref(loss.grad_fn))
+    return w, loss, refs
+
+
+def _alive(refs: list[object]) -> list[bool]:
+    assert len(refs) == 2, "the hook did not run"
+    return [r() is not None for r in refs]  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_finished_backward_and_its_graph_are_freed_without_the_garbage_collector(engine, backend):
+    """Alone (the caller is the loop's runner), and while a long backward runs (the runner
+    completes it for its waiting caller), with the cyclic collector off."""
+    import gc
+
+    async def alone() -> list[bool]:
+        w, loss, refs = _watched_backward_graph()
+        await ag.backward(loss)
+        del loss
+        assert w.grad.tolist() == [3.0, 3.0]
+        return _alive(refs)
+
+    async def completed_by_the_runner() -> list[bool]:
+        w, loss, refs = _watched_backward_graph()
+        by: list[object] = []
+        loss.grad_fn.register_hook(lambda gi, go: by.append(_current_task()))
+        held = [loss]
+        del loss
+
+        async def small() -> None:
+            by.append(_current_task())
+            await ag.backward(held.pop())
+
+        await _while_long_backward_runs(small)
+        assert by[0] != by[1]  # the premise: another task (the runner) ran the node
+        assert w.grad.tolist() == [3.0, 3.0]
+        return _alive(refs)
+
+    gc.collect()
+    gc.disable()
+    try:
+        assert anyio.run(alone, backend=backend) == [False, False]
+        assert anyio.run(completed_by_the_runner, backend=backend) == [False, False]
+    finally:
+        gc.enable()
+
+
+def test_a_finished_synchronous_backward_is_freed_without_the_garbage_collector():
+    import gc
+
+    gc.collect()
+    gc.disable()
+    try:
+        w, loss, refs = _watched_backward_graph()
+        loss.backward()
+        del loss
+        assert w.grad.tolist() == [3.0, 3.0]
+        assert _alive(refs) == [False, False]
+    finally:
+        gc.enable()
