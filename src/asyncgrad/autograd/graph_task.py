@@ -64,7 +64,9 @@ class GraphTask:
         # task's thread, before any node runs; read-only afterwards
         self.depth = 0  # reentrant depth: parent's + 1
         self.parent: GraphTask | None = None  # the backward this one is nested in
-        self.context: contextvars.Context | None = None  # the driver's context, nodes run in it
+        # the driver's context, nodes run in it; None again once the backward ended (Note
+        # [A finished GraphTask is freed at once] in sync_driver.py)
+        self.context: contextvars.Context | None = None
         # -- the plan: written by set_roots (creating thread, before execute), read-only
         # once the driver starts
         self.exec_info: ExecMap | None = None  # None: every reachable node runs (exec_info.py)
