@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from . import _fast as fast
+
 
 def index_add_zeros(g: np.ndarray, index: Any, shape: tuple[int, ...], basic: bool) -> np.ndarray:
     """Zeros of ``shape`` (``g``'s dtype) with ``g`` added at ``index``; repeated
@@ -35,6 +37,8 @@ def _row_index(index: Any, g: np.ndarray, shape: tuple[int, ...]) -> bool:
 
 def _add_rows(out: np.ndarray, rows: np.ndarray, g: np.ndarray) -> None:
     """``out[rows[i]] += g[i]`` for every i, repeated rows summed (out is 2-D, zeros)."""
+    if fast.add_rows(out, rows, g):  # compiled: a loop over the rows in order
+        return
     if rows.dtype.kind == "i" and rows.min() < 0:  # -1 and n-1 are one row
         rows = np.where(rows < 0, rows + out.shape[0], rows)
     order = np.argsort(rows, kind="stable")  # stable: a deterministic summation order
