@@ -151,27 +151,29 @@ def layer_norm(x: np.ndarray, affine: tuple[np.ndarray, ...], n: int,
 
 def layer_norm_backward(g: np.ndarray, xhat: np.ndarray, rstd: np.ndarray,
                         w: np.ndarray | None) -> np.ndarray | None:
-    """dx of layer_norm, rows ``(N, n)`` like ``xhat``, or None."""
+    """dx of layer_norm, in ``g``'s shape, or None. (A fresh array, not a view: the engine
+    can make it ``.grad`` without a copy.)"""
     k = compiled()
     if k is None or not _fits(xhat) or g.dtype != xhat.dtype or rstd.dtype != xhat.dtype:
         return None
     weight = np.empty(0, dtype=xhat.dtype) if w is None else w
     if weight.dtype != xhat.dtype:
         return None
-    out = np.empty(xhat.shape, dtype=xhat.dtype)
+    out = np.empty(g.shape, dtype=xhat.dtype)
     n = xhat.shape[1]
     k.layer_norm_backward(_rows(g, n), np.ascontiguousarray(xhat), np.ascontiguousarray(rstd),
-                          _flat(weight), out)
+                          _flat(weight), out.reshape(-1, n))
     return out
 
 
-def column_dots(a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
-    """``(a * b).sum(axis=0)`` of two 2-D arrays of one shape, or None."""
+def column_dots(a: np.ndarray, b: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
+    """``(a * b).sum(axis=0)`` of two 2-D arrays of one shape, as a fresh array of
+    ``shape`` (``a.shape[1]`` elements), or None."""
     k = compiled()
     if k is None or not _fits(a, b) or a.ndim != 2:
         return None
-    out = np.empty(a.shape[1], dtype=a.dtype)
-    k.column_dots(np.ascontiguousarray(a), np.ascontiguousarray(b), out)
+    out = np.empty(shape, dtype=a.dtype)
+    k.column_dots(np.ascontiguousarray(a), np.ascontiguousarray(b), out.reshape(-1))
     return out
 
 

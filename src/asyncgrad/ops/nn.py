@@ -142,28 +142,42 @@ def _gelu_rule_composite(m, g, ans, x, *, approximate):  # type: ignore[no-untyp
 
 
 def _nll_loss(logp, *, target, reduction, ignore_index):  # type: ignore[no-untyped-def]
+    """The loss and, as aux, ``(safe targets, coefficient per row, logp's shape)``: the
+    gradient is ``g * coef`` at ``(i, target[i])`` and zero elsewhere.
+
+    Note [NLL keeps its targets]: the aux used to be the dense ``(N, C)`` weight array,
+    zero but for one entry per row; building it cost the forward a full ``(N, C)``
+    allocation and the backward a full multiply. The backward now writes its zeros and
+    the ``N`` entries itself."""
     n = logp.shape[0]
     valid = target != ignore_index
     safe = np.where(valid, target, 0)
     picked = -logp[np.arange(n), safe] * valid
-    weights = np.zeros_like(logp)
-    weights[np.arange(n), safe] = -valid.astype(logp.dtype)
+    coef = -valid.astype(logp.dtype)
     if reduction == "mean":
         count = max(int(valid.sum()), 0)
         with np.errstate(divide="ignore", invalid="ignore"):
             out = np.asarray(picked.sum() / count, dtype=logp.dtype)
-        weights /= count if count else 1
+        coef /= count if count else 1
     elif reduction == "sum":
         out = np.asarray(picked.sum(), dtype=logp.dtype)
     else:
         out = picked.astype(logp.dtype, copy=False)
-    return out, weights
+    return out, (safe, coef, logp.shape)
 
 
 def _nll_rule(m, g, ans, x, *, reduction, aux):  # type: ignore[no-untyped-def]
-    if reduction == "none":
-        return m.unsqueeze(g, -1) * aux
-    return g * aux
+    safe, coef, shape = aux
+    rows = np.arange(shape[0])
+    if m.tensor_mode:  # differentiable in g: g times the dense weights
+        weights = np.zeros(shape, dtype=coef.dtype)
+        weights[rows, safe] = coef
+        return m.unsqueeze(g, -1) * weights if reduction == "none" else g * weights
+    gv = np.asarray(g)
+    dtype = np.result_type(gv.dtype, coef.dtype)
+    out = np.zeros(shape, dtype=dtype)
+    out[rows, safe] = gv * coef  # g is 0-d, or (N,) for reduction="none"
+    return out
 
 
 def _mse(x, y, *, reduction):  # type: ignore[no-untyped-def]
@@ -246,7 +260,7 @@ def _ln_rule_x(m, g, ans, x, w=None, b=None, *, dims, eps, aux):  # type: ignore
         return rstd * (gw - m.mean(gw, dims, True) - xhat * m.mean(gw * xhat, dims, True))
     dx = fast.layer_norm_backward(g, xhat, rstd, w)
     if dx is not None:
-        return dx.reshape(g.shape)
+        return dx
     gw = g.reshape(xhat.shape)
     if w is not None:
         gw = gw * w.reshape(-1)
@@ -254,22 +268,29 @@ def _ln_rule_x(m, g, ans, x, w=None, b=None, *, dims, eps, aux):  # type: ignore
     np.subtract(gw, dx, out=dx)
     dx -= _row_means(gw)
     dx *= rstd
-    return dx.reshape(g.shape)
+    return _reshaped(dx, g.shape)
 
 
 def _ln_rule_w(m, g, ans, x, w, b=None, *, dims, eps, aux):  # type: ignore[no-untyped-def]
     xhat, _ = _ln_xhat(m, x, dims, eps, aux)
     if m.tensor_mode:
         return g * xhat  # summed over the leading dims by the engine
-    dw = fast.column_dots(g.reshape(xhat.shape), xhat)
+    dw = fast.column_dots(g.reshape(xhat.shape), xhat, w.shape)
     if dw is not None:
-        return dw.reshape(w.shape)
+        return dw
     gx = g.reshape(xhat.shape) * xhat
-    return _sum_rows(gx).reshape(w.shape)
+    return _reshaped(_sum_rows(gx), w.shape)
 
 
 def _ln_rule_b(m, g, ans, x, w, b, *, dims, eps, aux):  # type: ignore[no-untyped-def]
-    return g if m.tensor_mode else _sum_rows(g.reshape(aux[0].shape)).reshape(g.shape[g.ndim - len(dims):])
+    return g if m.tensor_mode else _reshaped(_sum_rows(g.reshape(aux[0].shape)), g.shape[g.ndim - len(dims):])
+
+
+def _reshaped(a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """``a`` in ``shape``, itself when it has that shape already: a fresh array the rules
+    return can become ``.grad`` without the engine's copy, a view (even of the same shape)
+    cannot (``commit._take``)."""
+    return a if a.shape == shape else a.reshape(shape)
 
 
 def _sum_rows(a: np.ndarray) -> np.ndarray:
