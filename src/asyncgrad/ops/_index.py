@@ -5,6 +5,8 @@ summed by sorting the indices and one ``np.add.reduceat`` over the sorted gradie
 instead of ``np.add.at``, which adds one row at a time: 0.28 against 1.24 ms for an
 embedding of 65 x 128 looked up at 16 x 64 tokens here (``np.bincount`` per column: 0.64
 ms; it also loses to add.at for large vocabularies). Other indices use ``np.add.at``.
+With the compiled kernels loaded (``ops/kernels.py``), float rows are added by one loop
+over the indices in order instead: no sort, the same summation order every time.
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""Neural-network primitives: softmax, log_softmax, gelu, nll_loss, mse_loss."""
+"""Neural-network primitives: softmax, log_softmax, gelu, nll_loss, mse_loss, layer_norm.
+
+Each kernel and plain-backward rule first asks ``ops/_fast.py`` for the compiled path (one
+pass, numba; see ``ops/kernels.py``) and runs its numpy form when that returns None: the
+numpy forms are the complete fallback and, under create_graph, the differentiable rules."""
 
 from __future__ import annotations
 
