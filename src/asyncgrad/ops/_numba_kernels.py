@@ -72,7 +72,12 @@ def _exp_impl(x):  # type: ignore[no-untyped-def]
 
     def exp_f32(x):  # type: ignore[no-untyped-def]
         n = np.floor(x * f(1.44269504088896341) + f(0.5))
-        n = min(max(n, f(-126.0)), f(127.0))  # NaN goes to either bound: r stays NaN
+        # clamp n to the normal exponents; NaN goes to -126 too, as converting NaN to an
+        # integer is undefined (r, and so the result, stay NaN)
+        if not n >= f(-126.0):
+            n = f(-126.0)
+        if n > f(127.0):
+            n = f(127.0)
         r = x - n * f(0.693359375)
         r = r + n * f(2.12194440e-4)
         p = f(1.9875691500e-4)
@@ -189,14 +194,35 @@ def tanh_backward(g, ans, out):  # type: ignore[no-untyped-def]
 
 
 # --- rows: softmax, log_softmax, layer_norm ----------------------------------------------------
+@njit(inline="always", fastmath=_FLAGS)
+def _row_max(row):  # type: ignore[no-untyped-def]
+    """The largest element of a non-empty row. Eight independent running maxima: one
+    running maximum is a chain of dependent compare-selects that LLVM does not vectorise
+    without ``nnan`` (Note [Fast-math flags]), 4 cycles per element."""
+    n = row.size
+    m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = row[0]
+    j = 0
+    while j + 8 <= n:
+        m0 = max(m0, row[j])
+        m1 = max(m1, row[j + 1])
+        m2 = max(m2, row[j + 2])
+        m3 = max(m3, row[j + 3])
+        m4 = max(m4, row[j + 4])
+        m5 = max(m5, row[j + 5])
+        m6 = max(m6, row[j + 6])
+        m7 = max(m7, row[j + 7])
+        j += 8
+    for k in range(j, n):
+        m0 = max(m0, row[k])
+    return max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7)))
+
+
 @_jit((M32, M32), (M64, M64))
 def softmax(x, out):  # type: ignore[no-untyped-def]
     n = x.shape[1]
     for i in range(x.shape[0]):
         row, o = x[i], out[i]
-        m = row[0]
-        for j in range(1, n):
-            m = max(m, row[j])
+        m = _row_max(row)
         total = _c(m, 0.0)
         for j in range(n):
             e = _exp(row[j] - m)
@@ -225,9 +251,7 @@ def log_softmax(x, out):  # type: ignore[no-untyped-def]
     n = x.shape[1]
     for i in range(x.shape[0]):
         row, o = x[i], out[i]
-        m = row[0]
-        for j in range(1, n):
-            m = max(m, row[j])
+        m = _row_max(row)
         total = _c(m, 0.0)
         for j in range(n):
             total += _exp(row[j] - m)
