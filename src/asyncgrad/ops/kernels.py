@@ -1,12 +1,14 @@
 """Which kernels the ops run: the numpy ones, always available, or compiled ones (numba,
 the optional ``fast`` extra), loaded on a background thread.
 
-Note [Compiled kernels load off the loop]: importing numba and compiling the kernels
-takes about a second the first time (a few hundred ms when numba's cache has them), far
-too long to stall an event loop for (issue 11). So nothing loads at import: the first op
-that could use a compiled kernel starts a daemon thread that imports
-``ops/_numba_kernels.py``, and every op runs its numpy kernel until that import has
-finished, then the compiled one. :func:`wait` blocks until the outcome is known (benchmarks
+Note [Compiled kernels load off the loop]: importing numba and loading the kernels from
+numba's cache takes 0.6-0.9 s, compiling them after an install about 10 s: far too long
+to stall an event loop for (issue 11). So nothing loads at import: the first op that
+could use a compiled kernel starts a daemon thread that imports ``ops/_numba_kernels.py``,
+and every op runs its numpy kernel until that import has finished, then the compiled
+one. The loader is Python and shares the GIL, so the loop still sees gaps of a few tens
+of ms while it runs, like beside any busy Python thread; services load the kernels before
+serving (``wait()`` at start-up, docs/guides/kernels.md). :func:`wait` blocks until the outcome is known (benchmarks
 and tests call it so that the path they measure is known); :func:`set_mode` chooses the
 path at run time and the ``ASYNCGRAD_KERNELS`` environment variable at start-up:
 
