@@ -26,7 +26,6 @@ import os
 
 import numpy as np
 from numba import njit, types
-from numba.core.errors import NumbaError
 from numba.extending import intrinsic, overload
 
 _FLAGS = {"reassoc", "contract", "arcp"}  # Note [Fast-math flags]
@@ -342,6 +341,3 @@ def add_rows(out, rows, g):  # type: ignore[no-untyped-def]
         o, gi = out[rows[i]], g[i]
         for j in range(g.shape[1]):
             o[j] += gi[j]
-
-
-__all__ = ["NumbaError"]
