@@ -3,9 +3,10 @@
     python bench/intraop.py [--size 4194304] [--rounds 15]
 
 For 4M float32 elements: tanh, exp, a multiply (memory-bound ufuncs) and asyncgrad's
-float32 erf (24 ufuncs per block, compute-bound), each as numpy on one thread and split in
-two halves on 2 threads (numpy releases the GIL inside ufunc loops), writing into a fresh
-output either way. Interleaved rounds, medians, the ratio split / one thread.
+float32 erf (24 ufuncs per block, compute-bound), and the compiled exact GELU and tanh
+backward (``asyncgrad.ops.kernels``, when numba is installed), each on one thread and split
+in two halves on 2 threads (numpy's ufunc loops and the compiled kernels release the GIL),
+writing into a fresh output either way. Interleaved rounds, medians, the ratio split / one thread.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rounds", type=int, default=15)
     args = p.parse_args(argv)
     from asyncgrad.ops import _kernels as K
+    from asyncgrad.ops import kernels as compiled_kernels
 
     tune_malloc()
     rng = np.random.default_rng(0)
@@ -50,6 +52,11 @@ def main(argv: list[str] | None = None) -> None:
         "mul": lambda out, s: np.multiply(x[s], y[s], out=out[s]),
         "erf (asyncgrad f32)": erf_into,
     }
+    if compiled_kernels.wait():
+        ck = compiled_kernels.compiled()
+        cdf = np.empty_like(x)
+        kernels["gelu (compiled)"] = lambda out, s: ck.gelu(x[s], out[s], cdf[s])
+        kernels["tanh backward (compiled)"] = lambda out, s: ck.tanh_backward(y[s], x[s], out[s])
 
     def one(kernel: Callable[[np.ndarray, slice], None]) -> None:
         kernel(np.empty_like(x), slice(None))

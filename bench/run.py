@@ -29,7 +29,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make ``bench`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import ALL_IMPLS, Result, about_of, format_table, select_impls  # noqa: E402
+from bench.common import ALL_IMPLS, ASYNCGRAD, Result, about_of, format_table, select_impls  # noqa: E402
 
 WORKLOADS = ("chain", "mlp", "wide", "loop_lag", "concurrent", "many_tasks", "deep", "ops", "transformer",
              "ddp")
@@ -195,6 +195,12 @@ def main(argv: list[str] | None = None) -> int:
           f"(newest file {machine.get('asyncgrad_src_newest_utc')} UTC)")
     if missing:
         print(f"# not importable, skipped: {', '.join(missing)}")
+    if ASYNCGRAD in impls:  # every workload measures one known kernel path (ASYNCGRAD_KERNELS)
+        from asyncgrad.ops import kernels
+
+        kernels.wait()
+        machine["kernels"] = kernels.status()
+        print(f"# {machine['kernels']}")
     load = machine["loadavg_start"]
     if load and load[0] > 0.5 * (machine["nproc"] or 1):
         print(f"# WARNING: load average {load[0]:.2f} at start: other processes compete for the cores")

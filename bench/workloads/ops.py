@@ -249,6 +249,9 @@ def run(impls: list[str], rounds: int | None = None, sizes: tuple[str, ...] = ("
          Column("ag_bwd_inline_ms", "asyncgrad bwd inline ms", "{:.3f}"),
          Column("bwd_inline_ratio", "bwd inline x torch", "{:.2f}")],
     )
+    from asyncgrad.ops import kernels
+
+    kernels.wait()  # the path measured is known: compiled if they load (ASYNCGRAD_KERNELS)
     t_start = time.perf_counter()
     ops = [op for op in _cases() if only is None or op.name in only]
 
@@ -285,6 +288,7 @@ def run(impls: list[str], rounds: int | None = None, sizes: tuple[str, ...] = ("
         if torch is not None:
             torch.set_num_threads(torch_threads)
     res.notes.append("one thread each: numpy's BLAS limited to 1, torch.set_num_threads(1)")
+    res.notes.append(f"kernels: {kernels.status()}")
     res.seconds = time.perf_counter() - t_start
     ratios = [r[k] for r in res.rows for k in ("fwd_ratio", "bwd_ratio") if r.get(k) is not None]
     if ratios:

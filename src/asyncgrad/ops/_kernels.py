@@ -1,5 +1,6 @@
-"""Fused elementwise kernels, evaluated block by block (plain backward and forward only;
-under ``create_graph`` the rules use their composite form, see ``ops/nn.py``).
+"""Fused elementwise kernels in numpy, evaluated block by block (plain backward and forward
+only; under ``create_graph`` the rules use their composite form, see ``ops/nn.py``). They
+are the path used when the compiled kernels (``ops/_numba_kernels.py``) are not loaded.
 
 Why blocks: a numpy expression of k ufuncs over n elements streams k temporaries of n
 elements through main memory, and with glibc's default thresholds every fresh temporary

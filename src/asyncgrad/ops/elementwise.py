@@ -14,6 +14,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from . import _fast as fast
 from ._quiet import quiet
 from ._spec import defop
 from ._special import erf as _erf
@@ -34,6 +35,9 @@ def _pow_exponent_rule(m, g, ans, x, y):  # type: ignore[no-untyped-def]
 
 
 def _sigmoid(x):  # type: ignore[no-untyped-def]
+    out = fast.sigmoid(x)
+    if out is not None:
+        return out
     with np.errstate(over="ignore"):  # exp(-x) -> inf for very negative x gives exactly 0
         if x.dtype.kind != "f" or x.ndim == 0:
             return 1.0 / (1.0 + np.exp(-x))
@@ -47,10 +51,18 @@ def _sigmoid(x):  # type: ignore[no-untyped-def]
 def _sigmoid_rule(m, g, ans, x):  # type: ignore[no-untyped-def]
     if m.tensor_mode or ans.ndim == 0:
         return g * ans * (1.0 - ans)
+    d = fast.sigmoid_backward(g, ans)
+    if d is not None:
+        return d
     d = 1 - ans
     d *= ans
     d *= g
     return d
+
+
+def _tanh_rule(m, g, ans, x):  # type: ignore[no-untyped-def]
+    d = None if m.tensor_mode else fast.tanh_backward(g, ans)
+    return g * (1.0 - ans * ans) if d is None else d
 
 
 def _clamp(x, *, lo, hi):  # type: ignore[no-untyped-def]
@@ -110,7 +122,7 @@ log = defop("LogBackward0", quiet(np.log, 1), quiet(lambda m, g, ans, x: g / x),
 sqrt = defop("SqrtBackward0", quiet(np.sqrt, 1), quiet(lambda m, g, ans, x: g / (2.0 * ans)), save="ans")
 sin = defop("SinBackward0", np.sin, lambda m, g, ans, x: g * m.cos(x), save="x")
 cos = defop("CosBackward0", np.cos, lambda m, g, ans, x: -g * m.sin(x), save="x")
-tanh = defop("TanhBackward0", np.tanh, lambda m, g, ans, x: g * (1.0 - ans * ans), save="ans")
+tanh = defop("TanhBackward0", np.tanh, _tanh_rule, save="ans")
 sigmoid = defop("SigmoidBackward0", _sigmoid, _sigmoid_rule, save="ans")
 relu = defop("ReluBackward0", lambda x: np.maximum(x, 0),
              lambda m, g, ans, x: m.threshold_backward(g, ans), save="ans")

@@ -1,0 +1,197 @@
+"""The compiled path of each op (``ops/_numba_kernels.py``): every function returns the
+op's result, or None when the compiled kernels are not in use (not loaded yet, mode
+``numpy``, see ``ops/kernels.py``) or do not apply, and the caller then runs its numpy
+kernel. They apply to float32 and float64 arrays of at least one dimension whose dtypes
+all agree (mixed dtypes keep numpy's promotion); inputs that are not C-contiguous are
+copied first. Row ops (softmax, log_softmax, layer_norm) apply along the last axis only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .kernels import compiled
+
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _fits(*arrays: np.ndarray) -> bool:
+    first = arrays[0]
+    return (first.dtype in _FLOATS and first.ndim > 0 and first.size > 0
+            and all(a.dtype == first.dtype and a.shape == first.shape for a in arrays[1:]))
+
+
+def _flat(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a).reshape(-1)
+
+
+def _rows(a: np.ndarray, n: int) -> np.ndarray:
+    return np.ascontiguousarray(a).reshape(-1, n)
+
+
+def _last(x: np.ndarray, dim: Any) -> bool:
+    return dim is not None and dim in (-1, x.ndim - 1)
+
+
+# --- elementwise ---------------------------------------------------------------------------
+def _unary(name: str, x: np.ndarray) -> np.ndarray | None:
+    k = compiled()
+    if k is None or not _fits(x):
+        return None
+    out = np.empty(x.shape, dtype=x.dtype)
+    getattr(k, name)(_flat(x), out.reshape(-1))
+    return out
+
+
+def _binary(name: str, g: np.ndarray, x: np.ndarray) -> np.ndarray | None:
+    k = compiled()
+    if k is None or not _fits(x, g):
+        return None
+    out = np.empty(x.shape, dtype=x.dtype)
+    getattr(k, name)(_flat(g), _flat(x), out.reshape(-1))
+    return out
+
+
+def gelu(x: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(x * Phi(x), Phi(x))``."""
+    k = compiled()
+    if k is None or not _fits(x):
+        return None
+    out = np.empty(x.shape, dtype=x.dtype)
+    cdf = np.empty(x.shape, dtype=x.dtype)
+    k.gelu(_flat(x), out.reshape(-1), cdf.reshape(-1))
+    return out, cdf
+
+
+def gelu_backward(g: np.ndarray, x: np.ndarray, cdf: np.ndarray) -> np.ndarray | None:
+    k = compiled()
+    if k is None or not _fits(x, g, cdf):
+        return None
+    out = np.empty(x.shape, dtype=x.dtype)
+    k.gelu_backward(_flat(g), _flat(x), _flat(cdf), out.reshape(-1))
+    return out
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray | None:
+    return _unary("gelu_tanh", x)
+
+
+def gelu_tanh_backward(g: np.ndarray, x: np.ndarray) -> np.ndarray | None:
+    return _binary("gelu_tanh_backward", g, x)
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray | None:
+    return _unary("sigmoid", x)
+
+
+def sigmoid_backward(g: np.ndarray, ans: np.ndarray) -> np.ndarray | None:
+    return _binary("sigmoid_backward", g, ans)
+
+
+def tanh_backward(g: np.ndarray, ans: np.ndarray) -> np.ndarray | None:
+    return _binary("tanh_backward", g, ans)
+
+
+# --- rows ------------------------------------------------------------------------------------
+def _row_op(name: str, x: np.ndarray, dim: Any) -> np.ndarray | None:
+    k = compiled()
+    if k is None or not _fits(x) or not _last(x, dim):
+        return None
+    out = np.empty(x.shape, dtype=x.dtype)
+    n = x.shape[-1]
+    getattr(k, name)(_rows(x, n), out.reshape(-1, n))
+    return out
+
+
+def _row_backward(name: str, g: np.ndarray, ans: np.ndarray, dim: Any) -> np.ndarray | None:
+    k = compiled()
+    if k is None or not _fits(ans, g) or not _last(ans, dim):
+        return None
+    out = np.empty(ans.shape, dtype=ans.dtype)
+    n = ans.shape[-1]
+    getattr(k, name)(_rows(g, n), _rows(ans, n), out.reshape(-1, n))
+    return out
+
+
+def softmax(x: np.ndarray, dim: Any) -> np.ndarray | None:
+    return _row_op("softmax", x, dim)
+
+
+def softmax_backward(g: np.ndarray, ans: np.ndarray, dim: Any) -> np.ndarray | None:
+    return _row_backward("softmax_backward", g, ans, dim)
+
+
+def log_softmax(x: np.ndarray, dim: Any) -> np.ndarray | None:
+    return _row_op("log_softmax", x, dim)
+
+
+def log_softmax_backward(g: np.ndarray, ans: np.ndarray, dim: Any) -> np.ndarray | None:
+    return _row_backward("log_softmax_backward", g, ans, dim)
+
+
+def layer_norm(x: np.ndarray, affine: tuple[np.ndarray, ...], n: int,
+               eps: float) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]] | None:
+    """``(out, (xhat, rstd))`` as ``nn._layer_norm`` returns them, over the last ``n``
+    elements of each row."""
+    k = compiled()
+    if k is None or not _fits(x) or n == 0 or any(a.dtype != x.dtype or a.size != n for a in affine):
+        return None
+    rows = _rows(x, n)
+    none = np.empty(0, dtype=x.dtype)
+    w = _flat(affine[0]) if affine else none
+    b = _flat(affine[1]) if len(affine) > 1 else none
+    out = np.empty(rows.shape, dtype=x.dtype)
+    xhat = np.empty(rows.shape, dtype=x.dtype)
+    rstd = np.empty((rows.shape[0], 1), dtype=x.dtype)
+    k.layer_norm(rows, w, b, float(eps), out, xhat, rstd)
+    return out.reshape(x.shape), (xhat, rstd)
+
+
+def layer_norm_backward(g: np.ndarray, xhat: np.ndarray, rstd: np.ndarray,
+                        w: np.ndarray | None) -> np.ndarray | None:
+    """dx of layer_norm, in ``g``'s shape, or None. (A fresh array, not a view: the engine
+    can make it ``.grad`` without a copy.)"""
+    k = compiled()
+    if k is None or not _fits(xhat) or g.dtype != xhat.dtype or rstd.dtype != xhat.dtype:
+        return None
+    weight = np.empty(0, dtype=xhat.dtype) if w is None else w
+    if weight.dtype != xhat.dtype:
+        return None
+    out = np.empty(g.shape, dtype=xhat.dtype)
+    n = xhat.shape[1]
+    k.layer_norm_backward(_rows(g, n), np.ascontiguousarray(xhat), np.ascontiguousarray(rstd),
+                          _flat(weight), out.reshape(-1, n))
+    return out
+
+
+def column_dots(a: np.ndarray, b: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
+    """``(a * b).sum(axis=0)`` of two 2-D arrays of one shape, as a fresh array of
+    ``shape`` (``a.shape[1]`` elements), or None."""
+    k = compiled()
+    if k is None or not _fits(a, b) or a.ndim != 2:
+        return None
+    out = np.empty(shape, dtype=a.dtype)
+    k.column_dots(np.ascontiguousarray(a), np.ascontiguousarray(b), out.reshape(-1))
+    return out
+
+
+# --- embedding backward ----------------------------------------------------------------------
+def add_rows(out: np.ndarray, rows: np.ndarray, g: np.ndarray) -> bool:
+    """``out[rows[i]] += g[i]`` in order of i on the 2-D C-contiguous ``out``; False (and
+    nothing done) when the compiled kernels are not in use or do not apply. ``rows``
+    must lie in ``[-len(out), len(out))``: checked here, as compiled code has no bounds
+    checks."""
+    k = compiled()
+    if (k is None or out.dtype not in _FLOATS or g.dtype != out.dtype or not out.flags.c_contiguous
+            or rows.ndim != 1 or g.ndim != 2 or g.shape[0] != rows.size or g.shape[1] != out.shape[1]):
+        return False
+    r = rows.astype(np.int64, copy=False)
+    n = out.shape[0]
+    if r.size and (int(r.min()) < -n or int(r.max()) >= n):
+        return False  # numpy's indexing raises its IndexError
+    if r.size and r.min() < 0:
+        r = np.where(r < 0, r + n, r)
+    k.add_rows(out, np.ascontiguousarray(r), np.ascontiguousarray(g))
+    return True

@@ -1,0 +1,150 @@
+"""Which kernels the ops run: the numpy ones, always available, or compiled ones (numba,
+the optional ``fast`` extra), loaded on a background thread.
+
+Note [Compiled kernels load off the loop]: importing numba and loading the kernels from
+numba's cache takes 0.6-0.9 s, compiling them after an install about 10 s: far too long
+to stall an event loop for (issue 11). So nothing loads at import: the first op that
+could use a compiled kernel starts a daemon thread that imports ``ops/_numba_kernels.py``,
+and every op runs its numpy kernel until that import has finished, then the compiled
+one. The loader is Python and shares the GIL, so the loop still sees gaps of a few tens
+of ms while it runs, like beside any busy Python thread; services load the kernels before
+serving (``wait()`` at start-up, docs/guides/kernels.md). :func:`wait` blocks until the outcome is known (benchmarks
+and tests call it so that the path they measure is known); :func:`set_mode` chooses the
+path at run time and the ``ASYNCGRAD_KERNELS`` environment variable at start-up:
+
+* ``auto`` (the default): compiled kernels when numba imports, numpy's until then;
+* ``numpy``: never load numba;
+* ``compiled``: as ``auto``, but a failed load is an error, raised by :func:`wait`.
+
+The two paths compute the same functions but not in the same order of operations, so
+float32 results may differ in their last bits (a few ulps: the compiled ``exp`` is a
+polynomial, sums are vectorised); float64 results agree to rounding.
+
+numba's cache lives next to the package when that directory is writable, else in the
+user's cache directory (or ``NUMBA_CACHE_DIR``); when no cache directory is usable the
+kernels are compiled without a cache, every time the process loads them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import threading
+from types import ModuleType
+
+MODES = ("auto", "numpy", "compiled")
+ENV_VAR = "ASYNCGRAD_KERNELS"
+
+_lock = threading.Lock()
+_done = threading.Event()  # the loader has finished, with or without kernels
+_loader: threading.Thread | None = None
+_loaded: ModuleType | None = None  # the compiled kernels, once imported
+_error: BaseException | None = None  # why they could not be imported
+_mode: str | None = None  # None: read ENV_VAR at first use
+_active: ModuleType | None = None  # what compiled() returns: _loaded unless mode is numpy
+_use_cache = True  # read by _numba_kernels at import
+
+
+def _check(mode: str, source: str) -> str:
+    if mode not in MODES:
+        raise ValueError(f"{source} must be one of {', '.join(MODES)}; got {mode!r}")
+    return mode
+
+
+def mode() -> str:
+    """The kernel mode: ``auto``, ``numpy`` or ``compiled`` (``ASYNCGRAD_KERNELS``, or the
+    last :func:`set_mode`)."""
+    global _mode
+    if _mode is None:
+        _mode = _check(os.environ.get(ENV_VAR, "auto").strip().lower() or "auto", ENV_VAR)
+    return _mode
+
+
+def set_mode(new_mode: str) -> None:
+    """Use the numpy kernels (``"numpy"``) or the compiled ones when loaded (``"auto"``,
+    ``"compiled"``) from now on; a compiled mode starts loading them. Ops already running
+    finish on the path they started on."""
+    global _mode, _active
+    _check(new_mode, "set_mode's mode")
+    with _lock:
+        _mode = new_mode
+        _active = None if new_mode == "numpy" else _loaded
+    if new_mode != "numpy":
+        start()
+
+
+def compiled() -> ModuleType | None:
+    """The compiled kernels if they are loaded and in use, else None (the numpy path).
+    Cheap; the first call starts the loader (Note [Compiled kernels load off the loop])."""
+    if _active is None and _loader is None:
+        start()
+    return _active
+
+
+def start() -> None:
+    """Start loading the compiled kernels on a background thread (once; not in mode numpy)."""
+    global _loader
+    if mode() == "numpy":
+        return
+    with _lock:
+        if _loader is not None:
+            return
+        _loader = threading.Thread(target=_load, name="asyncgrad-kernels-loader", daemon=True)
+        _loader.start()
+
+
+def ready() -> bool:
+    """True once compiled kernels are loaded and in use."""
+    return _active is not None
+
+
+def wait(timeout: float | None = None) -> bool:
+    """Block until the loader has finished (or ``timeout`` seconds); return :func:`ready`.
+    Starts the loader if needed. In mode ``compiled`` a failed load raises RuntimeError.
+    For benchmarks, tests and start-up code, not for coroutines on a running loop."""
+    if mode() == "numpy":
+        return False
+    start()
+    _done.wait(timeout)
+    if _error is not None and mode() == "compiled":
+        raise RuntimeError(f"{ENV_VAR}=compiled, but the compiled kernels failed to load: {_error!r}") from _error
+    return ready()
+
+
+def status() -> str:
+    """One line for logs and benchmark reports: the mode and which kernels run."""
+    if _active is not None:
+        state = "compiled kernels in use"
+    elif _error is not None:
+        state = f"numpy kernels (compiled ones failed to load: {_error!r})"
+    elif mode() != "numpy" and _loader is None:
+        state = "numpy kernels (compiled ones not requested yet)"
+    elif mode() != "numpy" and not _done.is_set():
+        state = "numpy kernels (compiled ones loading)"
+    else:
+        state = "numpy kernels"
+    return f"{ENV_VAR}={mode()}: {state}"
+
+
+def _load() -> None:
+    global _loaded, _active, _error, _use_cache
+    name = __name__.rsplit(".", 1)[0] + "._numba_kernels"
+    try:
+        try:
+            module = importlib.import_module(name)
+        except RuntimeError as exc:  # numba: "cannot cache function ...": no usable cache dir
+            if "cache" not in str(exc):
+                raise
+            sys.modules.pop(name, None)
+            _use_cache = False
+            module = importlib.import_module(name)
+    except Exception as exc:  # noqa: BLE001 - any failure leaves the numpy path, recorded
+        _error = exc
+    else:
+        with _lock:
+            _loaded = module
+            if mode() != "numpy":
+                _active = module
+    finally:
+        _done.set()

@@ -1,0 +1,272 @@
+"""The compiled kernels (``ops/_numba_kernels.py``, issue 15) and how they are chosen and
+loaded (``ops/kernels.py``): each op's compiled path against its numpy path on the same
+input, tricky values included, in float32 and float64; gradcheck through the compiled
+path; the modes; and, in a fresh interpreter, that a running loop's first op does not
+wait for numba. ``tests/test_kernels.py`` runs its checks on both paths as well."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import pytest
+
+import asyncgrad as ag
+import asyncgrad.nn.functional as AF
+from asyncgrad.autograd import gradcheck
+from asyncgrad.ops import _fast, kernels
+
+pytest.importorskip("numba")
+
+TRICKY = [0.0, -0.0, math.inf, -math.inf, math.nan, 1e30, -1e30, 1e-30, -1e-30, 88.0, -88.0, 100.0, -104.0,
+          3.3, -3.3, 4.0, -4.0, 10.0, -10.0]
+
+
+@pytest.fixture
+def on_path() -> Iterator[Callable[[str], None]]:
+    """``on_path("numpy" | "compiled")`` switches the kernels; the mode is restored after."""
+    prev = kernels.mode()
+
+    def switch(path: str) -> None:
+        if path == "compiled":
+            kernels.set_mode("auto")
+            assert kernels.wait(300), kernels.status()
+        else:
+            kernels.set_mode("numpy")
+
+    yield switch
+    kernels.set_mode(prev)
+
+
+def _input(dtype: type, shape: tuple[int, ...] = (37, 64)) -> np.ndarray:
+    x = np.random.default_rng(7).standard_normal(shape) * 4
+    x.reshape(-1)[: len(TRICKY)] = TRICKY
+    return x.astype(dtype)
+
+
+def _both(on_path: Callable[[str], None], fn: Callable[[], list[np.ndarray]]) -> tuple[list[np.ndarray], ...]:
+    on_path("numpy")
+    plain = fn()
+    on_path("compiled")
+    return plain, fn()
+
+
+def _forward_backward(op: Callable[[ag.Tensor], ag.Tensor], x: np.ndarray) -> Callable[[], list[np.ndarray]]:
+    def run() -> list[np.ndarray]:
+        t = ag.from_numpy(x.copy()).requires_grad_()
+        y = op(t)
+        g = np.random.default_rng(3).standard_normal(y.shape).astype(x.dtype)
+        ag.backward_sync(y, ag.from_numpy(g))
+        return [y.numpy(), t.grad.numpy()]
+    return run
+
+
+# ops whose every row holds finite values and tricky ones (softmax rows, layer_norm rows)
+ELEMENTWISE = {
+    "gelu": lambda t: AF.gelu(t),
+    "gelu_tanh": lambda t: AF.gelu(t, approximate="tanh"),
+    "sigmoid": lambda t: ag.sigmoid(t),
+    "tanh": lambda t: ag.tanh(t),
+}
+ROWS = {
+    "softmax": lambda t: AF.softmax(t, -1),
+    "log_softmax": lambda t: AF.log_softmax(t, -1),
+    "layer_norm": lambda t: AF.layer_norm(t, t.shape[-1:], ag.ones(t.shape[-1:], dtype=t.dtype) * 1.5,
+                                          ag.zeros(t.shape[-1:], dtype=t.dtype) + 0.25),
+}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("name", sorted(ELEMENTWISE))
+def test_elementwise_compiled_equals_numpy_path_on_tricky_values(on_path, name: str, dtype: type) -> None:
+    x = _input(dtype)
+    with np.errstate(all="ignore"):
+        plain, fast = _both(on_path, _forward_backward(ELEMENTWISE[name], x))
+    for p, f in zip(plain, fast):
+        assert f.dtype == np.dtype(dtype)  # float32 never upcast
+        np.testing.assert_array_equal(np.isnan(f), np.isnan(p))
+        # atol: where the tanh form's 1 + tanh(u) cancels (x << 0), numpy's path rounds it,
+        # the compiled sigmoid(2u) does not (float32: up to 4e-6, float64: 5e-15)
+        tol = {"rtol": 3e-6, "atol": 5e-6} if dtype == np.float32 else {"rtol": 1e-12, "atol": 1e-13}
+        np.testing.assert_allclose(f, p, equal_nan=True, **tol)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_gelu_compiled_keeps_signed_zero_infinities_and_nan(on_path, dtype: type) -> None:
+    x = np.array([0.0, -0.0, math.inf, -math.inf, math.nan, 1e30, -1e30], dtype=dtype)
+    on_path("compiled")
+    y = AF.gelu(ag.from_numpy(x)).numpy()
+    assert y[0] == 0 and not np.signbit(y[0]) and np.signbit(y[1])  # gelu(-0) = -0, as PyTorch
+    assert y[2] == math.inf and math.isnan(y[3]) and math.isnan(y[4])  # -inf * Phi(-inf) = NaN
+    assert y[5] == np.asarray(1e30, dtype) and y[6] == 0
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("name", sorted(ROWS))
+def test_row_ops_compiled_equal_numpy_path(on_path, name: str, dtype: type) -> None:
+    x = (np.random.default_rng(1).standard_normal((3, 5, 96)) * 6).astype(dtype)
+    x[0, 0, :] = 0.0  # a constant row (layer_norm: rstd = 1/sqrt(eps))
+    x[0, 1, 3] = 80.0  # one dominant logit
+    x[0, 2, :] = -1e4  # a row far from 0
+    plain, fast = _both(on_path, _forward_backward(ROWS[name], x))
+    tol = {"rtol": 2e-5, "atol": 2e-5} if dtype == np.float32 else {"rtol": 1e-12, "atol": 1e-12}
+    for p, f in zip(plain, fast):
+        assert f.dtype == np.dtype(dtype)
+        np.testing.assert_allclose(f, p, **tol)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_softmax_compiled_masks_exactly_and_all_masked_rows_are_nan(on_path, dtype: type) -> None:
+    x = np.random.default_rng(2).standard_normal((4, 8)).astype(dtype)
+    x[np.triu_indices(8, 1)[0][:10] % 4, np.triu_indices(8, 1)[1][:10]] = -math.inf
+    x[3, :] = -math.inf
+    on_path("compiled")
+    with np.errstate(invalid="ignore"):
+        p = AF.softmax(ag.from_numpy(x), -1).numpy()
+        logp = AF.log_softmax(ag.from_numpy(x), -1).numpy()
+    masked = np.isneginf(x[:3])
+    assert np.all(p[:3][masked] == 0) and np.all(np.isneginf(logp[:3][masked]))
+    np.testing.assert_allclose(p[:3].sum(-1), 1, rtol=1e-6)
+    assert np.all(np.isnan(p[3])) and np.all(np.isnan(logp[3]))  # as PyTorch: -inf - -inf
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_ops_compiled_match_torch(on_path, dtype: type) -> None:
+    torch = pytest.importorskip("torch")
+    tf = torch.nn.functional
+    x = (np.random.default_rng(4).standard_normal((64, 128)) * 3).astype(dtype)
+    pairs = [(ELEMENTWISE["gelu"], tf.gelu), (ELEMENTWISE["gelu_tanh"], lambda t: tf.gelu(t, approximate="tanh")),
+             (ELEMENTWISE["sigmoid"], torch.sigmoid), (ROWS["softmax"], lambda t: tf.softmax(t, -1)),
+             (ROWS["log_softmax"], lambda t: tf.log_softmax(t, -1)),
+             (lambda t: AF.layer_norm(t, (128,)), lambda t: tf.layer_norm(t, (128,)))]
+    on_path("compiled")
+    tol = {"rtol": 1e-5, "atol": 5e-6} if dtype == np.float32 else {"rtol": 1e-12, "atol": 1e-13}
+    for ours, theirs in pairs:
+        y, gx = _forward_backward(ours, x)()
+        tx = torch.from_numpy(x.copy()).requires_grad_()
+        ty = theirs(tx)
+        ty.backward(torch.from_numpy(np.random.default_rng(3).standard_normal(y.shape).astype(dtype)))
+        np.testing.assert_allclose(y, ty.detach().numpy(), **tol)
+        np.testing.assert_allclose(gx, tx.grad.numpy(), **tol)
+
+
+@pytest.mark.parametrize("name", ["sigmoid", "tanh", "gelu", "gelu_tanh", "softmax", "log_softmax", "layer_norm",
+                                  "cross_entropy", "embedding"])
+def test_gradcheck_in_float64_through_the_compiled_path(on_path, name: str) -> None:
+    on_path("compiled")
+    x = ag.tensor(np.random.default_rng(5).standard_normal((3, 6)), requires_grad=True)
+    if name == "cross_entropy":
+        assert gradcheck(lambda a: AF.cross_entropy(a, np.array([0, 5, -100])), (x,))
+        assert gradcheck(lambda a: AF.cross_entropy(a, np.array([1, 2, 3]), reduction="none"), (x,))
+    elif name == "embedding":
+        assert gradcheck(lambda w: AF.embedding(np.array([[0, 2], [2, -1]]) % 3, w), (x,))
+    else:
+        assert gradcheck({**ELEMENTWISE, **ROWS}[name], (x,))
+
+
+def test_embedding_backward_compiled_sums_repeated_and_negative_rows(on_path) -> None:
+    w = np.random.default_rng(6).standard_normal((5, 3)).astype(np.float32)
+    idx = np.array([4, -1, 0, 4, -5, 2])
+    g = np.random.default_rng(7).standard_normal((6, 3)).astype(np.float32)
+    on_path("compiled")
+    t = ag.from_numpy(w.copy()).requires_grad_()
+    ag.backward_sync(t[idx], ag.from_numpy(g))
+    want = np.zeros_like(w)
+    np.add.at(want, idx, g)
+    np.testing.assert_allclose(t.grad.numpy(), want, rtol=1e-6)
+    out = np.zeros((5, 3), dtype=np.float32)
+    assert not _fast.add_rows(out, np.array([0, 5]), g[:2])  # out of range: left to numpy's IndexError
+    assert not out.any()
+
+
+def test_set_mode_rejects_unknown_modes_and_changes_nothing() -> None:
+    before = kernels.mode()
+    with pytest.raises(ValueError, match=r"set_mode's mode must be one of auto, numpy, compiled; got 'fast'"):
+        kernels.set_mode("fast")
+    assert kernels.mode() == before
+
+
+def test_numpy_mode_reports_itself_and_never_uses_compiled_kernels(on_path) -> None:
+    on_path("numpy")
+    assert not kernels.ready() and kernels.compiled() is None and not kernels.wait()
+    assert kernels.status() == "ASYNCGRAD_KERNELS=numpy: numpy kernels"
+
+
+def _python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    environ = {k: v for k, v in os.environ.items() if k != kernels.ENV_VAR} | env
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          env=environ, timeout=300)
+
+
+def test_a_bad_environment_variable_is_named_in_the_error() -> None:
+    res = _python("""
+        import asyncgrad as ag
+        from asyncgrad.ops import kernels
+        kernels.mode()
+    """, ASYNCGRAD_KERNELS="fastest")
+    assert res.returncode != 0
+    assert "ValueError: ASYNCGRAD_KERNELS must be one of auto, numpy, compiled; got 'fastest'" in res.stderr
+
+
+def test_environment_numpy_never_imports_numba() -> None:
+    res = _python("""
+        import sys
+        import numpy as np
+        import asyncgrad as ag
+        import asyncgrad.nn.functional as AF
+        from asyncgrad.ops import kernels
+        x = ag.from_numpy(np.linspace(-3, 3, 12, dtype=np.float32)).requires_grad_()
+        ag.backward_sync(AF.softmax(AF.gelu(x), 0).sum())
+        print(kernels.wait(), "numba" in sys.modules, kernels.status())
+    """, ASYNCGRAD_KERNELS="numpy")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["False", "False", "ASYNCGRAD_KERNELS=numpy:", "numpy", "kernels"]
+
+
+def test_first_gelu_on_a_running_loop_does_not_wait_for_the_compiled_kernels() -> None:
+    """A fresh interpreter: the loader is held at a gate, so numba cannot be ready; the
+    loop's first GELU (forward and backward) must complete on the numpy path all the same,
+    and after the gate opens and the loader finishes, the next one runs compiled."""
+    res = _python("""
+        import asyncio, sys, threading
+        import numpy as np
+        import asyncgrad as ag
+        import asyncgrad.nn.functional as AF
+        from asyncgrad.ops import kernels
+
+        events = []
+        gate = threading.Event()
+        load = kernels._load
+        def gated_load():
+            events.append("loader started")
+            gate.wait()
+            load()
+            events.append("loader done")
+        kernels._load = gated_load
+        events.append(f"numba imported by asyncgrad: {'numba' in sys.modules}")
+
+        async def main():
+            x = ag.from_numpy(np.linspace(-3, 3, 1000, dtype=np.float32)).requires_grad_()
+            y = AF.gelu(x)
+            await ag.backward(y.sum())
+            events.append(f"first gelu done, ready={kernels.ready()}")
+            first = x.grad.numpy().copy()
+            gate.set()
+            await asyncio.get_running_loop().run_in_executor(None, kernels.wait)
+            x.grad = None
+            await ag.backward(AF.gelu(x).sum())
+            events.append(f"second gelu done, ready={kernels.ready()}")
+            np.testing.assert_allclose(x.grad.numpy(), first, rtol=1e-5, atol=1e-6)
+
+        asyncio.run(main())
+        print("|".join(events))
+    """)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip().split("|") == [
+        "numba imported by asyncgrad: False", "loader started", "first gelu done, ready=False", "loader done",
+        "second gelu done, ready=True"]
