@@ -16,17 +16,8 @@ started yet and waits, shielded, for the ones that did (a thread cannot be
 interrupted), whose results are dropped once the GraphTask stops. So a cancelled or
 failed backward returns after its last kernel, and nothing outlives it.
 
-Note [Input gradient first]: a large node with a gradient for another node (a linear
-layer's dx) and gradients for leaves (its dW, db) computes them as separate kernels,
-the input gradient's submitted first, and routes each as soon as it arrives. The next
-layer's backward then starts while dW still runs on the other worker: dx is the
-critical path, dW fills the gaps (the loop's inline nodes, the hops). PyTorch computes
-all three in one ``AddmmBackward`` and runs the leaves' AccumulateGrad first; a leaf's
-tensor hooks would see the difference, so the order changes only when no such observer
-exists: no hooks on the node, none on the leaves it feeds, a plain backward (no
-``inputs=``/``grad()`` pruning, no ``create_graph``, no tool wrapping kernels). While
-BLAS runs threads of its own the two kernels share its slots (Note [BLAS threads] in
-policy.py), so they take turns on the cores instead of oversubscribing them.
+A large node with an input gradient and leaf gradients runs them as separate kernels,
+the input gradient first (Note [Input gradient first] in split_node.py).
 """
 
 from __future__ import annotations
@@ -40,13 +31,13 @@ import anyio
 import anyio.abc
 
 from .. import _context
-from .execute import async_kernel_for, finish, kernel_for, own_fresh_outputs, own_if_fresh, resolved_kernel
-from .execute import run_kernel
-from .graph import ACCUMULATE_GRAD_SEQUENCE_NR, AccumulateGrad, Node
+from .execute import async_kernel_for, finish, kernel_for, own_fresh_outputs, resolved_kernel, run_kernel
+from .graph import Node
 from .graph_task import GraphTask
 from .input_buffer import InputBuffer, ReadyInputs, combine, inputs_of, slots_of, value
 from .recording import OpNode
 from .saved import SavedTensor
+from .split_node import apply_edges, route_edges, routes_early, split_groups, unpack
 from .threads import boxed_call, current_owner, threadsafe_caller
 from .wakeup import Wakeup
 
@@ -86,10 +77,14 @@ class WorkerKernels:
             blas = type(node) is OpNode and node.spec.blas
             if not blas and policy.chains(task, node):
                 chain, edges, partials = policy.plan_chain(task, node)
+                for k, follower in enumerate(chain):  # a node that splits ends the chain before it
+                    if split_groups(task, follower, policy.splits(task, follower)) is not None:
+                        del chain[k:], edges[k:], partials[k:]
+                        break
                 if chain:
                     self._start_chain(run, [node, *chain], edges, partials)
                     return
-            groups = _split_groups(task, node, policy.splits(task, node))
+            groups = split_groups(task, node, policy.splits(task, node))
             if groups is not None:
                 self._start_parts(run, groups, blas)
             else:
@@ -161,17 +156,17 @@ class WorkerKernels:
                 grads, unpacked = outcome
                 self._submit_parts(run, groups, blas, grads, unpacked)
 
-        self.submit(run, _unpack, (node, inputs, math), prepared)
+        self.submit(run, unpack, (node, inputs, math), prepared)
 
     def _submit_parts(self, run: _NodeRun, groups: list[list[int]], blas: bool, grads: list[Any],
                       unpacked: tuple[Any, Any]) -> None:
         task, node = self.task, run.node
         assert isinstance(node, OpNode)
-        early = _routes_early(task, node)
+        early = routes_early(task, node)
         run.outputs = [None] * len(node.next_edges)
         run.grads = grads
         for group in groups:
-            fn: Callable[..., Any] = _apply_edges
+            fn: Callable[..., Any] = apply_edges
             args: tuple[Any, ...] = (node, group, grads, task.math, unpacked)
             if blas:  # (each part holds BLAS slots)
                 fn, args = self.engine.policy.run_blas, (fn, *args)
@@ -285,9 +280,11 @@ class _NodeRun:
             for i, g in zip(group, part):
                 outputs[i] = g
             if early and self.live():
-                _route_edges(task, node, group, part, self.grads)
+                route_edges(task, node, group, part, self.grads)
                 for i in group:
                     outputs[i] = None  # (routed: held by its next node only)
+                if self.parts > 1:  # (the last part's end queues them anyway)
+                    self.kernels.engine.node_done(task)
 
         return arrive
 
@@ -300,7 +297,7 @@ class _NodeRun:
         try:
             if self.outputs is not None and self.live():  # a split node's last part
                 task.nodes_offloaded += 1
-                if _routes_early(task, self.node):
+                if routes_early(task, self.node):
                     if not task.keep_graph:
                         task.executed.append(self.node)
                 else:
@@ -317,66 +314,6 @@ class _NodeRun:
 def _as_owner(arrive: Arrive, result: Any, error: BaseException | None) -> None:
     _context.node_owner.set(current_owner())  # hooks run here belong to this node
     arrive(result, error)
-
-
-def _split_groups(task: GraphTask, node: Node, splits: bool) -> list[list[int]] | None:
-    """The edges of a split node, grouped into its kernels, the input gradients (edges
-    to nodes that are not leaves) first (Note [Input gradient first]); None: one
-    kernel. ``splits``: policy.splits' decision, one kernel per gradient."""
-    if type(node) is not OpNode or node.spec.variadic:
-        return None
-    needed = [i for i, (child, _) in enumerate(node.next_edges) if child is not None]
-    if len(needed) < 2:
-        return None
-    acc = ACCUMULATE_GRAD_SEQUENCE_NR
-    inner = [i for i in needed if node.next_edges[i][0].sequence_nr != acc]  # type: ignore[union-attr]
-    leaves = [i for i in needed if i not in inner]
-    if splits:
-        return [[i] for i in inner + leaves]
-    if inner and leaves and node.spec.blas and _routes_early(task, node):
-        return [inner, leaves]
-    return None
-
-
-def _routes_early(task: GraphTask, node: Node) -> bool:
-    """Whether a split node's gradients may be routed as each kernel ends (Note [Input
-    gradient first]): nothing could observe the order change."""
-    if task.exec_info is not None or task.create_graph or not task.plain_kernels():
-        return False
-    if node._hooks is not None:
-        return False
-    for child, _ in node.next_edges:
-        if type(child) is AccumulateGrad and (child._hooks is not None or child.variable._hooks):
-            return False
-    return True
-
-
-def _route_edges(task: GraphTask, node: Node, group: list[int], part: list[Any], grads: list[Any]) -> None:
-    """Route the gradients of edges ``group`` of ``node`` (the rest follow later)."""
-    deps = task.dependencies
-    acc = ACCUMULATE_GRAD_SEQUENCE_NR
-    for i, g in zip(group, part):
-        child, nr = node.next_edges[i]
-        if child is None:
-            continue
-        d = deps.get(child)
-        if d is None:  # (pruned)
-            continue
-        if g is not None and child.sequence_nr == acc:  # Note [Owned gradients] in execute.py
-            own_if_fresh(task, child, g, grads, None, getattr(node, "saved", None))
-        task.add_gradient(child, nr, g, d)
-
-
-def _unpack(node: OpNode, inputs: ReadyInputs, math: Any) -> tuple[list[Any], tuple[Any, Any]]:
-    """On a worker: a split node's incoming gradients (deferred sums added) and its
-    rules' arguments (unpack hooks may be slow)."""
-    return inputs_of(inputs), node.rule_args(math)
-
-
-def _apply_edges(node: OpNode, group: list[int], grads: list[Any], math: Any,
-                 unpacked: tuple[Any, Any]) -> list[Any]:
-    """On a worker: the gradients of edges ``group`` of a split node."""
-    return [node.apply_edge(i, grads, math, unpacked) for i in group]
 
 
 async def run_async_node(engine: Engine, task: GraphTask, tg: anyio.abc.TaskGroup, node: Node,
