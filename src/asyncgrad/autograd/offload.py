@@ -37,7 +37,7 @@ from .graph_task import GraphTask
 from .input_buffer import InputBuffer, ReadyInputs, combine, inputs_of, slots_of, value
 from .recording import OpNode
 from .saved import SavedTensor
-from .split_node import apply_edges, route_edges, routes_early, split_groups, unpack
+from .split_node import apply_edges, apply_in_turn, route_edges, routes_early, split_groups, unpack
 from .threads import boxed_call, current_owner, threadsafe_caller
 from .wakeup import Wakeup
 
@@ -84,9 +84,10 @@ class WorkerKernels:
                 if chain:
                     self._start_chain(run, [node, *chain], edges, partials)
                     return
-            groups = split_groups(task, node, policy.splits(task, node))
+            splits = policy.splits(task, node)
+            groups = split_groups(task, node, splits)
             if groups is not None:
-                self._start_parts(run, groups, blas)
+                self._start_parts(run, groups, blas, in_turn=not splits)
             else:
                 self._start_kernel(run, blas)
         except Exception as e:  # (a version check failed, or the executor refused it)
@@ -137,7 +138,7 @@ class WorkerKernels:
 
         self.submit(run, _run_chain, (task, nodes, edges, partials, inputs), arrive)
 
-    def _start_parts(self, run: _NodeRun, groups: list[list[int]], blas: bool) -> None:
+    def _start_parts(self, run: _NodeRun, groups: list[list[int]], blas: bool, in_turn: bool) -> None:
         """One kernel per group of input gradients, the first group's first (Note [Input
         gradient first]); unpacking saved values or adding deferred sums comes first,
         on a worker, when it is more than a lookup."""
@@ -146,7 +147,7 @@ class WorkerKernels:
         math = task.math
         plain = not math.tensor_mode and node.saved is not None and all(type(e) is SavedTensor for e in node.checks)
         if plain and not isinstance(inputs, InputBuffer):  # (plain_args: version checks only)
-            self._submit_parts(run, groups, blas, inputs, (node.plain_args(), node.params))
+            self._submit_parts(run, groups, blas, inputs, (node.plain_args(), node.params), in_turn)
             return
 
         def prepared(outcome: Any, error: BaseException | None) -> None:
@@ -154,23 +155,47 @@ class WorkerKernels:
                 run.fail(error)
             elif run.live():
                 grads, unpacked = outcome
-                self._submit_parts(run, groups, blas, grads, unpacked)
+                self._submit_parts(run, groups, blas, grads, unpacked, in_turn)
 
         self.submit(run, unpack, (node, inputs, math), prepared)
 
     def _submit_parts(self, run: _NodeRun, groups: list[list[int]], blas: bool, grads: list[Any],
-                      unpacked: tuple[Any, Any]) -> None:
+                      unpacked: tuple[Any, Any], in_turn: bool) -> None:
+        """A kernel per group (``policy.splits``: in parallel), or, ``in_turn``, one
+        kernel computing the groups one after the other, each handed to the loop as
+        soon as it is computed (Note [Input gradient first] in split_node.py)."""
         task, node = self.task, run.node
         assert isinstance(node, OpNode)
         early = routes_early(task, node)
         run.outputs = [None] * len(node.next_edges)
         run.grads = grads
-        for group in groups:
-            fn: Callable[..., Any] = apply_edges
-            args: tuple[Any, ...] = (node, group, grads, task.math, unpacked)
-            if blas:  # (each part holds BLAS slots)
-                fn, args = self.engine.policy.run_blas, (fn, *args)
-            self.submit(run, fn, args, run.part_arrival(group, early))
+        run_blas = self.engine.policy.run_blas
+        if not in_turn:
+            for group in groups:
+                fn: Callable[..., Any] = apply_edges
+                args: tuple[Any, ...] = (node, group, grads, task.math, unpacked)
+                if blas:  # (each part holds BLAS slots)
+                    fn, args = run_blas, (fn, *args)
+                self.submit(run, fn, args, run.part_arrival(group, early))
+            return
+        handlers = [run.part_arrival(group, early) for group in groups]
+        call_soon = self.call_soon
+        posted = [0]  # groups handed over (written by the worker, read once the kernel is back)
+
+        def post(k: int, part: list[Any]) -> None:  # on the worker; FIFO before the kernel's end
+            posted[0] += 1
+            call_soon(run.deliver, handlers[k], part, None)
+
+        def back(_: Any, error: BaseException | None) -> None:
+            if error is not None:
+                run.fail(error)
+            run.parts -= len(groups) - posted[0]  # the groups never handed over
+
+        fn, args = apply_in_turn, (node, groups, grads, task.math, unpacked, post)
+        if blas:  # (holds the BLAS slots for all its groups: they take turns anyway)
+            fn, args = run_blas, (fn, *args)
+        self.submit(run, fn, args, back)
+        run.parts += len(groups)
 
     def submit(self, run: _NodeRun, fn: Callable[..., Any], args: tuple[Any, ...], arrive: Arrive) -> None:
         """``fn(*args)`` on a worker thread, in a copy of this context (the worker is
@@ -243,27 +268,28 @@ class _NodeRun:
         self.kernels.task.fail(error, node or self.node)
 
     def arrival(self, arrive: Arrive) -> Callable[[Future[Any]], None]:
-        """The loop-side handler of one kernel's future: ``arrive(result, error)`` in
-        the GraphTask's context, as this node's owner (Note [Explicit nesting] in
-        threads.py), then the part is counted back."""
-        context = self.kernels.task.context
+        """The loop-side handler of one kernel's future (``deliver``)."""
 
         def on_loop(future: Future[Any]) -> None:
-            try:
-                error: BaseException | None
-                if future.cancelled():
-                    result, error = None, Withdrawn()
-                else:
-                    error = future.exception()
-                    result = None if error is not None else future.result().pop()
-                ctx = context.copy() if context is not None else contextvars.copy_context()
-                ctx.run(_as_owner, arrive, result, error)
-            except Exception as e:  # (a post-hook or a routing step raised)
-                self.fail(e)
-            finally:
-                self.part_done()
+            if future.cancelled():
+                self.deliver(arrive, None, Withdrawn())
+                return
+            error = future.exception()
+            self.deliver(arrive, None if error is not None else future.result().pop(), error)
 
         return on_loop
+
+    def deliver(self, arrive: Arrive, result: Any, error: BaseException | None) -> None:
+        """On the loop: ``arrive(result, error)`` in the GraphTask's context, as this
+        node's owner (Note [Explicit nesting] in threads.py); then one part is back."""
+        try:
+            context = self.kernels.task.context
+            ctx = context.copy() if context is not None else contextvars.copy_context()
+            ctx.run(_as_owner, arrive, result, error)
+        except Exception as e:  # (a post-hook or a routing step raised)
+            self.fail(e)
+        finally:
+            self.part_done()
 
     def part_arrival(self, group: list[int], early: bool) -> Arrive:
         """The handler of one group of a split node's gradients: routed at once when

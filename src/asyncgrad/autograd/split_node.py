@@ -16,6 +16,7 @@ policy.py), so they take turns on the cores instead of oversubscribing them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from .execute import own_if_fresh
@@ -84,3 +85,11 @@ def apply_edges(node: OpNode, group: list[int], grads: list[Any], math: Any,
                  unpacked: tuple[Any, Any]) -> list[Any]:
     """On a worker: the gradients of edges ``group`` of a split node."""
     return [node.apply_edge(i, grads, math, unpacked) for i in group]
+
+
+def apply_in_turn(node: OpNode, groups: list[list[int]], grads: list[Any], math: Any,
+                  unpacked: tuple[Any, Any], post: Callable[[int, list[Any]], None]) -> None:
+    """On a worker: each group's gradients in turn, handed to ``post(k, part)`` as soon
+    as computed, so the loop routes the input gradient while the leaves' are computed."""
+    for k, group in enumerate(groups):
+        post(k, apply_edges(node, group, grads, math, unpacked))
