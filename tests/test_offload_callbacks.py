@@ -371,3 +371,28 @@ def test_a_hook_on_a_leaf_keeps_its_layers_gradients_together(use_engine):
         h = record(spec, (h, ws[k]), np.multiply(h.data, ws[k].data), params={"k": k})
     asyncio.run(ag.backward(h.sum()))
     assert events == ["dx2", "hook w2", "dx1", "hook w1", "dx0", "hook w0"]
+
+
+@pytest.mark.parametrize("blas", [True, False], ids=["in-turn", "parallel"])
+def test_an_error_in_a_leaf_gradient_after_the_input_gradient_was_routed(use_engine, blas):
+    """The input gradient already went on to the next layer; the leaf gradient's error
+    still fails the whole backward, names the node, and commits nothing."""
+    def rule_x(m, g, ans, x, w):
+        return g * w
+
+    def rule_w(m, g, ans, x, w):
+        raise ValueError("no leaf gradient today")
+
+    spec = defop("FailingBackward0", np.multiply, rule_x, rule_w, save="x y", blas=blas)
+    engine = use_engine(inline_threshold=1, max_workers=2)
+    rng = np.random.default_rng(0)
+    x0 = ag.tensor(rng.standard_normal(8), requires_grad=True)
+    w = ag.tensor(rng.standard_normal(8), requires_grad=True)
+    h = record(spec, (x0 * 2.0, w), np.multiply(x0.data * 2.0, w.data))
+    before = engine.statistics()
+    with pytest.raises(ValueError, match="no leaf gradient today") as info:
+        asyncio.run(ag.backward(h.sum()))
+    assert "FailingBackward0" in "\n".join(getattr(info.value, "__notes__", []))
+    assert x0.grad is None and w.grad is None
+    stats = engine.statistics()
+    assert stats.graph_tasks_failed == before.graph_tasks_failed + 1 and stats.kernels_in_flight == 0
