@@ -246,7 +246,7 @@ class Engine:
     # --- worker threads -------------------------------------------------------------------
     async def offload(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` on a worker thread (see threads.run_in_executor)."""
-        return await run_in_executor(self.executor or self._pool or self._start_pool(), fn, args)
+        return await run_in_executor(self.worker_executor(), fn, args)
 
     def worker_executor(self) -> Executor:
         """Where kernels run: the ``executor`` given, else the engine's worker threads."""

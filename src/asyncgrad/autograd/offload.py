@@ -37,7 +37,7 @@ from .graph_task import GraphTask
 from .input_buffer import InputBuffer, ReadyInputs, combine, inputs_of, slots_of, value
 from .recording import OpNode
 from .saved import SavedTensor
-from .split_node import apply_edges, apply_in_turn, route_edges, routes_early, split_groups, unpack
+from .split_node import apply_edges, apply_in_turn, is_leaf_edge, route_edges, routes_early, split_groups, unpack
 from .threads import boxed_call, current_owner, threadsafe_caller
 from .wakeup import Wakeup
 
@@ -169,6 +169,8 @@ class WorkerKernels:
         early = routes_early(task, node)
         run.outputs = [None] * len(node.next_edges)
         run.grads = grads
+        run.inner = [i for group in groups for i in group if not is_leaf_edge(node, i)]
+        run.inner_left = sum(1 for group in groups if any(i in run.inner for i in group))
         run_blas = self.engine.policy.run_blas
         if not in_turn:
             for group in groups:
@@ -244,7 +246,7 @@ class _NodeRun:
     """One node's kernels on workers: counts its parts, and when the last is back
     uncounts the node (``task.in_flight``) and queues what it made ready."""
 
-    __slots__ = ("kernels", "node", "inputs", "parts", "outputs", "grads", "failed")
+    __slots__ = ("kernels", "node", "inputs", "parts", "outputs", "grads", "inner", "inner_left", "failed")
 
     def __init__(self, kernels: WorkerKernels, node: Node, inputs: ReadyInputs) -> None:
         self.kernels = kernels
@@ -253,6 +255,8 @@ class _NodeRun:
         self.parts = 0  # submitted kernels not back yet
         self.outputs: list[Any] | None = None  # gradients of a split node, by edge
         self.grads: list[Any] = []  # a split node's incoming gradients
+        self.inner: list[int] = []  # a split node's edges to nodes that are not leaves
+        self.inner_left = 0  # its kernels computing some of those, not back yet
         self.failed = False
         kernels.engine.count_in_flight(1)
 
@@ -305,12 +309,19 @@ class _NodeRun:
             assert outputs is not None
             for i, g in zip(group, part):
                 outputs[i] = g
-            if early and self.live():
-                route_edges(task, node, group, part, self.grads)
-                for i in group:
-                    outputs[i] = None  # (routed: held by its next node only)
-                if self.parts > 1:  # (the last part's end queues them anyway)
-                    self.kernels.engine.node_done(task)
+            if not early or not self.live():
+                return
+            routed = group
+            if any(i in self.inner for i in group):
+                self.inner_left -= 1
+                if self.inner_left:  # the other nodes' gradients too first: they become
+                    return  # ready together and start in priority order
+                routed = self.inner
+            route_edges(task, node, routed, [outputs[i] for i in routed], self.grads)
+            for i in routed:
+                outputs[i] = None  # (routed: held by its next node only)
+            if self.parts > 1:  # (the last part's end queues them anyway)
+                self.kernels.engine.node_done(task)
 
         return arrive
 

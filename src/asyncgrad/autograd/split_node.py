@@ -9,7 +9,10 @@ critical path, dW fills the gaps (the loop's inline nodes, the hops). PyTorch co
 all three in one ``AddmmBackward`` and runs the leaves' AccumulateGrad first; a leaf's
 tensor hooks would see the difference, so the order changes only when no such observer
 exists: no hooks on the node, none on the leaves it feeds, a plain backward (no
-``inputs=``/``grad()`` pruning, no ``create_graph``, no tool wrapping kernels). While
+``inputs=``/``grad()`` pruning, no ``create_graph``, no tool wrapping kernels). The
+gradients for other nodes are routed together, once all of them are computed, so those
+nodes become ready at once and start in priority order, as in PyTorch (API.md §5); only
+the leaves' staging moves later. While
 BLAS runs threads of its own the two kernels share its slots (Note [BLAS threads] in
 policy.py), so they take turns on the cores instead of oversubscribing them.
 """
@@ -44,6 +47,12 @@ def split_groups(task: GraphTask, node: Node, splits: bool) -> list[list[int]] |
     if inner and leaves and node.spec.blas and routes_early(task, node):
         return [inner, leaves]
     return None
+
+
+def is_leaf_edge(node: Node, i: int) -> bool:
+    """Whether edge ``i`` of ``node`` leads to a leaf's AccumulateGrad."""
+    child = node.next_edges[i][0]
+    return child is not None and child.sequence_nr == ACCUMULATE_GRAD_SEQUENCE_NR
 
 
 def routes_early(task: GraphTask, node: Node) -> bool:
