@@ -16,8 +16,8 @@ started yet and waits, shielded, for the ones that did (a thread cannot be
 interrupted), whose results are dropped once the GraphTask stops. So a cancelled or
 failed backward returns after its last kernel, and nothing outlives it.
 
-A large node with an input gradient and leaf gradients runs them as separate kernels,
-the input gradient first (Note [Input gradient first] in split_node.py).
+A large node split into one kernel per gradient routes its input gradients as soon as
+they are computed (Note [Input gradient first] in split_node.py).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from .graph_task import GraphTask
 from .input_buffer import InputBuffer, ReadyInputs, combine, inputs_of, slots_of, value
 from .recording import OpNode
 from .saved import SavedTensor
-from .split_node import apply_edges, apply_in_turn, is_leaf_edge, route_edges, routes_early, split_groups, unpack
+from .split_node import apply_edges, is_leaf_edge, route_edges, routes_early, split_groups, unpack
 from .threads import boxed_call, current_owner, threadsafe_caller
 from .wakeup import Wakeup
 
@@ -84,10 +84,9 @@ class WorkerKernels:
                 if chain:
                     self._start_chain(run, [node, *chain], edges, partials)
                     return
-            splits = policy.splits(task, node)
-            groups = split_groups(task, node, splits)
+            groups = split_groups(task, node, policy.splits(task, node))
             if groups is not None:
-                self._start_parts(run, groups, blas, in_turn=not splits)
+                self._start_parts(run, groups, blas)
             else:
                 self._start_kernel(run, blas)
         except Exception as e:  # (a version check failed, or the executor refused it)
@@ -138,7 +137,7 @@ class WorkerKernels:
 
         self.submit(run, _run_chain, (task, nodes, edges, partials, inputs), arrive)
 
-    def _start_parts(self, run: _NodeRun, groups: list[list[int]], blas: bool, in_turn: bool) -> None:
+    def _start_parts(self, run: _NodeRun, groups: list[list[int]], blas: bool) -> None:
         """One kernel per group of input gradients, the first group's first (Note [Input
         gradient first]); unpacking saved values or adding deferred sums comes first,
         on a worker, when it is more than a lookup."""
@@ -147,7 +146,7 @@ class WorkerKernels:
         math = task.math
         plain = not math.tensor_mode and node.saved is not None and all(type(e) is SavedTensor for e in node.checks)
         if plain and not isinstance(inputs, InputBuffer):  # (plain_args: version checks only)
-            self._submit_parts(run, groups, blas, inputs, (node.plain_args(), node.params), in_turn)
+            self._submit_parts(run, groups, blas, inputs, (node.plain_args(), node.params))
             return
 
         def prepared(outcome: Any, error: BaseException | None) -> None:
@@ -155,15 +154,14 @@ class WorkerKernels:
                 run.fail(error)
             elif run.live():
                 grads, unpacked = outcome
-                self._submit_parts(run, groups, blas, grads, unpacked, in_turn)
+                self._submit_parts(run, groups, blas, grads, unpacked)
 
         self.submit(run, unpack, (node, inputs, math), prepared)
 
     def _submit_parts(self, run: _NodeRun, groups: list[list[int]], blas: bool, grads: list[Any],
-                      unpacked: tuple[Any, Any], in_turn: bool) -> None:
-        """A kernel per group (``policy.splits``: in parallel), or, ``in_turn``, one
-        kernel computing the groups one after the other, each handed to the loop as
-        soon as it is computed (Note [Input gradient first] in split_node.py)."""
+                      unpacked: tuple[Any, Any]) -> None:
+        """A kernel per group, in parallel, the input gradients' first (Note [Input
+        gradient first] in split_node.py)."""
         task, node = self.task, run.node
         assert isinstance(node, OpNode)
         early = routes_early(task, node)
@@ -172,32 +170,12 @@ class WorkerKernels:
         run.inner = [i for group in groups for i in group if not is_leaf_edge(node, i)]
         run.inner_left = sum(1 for group in groups if any(i in run.inner for i in group))
         run_blas = self.engine.policy.run_blas
-        if not in_turn:
-            for group in groups:
-                fn: Callable[..., Any] = apply_edges
-                args: tuple[Any, ...] = (node, group, grads, task.math, unpacked)
-                if blas:  # (each part holds BLAS slots)
-                    fn, args = run_blas, (fn, *args)
-                self.submit(run, fn, args, run.part_arrival(group, early))
-            return
-        handlers = [run.part_arrival(group, early) for group in groups]
-        call_soon = self.call_soon
-        posted = [0]  # groups handed over (written by the worker, read once the kernel is back)
-
-        def post(k: int, part: list[Any]) -> None:  # on the worker; FIFO before the kernel's end
-            posted[0] += 1
-            call_soon(run.deliver, handlers[k], part, None)
-
-        def back(_: Any, error: BaseException | None) -> None:
-            if error is not None:
-                run.fail(error)
-            run.parts -= len(groups) - posted[0]  # the groups never handed over
-
-        fn, args = apply_in_turn, (node, groups, grads, task.math, unpacked, post)
-        if blas:  # (holds the BLAS slots for all its groups: they take turns anyway)
-            fn, args = run_blas, (fn, *args)
-        self.submit(run, fn, args, back)
-        run.parts += len(groups)
+        for group in groups:
+            fn: Callable[..., Any] = apply_edges
+            args: tuple[Any, ...] = (node, group, grads, task.math, unpacked)
+            if blas:  # (each part holds BLAS slots)
+                fn, args = run_blas, (fn, *args)
+            self.submit(run, fn, args, run.part_arrival(group, early))
 
     def submit(self, run: _NodeRun, fn: Callable[..., Any], args: tuple[Any, ...], arrive: Arrive) -> None:
         """``fn(*args)`` on a worker thread, in a copy of this context (the worker is

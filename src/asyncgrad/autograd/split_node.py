@@ -1,25 +1,29 @@
 """A large built-in node's gradients as separate kernels on worker threads, and which
 may be routed as soon as each is computed.
 
-Note [Input gradient first]: a large node with a gradient for another node (a linear
-layer's dx) and gradients for leaves (its dW, db) computes them as separate kernels,
-the input gradient's submitted first, and routes each as soon as it arrives. The next
-layer's backward then starts while dW still runs on the other worker: dx is the
-critical path, dW fills the gaps (the loop's inline nodes, the hops). PyTorch computes
-all three in one ``AddmmBackward`` and runs the leaves' AccumulateGrad first; a leaf's
-tensor hooks would see the difference, so the order changes only when no such observer
-exists: no hooks on the node, none on the leaves it feeds, a plain backward (no
-``inputs=``/``grad()`` pruning, no ``create_graph``, no tool wrapping kernels). The
-gradients for other nodes are routed together, once all of them are computed, so those
-nodes become ready at once and start in priority order, as in PyTorch (API.md §5); only
-the leaves' staging moves later. While
-BLAS runs threads of its own the two kernels share its slots (Note [BLAS threads] in
-policy.py), so they take turns on the cores instead of oversubscribing them.
+Note [Input gradient first]: a large node split into one kernel per gradient
+(``Policy.splits``: several needed gradients, no BLAS threads of its own) submits the
+gradients for other nodes first (a linear layer's dx before its dW and db) and routes
+them as soon as they are computed, not when the whole node is: the next layer's
+backward then starts while dW still runs on the other worker. dx is the critical path,
+dW fills the gaps (the loop's inline nodes, the hops). PyTorch computes all three in one
+``AddmmBackward`` and runs the leaves' AccumulateGrad first; a leaf's tensor hooks would
+see the difference, so the order changes only when no such observer exists: no hooks on
+the node, none on the leaves it feeds, a plain backward (no ``inputs=``/``grad()``
+pruning, no ``create_graph``, no tool wrapping kernels). The gradients for other nodes
+are routed together, once all of them are computed, so those nodes become ready at once
+and start in priority order, as in PyTorch (API.md §5); only the leaves' staging moves.
+
+While BLAS runs threads of its own (one backward alone) a product already uses every
+core, so a layer is not split: dx and dW in one kernel. Running them as two kernels in
+turn, dx handed to the loop in between, was measured 1-6% slower on the MLP benchmark
+(the loop's inline work then competes with the BLAS threads for the two cores), and two
+single-threaded products side by side finish no sooner than one two-threaded one after
+the other.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from .execute import own_if_fresh
@@ -42,11 +46,7 @@ def split_groups(task: GraphTask, node: Node, splits: bool) -> list[list[int]] |
             (leaves if child.sequence_nr == ACCUMULATE_GRAD_SEQUENCE_NR else inner).append(i)
     if len(inner) + len(leaves) < 2:
         return None
-    if splits:
-        return [[i] for i in inner + leaves]
-    if inner and leaves and node.spec.blas and routes_early(task, node):
-        return [inner, leaves]
-    return None
+    return [[i] for i in inner + leaves] if splits else None
 
 
 def is_leaf_edge(node: Node, i: int) -> bool:
@@ -95,10 +95,3 @@ def apply_edges(node: OpNode, group: list[int], grads: list[Any], math: Any,
     """On a worker: the gradients of edges ``group`` of a split node."""
     return [node.apply_edge(i, grads, math, unpacked) for i in group]
 
-
-def apply_in_turn(node: OpNode, groups: list[list[int]], grads: list[Any], math: Any,
-                  unpacked: tuple[Any, Any], post: Callable[[int, list[Any]], None]) -> None:
-    """On a worker: each group's gradients in turn, handed to ``post(k, part)`` as soon
-    as computed, so the loop routes the input gradient while the leaves' are computed."""
-    for k, group in enumerate(groups):
-        post(k, apply_edges(node, group, grads, math, unpacked))
