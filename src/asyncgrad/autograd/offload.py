@@ -78,13 +78,13 @@ class WorkerKernels:
             if not blas and policy.chains(task, node):
                 chain, edges, partials = policy.plan_chain(task, node)
                 for k, follower in enumerate(chain):  # a node that splits ends the chain before it
-                    if split_groups(task, follower, policy.splits(task, follower)) is not None:
+                    if split_groups(follower, policy.splits(task, follower)) is not None:
                         del chain[k:], edges[k:], partials[k:]
                         break
                 if chain:
                     self._start_chain(run, [node, *chain], edges, partials)
                     return
-            groups = split_groups(task, node, policy.splits(task, node))
+            groups = split_groups(node, policy.splits(task, node))
             if groups is not None:
                 self._start_parts(run, groups, blas)
             else:

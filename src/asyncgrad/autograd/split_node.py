@@ -16,8 +16,8 @@ and start in priority order, as in PyTorch (API.md §5); only the leaves' stagin
 
 While BLAS runs threads of its own (one backward alone) a product already uses every
 core, so a layer is not split: dx and dW in one kernel. Running them as two kernels in
-turn, dx handed to the loop in between, was measured 1-6% slower on the MLP benchmark
-(the loop's inline work then competes with the BLAS threads for the two cores), and two
+turn, dx handed to the loop in between, was slower on the MLP benchmark (the loop's
+inline work then competes with the BLAS threads for the cores), and two
 single-threaded products side by side finish no sooner than one two-threaded one after
 the other.
 """
@@ -33,7 +33,7 @@ from .input_buffer import ReadyInputs, inputs_of
 from .recording import OpNode
 
 
-def split_groups(task: GraphTask, node: Node, splits: bool) -> list[list[int]] | None:
+def split_groups(node: Node, splits: bool) -> list[list[int]] | None:
     """The edges of a split node, grouped into its kernels, the input gradients (edges
     to nodes that are not leaves) first (Note [Input gradient first]); None: one
     kernel. ``splits``: policy.splits' decision, one kernel per gradient."""
