@@ -4,7 +4,8 @@ The walk of one ``await backward(loss)`` (docs/architecture.md has it in full):
 ``api.backward`` builds a GraphTask and calls ``Engine.execute``, which sets it up
 (``GraphTask.setup_steps``), queues it on the loop's scheduler and drains it
 (``_drain``: the loop's runner runs nodes inline with ``execute.run_inline``; nodes that
-must go elsewhere are started by this driver with ``offload.run_elsewhere``), then runs
+must go elsewhere are started by this driver: ``offload.WorkerKernels.start``, whose
+completion callbacks route their gradients on the loop), then runs
 pre-commit functions, commits (commit.py) and runs final callbacks, unless the runner
 did those for it (Note [The runner completes small backward calls] in scheduler.py). The
 synchronous driver is in sync_driver.py.
@@ -42,7 +43,7 @@ from . import commit, lifecycle
 from .completion import check_complete
 from .errors import EngineInternalError
 from .graph_task import GraphTask
-from .offload import run_elsewhere
+from .offload import WorkerKernels, run_async_node
 from .policy import BLAS, Policy
 from .scheduler import LoopScheduler, grant_admission_pass, loop_scheduler, wake
 from .statistics import EngineStatistics
@@ -85,8 +86,6 @@ class Engine:
         self.tune_malloc = tune_malloc
         self.policy = Policy(self.max_workers, threshold, blas_threads, tune_malloc)
         self._pool: WorkerPool | None = None
-        self._blas_limiter_var: anyio.lowlevel.RunVar[anyio.CapacityLimiter] = anyio.lowlevel.RunVar(
-            f"asyncgrad_engine_blas_limiter_{id(self)}")
         self._lock = threading.Lock()  # guards the counters below (any thread reads statistics)
         self._started = self._succeeded = self._failed = self._cancelled = 0
         self._nodes_inline = self._nodes_offloaded = self._thread_hops = 0
@@ -170,17 +169,21 @@ class Engine:
         served = await self._serve(task, scheduler, None)
         if served is not False:
             return None if served is True else served
+        kernels = WorkerKernels(self, task)
         async with anyio.create_task_group() as tg:
             try:
-                served = await self._serve(task, scheduler, tg)
+                served = await self._serve(task, scheduler, tg, kernels)
             except BaseException:
                 task.stopping = True  # cancelled: chains on worker threads stop early
                 raise
+            finally:
+                await kernels.settle()  # (Note [Completion by callback] in offload.py)
         return None if type(served) is bool else served
 
-    async def _serve(self, task: GraphTask, scheduler: LoopScheduler,
-                     tg: anyio.abc.TaskGroup | None) -> bool | Wakeup:
-        """Drive ``task``: start its nodes that go elsewhere (in ``tg``), be the loop's
+    async def _serve(self, task: GraphTask, scheduler: LoopScheduler, tg: anyio.abc.TaskGroup | None,
+                     kernels: WorkerKernels | None = None) -> bool | Wakeup:
+        """Drive ``task``: start its nodes that go elsewhere (on ``kernels``' workers,
+        an async backward as a task in ``tg``), be the loop's
         runner when there is none, else wait to be woken. Returns True when every node
         ran (or it failed), False when a node must start and there is no ``tg``, the
         wake-up when the runner completed the backward (Note [The runner completes small
@@ -193,11 +196,15 @@ class Engine:
                         return True
                     raise task.error
                 if task.to_start:
-                    if tg is None:
+                    if tg is None or kernels is None:
                         return False
                     while task.to_start:
                         task.in_flight += 1
-                        tg.start_soon(run_elsewhere, self, task, tg, *task.to_start.popleft())
+                        node, inputs = task.to_start.popleft()
+                        if node.maybe_async and node.is_async():
+                            tg.start_soon(run_async_node, self, task, tg, node, inputs)
+                        else:
+                            kernels.start(node, inputs)
                 if not task.nodes_left():
                     return True
                 if task.has_ready() and not task.active_children:
@@ -239,22 +246,11 @@ class Engine:
     # --- worker threads -------------------------------------------------------------------
     async def offload(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` on a worker thread (see threads.run_in_executor)."""
-        return await run_in_executor(self.executor or self._pool or self._start_pool(), fn, args)
+        return await run_in_executor(self.worker_executor(), fn, args)
 
-    async def offload_blas(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """``offload`` for a BLAS kernel: on its worker it takes one of the BLAS slots
-        shared by every loop (Note [BLAS threads] in policy.py)."""
-        return await self.offload(self.policy.run_blas, fn, *args)
-
-    def blas_limiter(self) -> anyio.CapacityLimiter:
-        """This loop's bound on its BLAS kernels in flight, so a worker waits on the
-        shared BLAS slots only while another loop holds them."""
-        try:
-            return self._blas_limiter_var.get()
-        except LookupError:
-            limiter = anyio.CapacityLimiter(self.policy.blas_kernels())
-            self._blas_limiter_var.set(limiter)
-            return limiter
+    def worker_executor(self) -> Executor:
+        """Where kernels run: the ``executor`` given, else the engine's worker threads."""
+        return self.executor or self._pool or self._start_pool()
 
     def _start_pool(self) -> WorkerPool:
         """The worker threads: a pool of ``max_workers`` threads shared by every event

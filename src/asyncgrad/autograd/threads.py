@@ -71,19 +71,18 @@ def as_owner(fn: Callable[..., Any], *args: Any) -> Any:
     return fn(*args)
 
 
-def _threadsafe_caller() -> Callable[[Callable[[], Any]], None]:
+def threadsafe_caller() -> tuple[Callable[..., object], asyncio.AbstractEventLoop | None]:
+    """On the loop's thread: a function any thread may call as ``call_soon(fn, *args)``
+    to run ``fn(*args)`` on this loop soon (asyncio's ``call_soon_threadsafe``, trio's
+    ``run_sync_soon``), and the asyncio loop (None on trio)."""
     try:
         loop = asyncio.get_running_loop()
-
-        def call_soon(fn: Callable[[], Any]) -> None:
-            loop.call_soon_threadsafe(fn)
-
-        return call_soon
     except RuntimeError:
         import trio
 
-        run_sync_soon: Callable[[Callable[[], Any]], None] = trio.lowlevel.current_trio_token().run_sync_soon
-        return run_sync_soon
+        run_sync_soon: Callable[..., object] = trio.lowlevel.current_trio_token().run_sync_soon
+        return run_sync_soon, None
+    return loop.call_soon_threadsafe, loop
 
 
 def redeliver_cancellation(cancelled: BaseException) -> None:
@@ -129,7 +128,7 @@ async def run_in_executor(executor: Executor, fn: Callable[..., Any], args: tupl
     except RuntimeError:  # trio
         return await _run_in_executor_anyio(executor, fn, args, ctx)
     arrival = _Arrival(loop)
-    future = executor.submit(ctx.run, _boxed, fn, *args)
+    future = executor.submit(ctx.run, boxed_call, fn, *args)
     future.add_done_callback(arrival.from_worker)
     try:
         await arrival.waiter
@@ -165,8 +164,8 @@ class _Arrival:
 async def _run_in_executor_anyio(executor: Executor, fn: Callable[..., Any], args: tuple[Any, ...],
                                  ctx: contextvars.Context) -> Any:
     done = anyio.Event()
-    call_soon = _threadsafe_caller()
-    future = executor.submit(ctx.run, _boxed, fn, *args)
+    call_soon, _ = threadsafe_caller()
+    future = executor.submit(ctx.run, boxed_call, fn, *args)
     future.add_done_callback(lambda _: call_soon(done.set))
     try:
         await done.wait()
@@ -178,7 +177,9 @@ async def _run_in_executor_anyio(executor: Executor, fn: Callable[..., Any], arg
     return future.result().pop()
 
 
-def _boxed(fn: Callable[..., Any], *args: Any) -> list[Any]:
+def boxed_call(fn: Callable[..., Any], *args: Any) -> list[Any]:
+    """On a worker: ``[fn(*args)]``, run as the node's owner. The loop empties the box
+    when it takes the result (see ``run_in_executor``)."""
     return [as_owner(fn, *args)]
 
 
