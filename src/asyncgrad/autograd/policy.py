@@ -111,10 +111,13 @@ class Policy:
     def splits(self, task: GraphTask, node: Node) -> bool:
         """Whether to compute a node's input gradients as separate parallel kernels: a
         large built-in node with several needed gradients, and no tool wrapping kernels.
-        Not for BLAS kernels while BLAS runs threads of its own (it parallelises them)."""
+        Not for a joint rule, nor for BLAS kernels while BLAS runs threads of its own (it
+        parallelises them)."""
         if self.max_workers < 2 or type(node) is not OpNode or not task.plain_kernels():
             return False
         if (node.spec.blas and self.blas_threads_per_call > 1) or node.spec.variadic:
+            return False
+        if node.spec.joint is not None:  # one kernel for all (ops/_spec.py, Note [Joint rules])
             return False
         return sum(1 for child, _ in node.next_edges if child is not None) > 1
 

@@ -108,6 +108,9 @@ class OpNode(Node):
                     for i, (node, _) in enumerate(edges)]
         if len(edges) == 1:  # unary: most nodes
             return [vjps[0](m, g, *args, **params) if params else vjps[0](m, g, *args)]
+        mask = spec.joint_for(edges, m.tensor_mode)
+        if mask is not None and spec.joint is not None:  # one call (Note [Joint rules])
+            return list(spec.joint(g, *args, mask=mask, **(params or {})))
         if params:
             return [None if node is None else vjps[i](m, g, *args, **params)
                     for i, (node, _) in enumerate(edges)]

@@ -166,6 +166,29 @@ def layer_norm_backward(g: np.ndarray, xhat: np.ndarray, rstd: np.ndarray,
     return out
 
 
+def layer_norm_backward_joint(g: np.ndarray, xhat: np.ndarray, rstd: np.ndarray, w: np.ndarray | None,
+                              mask: tuple[bool, bool, bool], shape: tuple[int, ...]
+                              ) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None] | None:
+    """``(dx, dw, db)`` of layer_norm in one pass, each None where ``mask`` says it is
+    not needed; dx in ``g``'s shape, dw and db in ``shape`` (fresh arrays). None: the
+    compiled kernels do not apply."""
+    k = compiled()
+    if k is None or not _fits(xhat) or g.dtype != xhat.dtype or rstd.dtype != xhat.dtype:
+        return None
+    n = xhat.shape[1]
+    weight = np.ones(n, dtype=xhat.dtype) if w is None else w
+    if weight.dtype != xhat.dtype:
+        return None
+    none = np.empty(0, dtype=xhat.dtype)
+    dx = np.empty(g.shape, dtype=xhat.dtype) if mask[0] else none
+    dw = np.empty(shape, dtype=xhat.dtype) if mask[1] else none
+    db = np.empty(shape, dtype=xhat.dtype) if mask[2] else none
+    k.layer_norm_backward_joint(_rows(g, n), np.ascontiguousarray(xhat), np.ascontiguousarray(rstd),
+                                _flat(weight), mask[0], dx.reshape(-1, n) if mask[0] else none.reshape(0, n),
+                                dw.reshape(-1), db.reshape(-1))
+    return dx if mask[0] else None, dw if mask[1] else None, db if mask[2] else None
+
+
 def column_dots(a: np.ndarray, b: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
     """``(a * b).sum(axis=0)`` of two 2-D arrays of one shape, as a fresh array of
     ``shape`` (``a.shape[1]`` elements), or None."""

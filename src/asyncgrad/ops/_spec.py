@@ -15,6 +15,17 @@ graph or the engine; ``asyncgrad.autograd.recording`` turns a call into a node.
 * A rule may return a gradient with the *broadcast* (larger) shape; the engine sums it
   down to the input's shape in one shared place (``sum_to``), as PyTorch's
   ``validate_outputs`` does.
+* ``joint`` (optional) computes the gradients of several inputs in one call, as
+  PyTorch's fused backward kernels do (``native_layer_norm_backward`` with its output
+  mask), where separate rules would each read ``g`` and the saved arrays again. It is
+  called as ``joint(g, ans, *saved, mask=mask, **bwd_params)`` with ``mask[i]`` true for
+  each input that needs a gradient, and returns one gradient per input (None where the
+  mask is false). Note [Joint rules]: the engine uses it only in a plain backward with
+  two or more needed gradients (``OpSpec.joint_for``); the per-input ``vjps`` still serve
+  ``create_graph=True`` (the ``m`` namespace) and single-gradient needs, so they remain
+  the definition and the joint rule must equal them (tests check both paths). A node
+  with a joint rule runs as one kernel: never split into one kernel per gradient, and
+  not in the engine's fused inline step (``fusable`` is False), which calls ``vjps``.
 """
 
 from __future__ import annotations
@@ -44,6 +55,8 @@ class OpSpec:
     cost: float = 1.0
     # a BLAS kernel (matmul): the engine bounds how many run at once (Note [BLAS threads])
     blas: bool = False
+    # all needed gradients in one call (Note [Joint rules]); None: the vjps one by one
+    joint: Rule | None = None
 
     #: whether the engine's fused inline step handles this op (see GraphTask.run_inline)
     fusable: bool = field(init=False, default=True)
@@ -53,13 +66,21 @@ class OpSpec:
     def __post_init__(self) -> None:
         if len(self.save_when) != len(self.save_inputs):  # built directly: always save
             object.__setattr__(self, "save_when", (None,) * len(self.save_inputs))
-        object.__setattr__(self, "fusable", not self.variadic and not self.has_aux)
+        object.__setattr__(self, "fusable",
+                           not self.variadic and not self.has_aux and self.joint is None)
         object.__setattr__(self, "no_args", (None,) * (len(self.vjps) + 1))
 
     @property
     def arity(self) -> int:
         return len(self.vjps)
 
+    def joint_for(self, edges: tuple[Any, ...], tensor_mode: bool) -> tuple[bool, ...] | None:
+        """The mask of needed gradients when the joint rule applies to a node with these
+        ``(node, input_nr)`` edges: a plain backward, two or more needed; else None."""
+        if self.joint is None or tensor_mode:
+            return None
+        mask = tuple(child is not None for child, _ in edges)
+        return mask if sum(mask) > 1 else None
 
 
 
@@ -72,6 +93,7 @@ def defop(
     variadic: bool = False,
     cost: float = 1.0,
     blas: bool = False,
+    joint: Rule | None = None,
 ) -> OpSpec:
     """Declare a primitive. ``save`` lists what backward needs: ``x``, ``y``, ``z`` name
     inputs 0, 1, 2 and ``ans`` names the output, e.g. ``save="x ans"``. ``x@1`` saves
@@ -86,4 +108,4 @@ def defop(
         when.append(tuple(int(u) for u in users.split(",")) if users else None)
     return OpSpec(node_name, forward, tuple(vjps), save_inputs=tuple(positions),
                   save_ans="ans" in save.split(), save_when=tuple(when), has_aux=has_aux,
-                  variadic=variadic, cost=cost, blas=blas)
+                  variadic=variadic, cost=cost, blas=blas, joint=joint)

@@ -290,6 +290,41 @@ def _ln_rule_b(m, g, ans, x, w, b, *, dims, eps, aux):  # type: ignore[no-untype
     return g if m.tensor_mode else _reshaped(_sum_rows(g.reshape(aux[0].shape)), g.shape[g.ndim - len(dims):])
 
 
+def _ln_joint(g, ans, x, w=None, b=None, *, mask, dims, eps, aux):  # type: ignore[no-untyped-def]
+    """dx, dw and db as ``mask`` asks, in one pass over ``g`` and x-hat (Note [Joint
+    rules] in ops/_spec.py): the three rules above, computed together."""
+    xhat, rstd = aux
+    shape = g.shape[g.ndim - len(dims):]
+    need = (mask[0], len(mask) > 1 and mask[1], len(mask) > 2 and mask[2])
+    grads = fast.layer_norm_backward_joint(g, xhat, rstd, w, need, shape)
+    if grads is None:
+        grads = _ln_joint_numpy(g.reshape(xhat.shape), xhat, rstd, w, need, g.shape, shape)
+    return grads[:len(mask)]
+
+
+def _ln_joint_numpy(g, xhat, rstd, w, need, g_shape, shape):  # type: ignore[no-untyped-def]
+    """``_ln_joint`` in numpy: ``g * xhat`` once serves dw and dx's row dots
+    (``rowdot(g * w, xhat) = (g * xhat) @ w``)."""
+    gx = g * xhat if need[0] or need[1] else None
+    dw = _reshaped(_sum_rows(gx), shape) if need[1] else None
+    db = _reshaped(_sum_rows(g), shape) if need[2] else None
+    dx = None
+    if need[0]:
+        n = xhat.shape[1]
+        gw = g if w is None else g * w.reshape(-1)
+        if g.dtype in _FAST:
+            dots = gx @ (np.ones(n, dtype=g.dtype) if w is None else w.reshape(-1))
+            dots *= 1.0 / n
+            dx = xhat * dots[:, None]
+        else:
+            dx = xhat * _row_means(gw, xhat)
+        np.subtract(gw, dx, out=dx)
+        dx -= _row_means(gw)
+        dx *= rstd
+        dx = _reshaped(dx, g_shape)
+    return dx, dw, db
+
+
 def _reshaped(a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     """``a`` in ``shape``, itself when it has that shape already: a fresh array the rules
     return can become ``.grad`` without the engine's copy, a view (even of the same shape)
@@ -309,9 +344,9 @@ def _sum_rows(a: np.ndarray) -> np.ndarray:
 softmax = defop("SoftmaxBackward0", quiet(_softmax), _softmax_rule, save="ans")
 log_softmax = defop("LogSoftmaxBackward0", quiet(_log_softmax), _log_softmax_rule, save="ans")
 layer_norm = defop("NativeLayerNormBackward0", _layer_norm, _ln_rule_x, _ln_rule_w, _ln_rule_b,
-                   save="x@0,1 y@0,1", has_aux=True)
+                   save="x@0,1 y@0,1", has_aux=True, joint=_ln_joint)
 layer_norm_weight = defop("NativeLayerNormBackward0", _layer_norm, _ln_rule_x, _ln_rule_w,
-                          save="x@0,1 y@0,1", has_aux=True)
+                          save="x@0,1 y@0,1", has_aux=True, joint=_ln_joint)
 layer_norm_plain = defop("NativeLayerNormBackward0", _layer_norm, _ln_rule_x, save="x", has_aux=True)
 gelu = defop("GeluBackward0", _gelu, _gelu_rule, save="x", has_aux=True)
 gelu_tanh = defop("GeluBackward0", _gelu_tanh, _gelu_tanh_rule, save="x")
