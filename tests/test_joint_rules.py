@@ -79,6 +79,23 @@ def test_layer_norm_joint_rule_equals_the_per_input_rules(on_path, path: str, dt
         np.testing.assert_allclose(got, want, **_tol(dtype))
 
 
+def test_compiled_float32_column_sums_stay_near_the_float64_sums_over_many_rows(on_path) -> None:
+    """dw and db over 20,000 rows (Note [Column sums by row blocks]): the float32 kernel
+    stays within a few float32 ulps of the exact (float64) sums of its float32 inputs."""
+    on_path("compiled")
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((20_000, 8)) + 3).astype(np.float32)
+    g = (rng.standard_normal((20_000, 8)) + 1).astype(np.float32)
+    w = np.ones(8, dtype=np.float32)
+    _, (xhat, rstd) = nn._layer_norm(x, w, w, dims=(1,), eps=1e-5)
+    dx, dw, db = nn._ln_joint(g, None, x, w, w, mask=(True, True, True), dims=(1,), eps=1e-5,
+                              aux=(xhat, rstd))
+    exact_w = (g.astype(np.float64) * xhat.astype(np.float64)).sum(axis=0)
+    exact_b = g.astype(np.float64).sum(axis=0)
+    np.testing.assert_allclose(dw, exact_w, rtol=0, atol=4e-7 * np.abs(exact_w).max())
+    np.testing.assert_allclose(db, exact_b, rtol=0, atol=4e-7 * np.abs(exact_b).max())
+
+
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("affine", ["w", "wb"])
