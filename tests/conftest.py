@@ -34,3 +34,23 @@ def _reference_engine(request):
     ag.autograd.set_engine(ReferenceEngine())
     yield
     ag.autograd.set_engine(prev)
+
+
+@pytest.fixture
+def on_path():
+    """``on_path("numpy" | "compiled")`` switches the kernels (compiled: skipped without
+    numba; waits for them to load); the mode is restored after."""
+    from asyncgrad.ops import kernels
+
+    prev = kernels.mode()
+
+    def switch(path):
+        if path == "compiled":
+            pytest.importorskip("numba")
+            kernels.set_mode("auto")
+            assert kernels.wait(300), kernels.status()
+        else:
+            kernels.set_mode("numpy")
+
+    yield switch
+    kernels.set_mode(prev)

@@ -5,7 +5,7 @@ layer_norm's joint rule (one compiled pass, or numpy) must equal its three rules
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -16,31 +16,13 @@ import asyncgrad as ag
 import asyncgrad.nn.functional as AF
 from asyncgrad.autograd import Engine, get_engine, gradcheck, gradgradcheck, set_engine
 from asyncgrad.autograd.recording import record
-from asyncgrad.ops import kernels, nn
+from asyncgrad.ops import nn
 from asyncgrad.ops._array_math import ArrayMath
 from asyncgrad.ops._spec import defop
 
 # every non-empty choice of (x, w, b) that needs a gradient
 MASKS = [m for m in itertools.product([False, True], repeat=3) if any(m)]
 PATHS = ["numpy", "compiled"]
-
-
-@pytest.fixture
-def on_path() -> Iterator[Callable[[str], None]]:
-    """``on_path("numpy" | "compiled")`` switches the kernels (compiled: skipped without
-    numba); the mode is restored after."""
-    prev = kernels.mode()
-
-    def switch(path: str) -> None:
-        if path == "compiled":
-            pytest.importorskip("numba")
-            kernels.set_mode("auto")
-            assert kernels.wait(300), kernels.status()
-        else:
-            kernels.set_mode("numpy")
-
-    yield switch
-    kernels.set_mode(prev)
 
 
 def _ln_case(dtype: type, rows: tuple[int, ...] = (3, 100)) -> tuple[np.ndarray, ...]:

@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -25,22 +25,6 @@ pytest.importorskip("numba")
 
 TRICKY = [0.0, -0.0, math.inf, -math.inf, math.nan, 1e30, -1e30, 1e-30, -1e-30, 88.0, -88.0, 100.0, -104.0,
           3.3, -3.3, 4.0, -4.0, 10.0, -10.0]
-
-
-@pytest.fixture
-def on_path() -> Iterator[Callable[[str], None]]:
-    """``on_path("numpy" | "compiled")`` switches the kernels; the mode is restored after."""
-    prev = kernels.mode()
-
-    def switch(path: str) -> None:
-        if path == "compiled":
-            kernels.set_mode("auto")
-            assert kernels.wait(300), kernels.status()
-        else:
-            kernels.set_mode("numpy")
-
-    yield switch
-    kernels.set_mode(prev)
 
 
 def _input(dtype: type, shape: tuple[int, ...] = (37, 64)) -> np.ndarray:
