@@ -254,3 +254,25 @@ def test_first_gelu_on_a_running_loop_does_not_wait_for_the_compiled_kernels() -
     assert res.stdout.strip().split("|") == [
         "numba imported by asyncgrad: False", "loader started", "first gelu done, ready=False", "loader done",
         "second gelu done, ready=True"]
+
+
+@pytest.mark.parametrize("name", [*ELEMENTWISE, *ROWS])
+def test_read_only_inputs_and_gradients_take_the_compiled_path(on_path, name):
+    """A read-only array (a broadcast gradient, a frozen user array) is not a type the
+    kernels were compiled for: the compiled path copies it and gives the numpy path's
+    results, instead of failing inside numba."""
+    op = {**ELEMENTWISE, **ROWS}[name]
+    x = np.random.default_rng(5).standard_normal((16, 32)).astype(np.float32)
+    x.setflags(write=False)
+    g = np.broadcast_to(np.float32(0.5), (16, 32))  # read-only, as a sum's backward gives
+
+    def run() -> list[np.ndarray]:
+        t = ag.tensor(x, requires_grad=True)
+        src = ag.from_numpy(x)
+        y = op(src)  # a read-only input in the forward
+        ag.backward_sync(op(t), ag.from_numpy(g))  # a read-only gradient in the backward
+        return [y.numpy(), t.grad.numpy()]
+
+    plain, fast = _both(on_path, run)
+    for a, b in zip(plain, fast):
+        np.testing.assert_allclose(b, a, rtol=2e-6, atol=2e-6)

@@ -3,7 +3,8 @@ op's result, or None when the compiled kernels are not in use (not loaded yet, m
 ``numpy``, see ``ops/kernels.py``) or do not apply, and the caller then runs its numpy
 kernel. They apply to float32 and float64 arrays of at least one dimension whose dtypes
 all agree (mixed dtypes keep numpy's promotion); inputs that are not C-contiguous are
-copied first. Row ops (softmax, log_softmax, layer_norm) apply along the last axis only.
+copied first, as are read-only ones (the kernels are compiled for writeable arrays).
+Row ops (softmax, log_softmax, layer_norm) apply along the last axis only.
 """
 
 from __future__ import annotations
@@ -23,12 +24,21 @@ def _fits(*arrays: np.ndarray) -> bool:
             and all(a.dtype == first.dtype and a.shape == first.shape for a in arrays[1:]))
 
 
+def _c(a: np.ndarray) -> np.ndarray:
+    """``a`` as a C-contiguous, writeable-typed array. numba compiles a kernel per array
+    type, and a read-only array (a broadcast gradient, a frozen user array) is a type the
+    kernels were not compiled for, so such an input is copied: one pass, rather than a
+    second set of kernels to compile and load."""
+    a = np.ascontiguousarray(a)
+    return a if a.flags.writeable else a.copy()
+
+
 def _flat(a: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(a).reshape(-1)
+    return _c(a).reshape(-1)
 
 
 def _rows(a: np.ndarray, n: int) -> np.ndarray:
-    return np.ascontiguousarray(a).reshape(-1, n)
+    return _c(a).reshape(-1, n)
 
 
 def _last(x: np.ndarray, dim: Any) -> bool:
@@ -161,7 +171,7 @@ def layer_norm_backward(g: np.ndarray, xhat: np.ndarray, rstd: np.ndarray,
         return None
     out = np.empty(g.shape, dtype=xhat.dtype)
     n = xhat.shape[1]
-    k.layer_norm_backward(_rows(g, n), np.ascontiguousarray(xhat), np.ascontiguousarray(rstd),
+    k.layer_norm_backward(_rows(g, n), _c(xhat), _c(rstd),
                           _flat(weight), out.reshape(-1, n))
     return out
 
@@ -183,7 +193,7 @@ def layer_norm_backward_joint(g: np.ndarray, xhat: np.ndarray, rstd: np.ndarray,
     dx = np.empty(g.shape, dtype=xhat.dtype) if mask[0] else none
     dw = np.empty(shape, dtype=xhat.dtype) if mask[1] else none
     db = np.empty(shape, dtype=xhat.dtype) if mask[2] else none
-    k.layer_norm_backward_joint(_rows(g, n), np.ascontiguousarray(xhat), np.ascontiguousarray(rstd),
+    k.layer_norm_backward_joint(_rows(g, n), _c(xhat), _c(rstd),
                                 _flat(weight), mask[0], dx.reshape(-1, n) if mask[0] else none.reshape(0, n),
                                 dw.reshape(-1), db.reshape(-1))
     return dx if mask[0] else None, dw if mask[1] else None, db if mask[2] else None
@@ -196,7 +206,7 @@ def column_dots(a: np.ndarray, b: np.ndarray, shape: tuple[int, ...]) -> np.ndar
     if k is None or not _fits(a, b) or a.ndim != 2:
         return None
     out = np.empty(shape, dtype=a.dtype)
-    k.column_dots(np.ascontiguousarray(a), np.ascontiguousarray(b), out.reshape(-1))
+    k.column_dots(_c(a), _c(b), out.reshape(-1))
     return out
 
 
@@ -216,5 +226,5 @@ def add_rows(out: np.ndarray, rows: np.ndarray, g: np.ndarray) -> bool:
         return False  # numpy's indexing raises its IndexError
     if r.size and r.min() < 0:
         r = np.where(r < 0, r + n, r)
-    k.add_rows(out, np.ascontiguousarray(r), np.ascontiguousarray(g))
+    k.add_rows(out, _c(r), _c(g))
     return True
