@@ -37,10 +37,12 @@ def _reference_engine(request):
 
 
 @pytest.fixture
-def on_path():
+def on_path(monkeypatch):
     """``on_path("numpy" | "compiled")`` switches the kernels (compiled: skipped without
-    numba; waits for them to load); the mode is restored after."""
-    from asyncgrad.ops import kernels
+    numba; waits for them to load; elementwise ops take the compiled kernels at every
+    size, not only from ``_fast.ELEMENTWISE_MIN`` elements, so small test inputs check
+    them); the mode is restored after."""
+    from asyncgrad.ops import _fast, kernels
 
     prev = kernels.mode()
 
@@ -49,6 +51,7 @@ def on_path():
             pytest.importorskip("numba")
             kernels.set_mode("auto")
             assert kernels.wait(300), kernels.status()
+            monkeypatch.setattr(_fast, "ELEMENTWISE_MIN", 0)
         else:
             kernels.set_mode("numpy")
 

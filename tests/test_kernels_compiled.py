@@ -276,3 +276,17 @@ def test_read_only_inputs_and_gradients_take_the_compiled_path(on_path, name):
     plain, fast = _both(on_path, run)
     for a, b in zip(plain, fast):
         np.testing.assert_allclose(b, a, rtol=2e-6, atol=2e-6)
+
+
+def test_small_elementwise_ops_keep_their_numpy_kernels_by_default() -> None:
+    """Below ``ELEMENTWISE_MIN`` elements a compiled call costs more than the ufunc it
+    replaces (graphs of many tiny nodes pay it per node), so the compiled path declines
+    and the numpy kernel runs; from that size on it applies."""
+    kernels.set_mode("auto")
+    assert kernels.wait(300), kernels.status()
+    small = np.linspace(-2, 2, _fast.ELEMENTWISE_MIN - 1, dtype=np.float32)
+    large = np.linspace(-2, 2, _fast.ELEMENTWISE_MIN, dtype=np.float32)
+    assert _fast.sigmoid(small) is None and _fast.tanh_backward(small, small) is None
+    np.testing.assert_allclose(_fast.sigmoid(large), 1 / (1 + np.exp(-large)), rtol=2e-6)
+    np.testing.assert_allclose(_fast.tanh_backward(large, large), large * (1 - large * large), rtol=2e-6, atol=1e-6)
+    assert _fast.softmax(small.reshape(1, -1), -1) is not None  # row ops: compiled at every size

@@ -46,7 +46,17 @@ def _last(x: np.ndarray, dim: Any) -> bool:
 
 
 # --- elementwise ---------------------------------------------------------------------------
+# Below this many elements an elementwise op keeps its numpy kernel: a call into a compiled
+# kernel costs about 2 us more than a ufunc (dispatch on the argument types, the output and
+# its flat views), more than the whole op on a few thousand floats, and graphs of many tiny
+# nodes (the chain and deep workloads) pay it on every node. Row ops (softmax, layer_norm)
+# replace several numpy passes and win at every size.
+ELEMENTWISE_MIN = 4096
+
+
 def _unary(name: str, x: np.ndarray) -> np.ndarray | None:
+    if x.size < ELEMENTWISE_MIN:
+        return None
     k = compiled()
     if k is None or not _fits(x):
         return None
@@ -56,6 +66,8 @@ def _unary(name: str, x: np.ndarray) -> np.ndarray | None:
 
 
 def _binary(name: str, g: np.ndarray, x: np.ndarray) -> np.ndarray | None:
+    if x.size < ELEMENTWISE_MIN:
+        return None
     k = compiled()
     if k is None or not _fits(x, g):
         return None
