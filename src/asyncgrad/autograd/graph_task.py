@@ -87,7 +87,7 @@ class GraphTask:
         # nested GraphTasks running: written by their Engine._begin/_end, which run on
         # this task's thread (a nested backward is started by one of its nodes)
         self.active_children = 0
-        self.in_flight = 0  # nodes started elsewhere, not yet finished (driver, offload.run_elsewhere)
+        self.in_flight = 0  # nodes started elsewhere, not yet finished (offload.WorkerKernels, run_async_node)
         # -- results: written on the task's thread (execute.stage_leaf, hooks.py's
         # retain_grad, route); commit.py reads them on that thread, or commit.sum_fresh
         # on one worker thread while the driver awaits it (nobody writes meanwhile)

@@ -103,11 +103,6 @@ class Policy:
         return BLAS.per_call
 
     # --- decisions --------------------------------------------------------------------
-    def blas_kernels(self) -> int:
-        """BLAS kernels one loop may have on worker threads at once: as many as there
-        are cores when BLAS is single-threaded (the shared slots bound the rest)."""
-        return min(CORES, self.max_workers)
-
     def splits(self, task: GraphTask, node: Node) -> bool:
         """Whether to compute a node's input gradients as separate parallel kernels: a
         large built-in node with several needed gradients, and no tool wrapping kernels.
