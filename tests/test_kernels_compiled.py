@@ -212,6 +212,35 @@ def test_environment_numpy_never_imports_numba() -> None:
     assert res.stdout.split() == ["False", "False", "ASYNCGRAD_KERNELS=numpy:", "numpy", "kernels"]
 
 
+def test_without_numba_the_ops_run_numpy_and_compiled_mode_names_the_extra() -> None:
+    """numba is an optional extra: without it ``auto`` runs the numpy kernels and says
+    why, and ``compiled`` fails in ``wait()`` naming the extra to install."""
+    code = """
+        import sys
+        sys.modules["numba"] = None  # as if not installed: importing it raises ModuleNotFoundError
+        import numpy as np
+        import asyncgrad as ag
+        import asyncgrad.nn.functional as AF
+        from asyncgrad.ops import kernels
+        x = ag.from_numpy(np.linspace(-3, 3, 12, dtype=np.float32)).requires_grad_()
+        ag.backward_sync(AF.gelu(x).sum())
+        print(round(float(x.grad.numpy()[-1]), 4))
+        try:
+            print(kernels.wait(60))
+        finally:
+            print(kernels.status())
+    """
+    auto = _python(code, ASYNCGRAD_KERNELS="auto")
+    assert auto.returncode == 0, auto.stderr
+    grad, ready, status = auto.stdout.strip().splitlines()
+    assert grad == "1.0119" and ready == "False"  # GELU'(3) on the numpy path
+    assert 'numba is not installed; install the "fast" extra: pip install "asyncgrad[fast]"' in status
+    strict = _python(code, ASYNCGRAD_KERNELS="compiled")
+    assert strict.returncode != 0
+    assert ('RuntimeError: ASYNCGRAD_KERNELS=compiled, but the compiled kernels failed to load: numba is not '
+            'installed; install the "fast" extra') in strict.stderr
+
+
 def test_first_gelu_on_a_running_loop_does_not_wait_for_the_compiled_kernels() -> None:
     """A fresh interpreter: the loader is held at a gate, so numba cannot be ready; the
     loop's first GELU (forward and backward) must complete on the numpy path all the same,

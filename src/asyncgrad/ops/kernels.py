@@ -108,7 +108,7 @@ def wait(timeout: float | None = None) -> bool:
     start()
     _done.wait(timeout)
     if _error is not None and mode() == "compiled":
-        raise RuntimeError(f"{ENV_VAR}=compiled, but the compiled kernels failed to load: {_error!r}") from _error
+        raise RuntimeError(f"{ENV_VAR}=compiled, but the compiled kernels failed to load: {_why()}") from _error
     return ready()
 
 
@@ -117,7 +117,7 @@ def status() -> str:
     if _active is not None:
         state = "compiled kernels in use"
     elif _error is not None:
-        state = f"numpy kernels (compiled ones failed to load: {_error!r})"
+        state = f"numpy kernels (compiled ones failed to load: {_why()})"
     elif mode() != "numpy" and _loader is None:
         state = "numpy kernels (compiled ones not requested yet)"
     elif mode() != "numpy" and not _done.is_set():
@@ -125,6 +125,13 @@ def status() -> str:
     else:
         state = "numpy kernels"
     return f"{ENV_VAR}={mode()}: {state}"
+
+
+def _why() -> str:
+    """Why the compiled kernels did not load, with the fix when numba is missing."""
+    if isinstance(_error, ModuleNotFoundError) and (_error.name or "").split(".")[0] in ("numba", "llvmlite"):
+        return f'{_error.name} is not installed; install the "fast" extra: pip install "asyncgrad[fast]"'
+    return repr(_error)
 
 
 def _load() -> None:
