@@ -29,3 +29,16 @@ def test_transformer_workload_runs_tiny():
     for row in r.rows:
         assert row["step_ms"] > 0
         assert 3.0 < row["loss"] < 6.0  # cross-entropy over 65 characters starts near log(65) = 4.17
+
+
+def test_contended_workload_runs_tiny_beside_a_busy_process_it_ends():
+    from bench.workloads.contended import busy_process
+
+    with busy_process() as proc:
+        assert proc.poll() is None  # spinning while the block runs
+    assert proc.poll() is not None  # and gone after it
+    r = run_workload("contended", ["asyncgrad", "numpy"], rounds=1, tasks=2)
+    assert [row["impl"] for row in r.rows] == ["concurrent: asyncgrad (awaited)"] + [
+        f"many_tasks: asyncgrad (awaited) N={n}" for n in (1, 8, 64, 256)]
+    assert all(row["passes_per_s"] > 0 for row in r.rows)
+    assert r.targets == []  # no peer measured: nothing to compare
