@@ -285,6 +285,37 @@ def test_first_gelu_on_a_running_loop_does_not_wait_for_the_compiled_kernels() -
         "second gelu done, ready=True"]
 
 
+def test_the_loader_runs_with_the_collector_off_and_a_short_switch_interval_then_restores_both() -> None:
+    """Note [The loader yields the loop its turns]: while the loader imports numba, the
+    cyclic collector is off (its full collections of numba's new objects held the GIL
+    ~45 ms each) and the GIL switch interval is 0.5 ms; afterwards both are as they were,
+    nothing is left frozen, and a cycle that became garbage during the load is collected
+    by the next collection."""
+    res = _python("""
+        import gc, sys, threading, weakref
+        from asyncgrad.ops import kernels
+
+        seen = {}
+        load = kernels._import_kernels
+        def observed_load():
+            seen["during"] = (gc.isenabled(), sys.getswitchinterval())
+            class Cycle:
+                pass
+            c = Cycle()
+            c.me = c
+            seen["cycle"] = weakref.ref(c)
+            load()
+        kernels._import_kernels = observed_load
+        sys.setswitchinterval(0.004)
+        print(kernels.wait(300))
+        print(seen["during"], (gc.isenabled(), sys.getswitchinterval()), gc.get_freeze_count())
+        gc.collect()
+        print(seen["cycle"]() is None)
+    """)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split("\n")[:3] == ["True", "(False, 0.0005) (True, 0.004) 0", "True"]
+
+
 @pytest.mark.parametrize("name", [*ELEMENTWISE, *ROWS])
 def test_read_only_inputs_and_gradients_take_the_compiled_path(on_path, name):
     """A read-only array (a broadcast gradient, a frozen user array) is not a type the
