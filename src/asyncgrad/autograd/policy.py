@@ -287,6 +287,7 @@ BLAS = BlasThreads(CORES)
 
 
 _malloc_tuned = False
+TRIM_THRESHOLD = 256 * 1024 * 1024  # bytes of freed memory glibc keeps (Note [Page faults])
 
 
 def keep_large_allocations() -> None:
@@ -295,7 +296,11 @@ def keep_large_allocations() -> None:
     page by page again, and arrays made on worker threads and freed on the loop thread
     fault every time; that cost ate the gain of running branches in parallel. So the
     engine raises glibc's mmap and trim thresholds (mallopt, process-wide, once), and
-    freed blocks are reused: the process keeps up to ~128 MB of freed memory per arena.
+    freed blocks are reused: the process keeps up to ``TRIM_THRESHOLD`` of freed memory
+    per arena. The trim threshold is above what one large backward frees at its end:
+    freeing the saved tensors of the wide benchmark (~190 MB) took 4-12 ms on the loop
+    with a 128 MB threshold (glibc handed the pages back to the OS, and the next forward
+    faulted them in again) and 0.1 ms with 256 MB.
     ``Engine(tune_malloc=False)`` leaves malloc alone; a no-op off glibc."""
     global _malloc_tuned
     if _malloc_tuned:
@@ -311,6 +316,6 @@ def keep_large_allocations() -> None:
         libc = ctypes.CDLL(name)
         m_trim_threshold, m_mmap_threshold = -1, -3
         libc.mallopt(m_mmap_threshold, 32 * 1024 * 1024)  # glibc's maximum on 64-bit
-        libc.mallopt(m_trim_threshold, 128 * 1024 * 1024)
+        libc.mallopt(m_trim_threshold, TRIM_THRESHOLD)
     except (OSError, AttributeError):  # not glibc
         return
