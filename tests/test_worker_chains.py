@@ -164,3 +164,80 @@ async def test_cancelling_stops_a_chain_between_nodes_and_the_backward_can_be_re
     for k in range(8, 0, -1):
         expected = expected * np.cos(v[k - 1])
     np.testing.assert_allclose(x.grad.numpy(), expected, rtol=1e-12)
+
+
+# --- leaves do not end a chain (Note [Worker chains] in policy.py) ------------------------
+@pytest.fixture
+def blas_threaded(monkeypatch):
+    """BLAS as when one backward runs alone: threads of its own, so a linear layer is
+    not split into one kernel per gradient (Note [BLAS threads] in policy.py)."""
+    from asyncgrad.autograd.policy import BlasThreads
+
+    monkeypatch.setattr(BlasThreads, "per_call", property(lambda self: 2))
+
+
+def _linear_relu(params, x):
+    from asyncgrad.functional import linear
+
+    h = x
+    n = len(params) // 2
+    for i in range(n):
+        h = linear(h, params[2 * i], params[2 * i + 1])
+        if i < n - 1:
+            h = h.relu()
+    return h.sum()
+
+
+def _mlp_params(seed=0, layers=3, width=12, batch=5):
+    rng = np.random.default_rng(seed)
+    ps = []
+    for _ in range(layers):
+        ps.append(rng.standard_normal((width, width)) / 3)
+        ps.append(rng.standard_normal(width) / 3)
+    return ps, rng.standard_normal((batch, width))
+
+
+async def test_an_mlp_backward_is_one_chain_through_its_linear_layers(engines, blas_threaded):
+    """Linear layers (BLAS nodes) and the ReLUs between them run on one worker, one hop;
+    gradients as the inline engine's, and as finite differences (float64)."""
+    _, inline = engines
+    offload = Engine(inline_threshold=1)
+    p0, x0 = _mlp_params()
+    grads = {}
+    for name, engine in (("offload", offload), ("inline", inline)):
+        ps = [ag.tensor(p, requires_grad=True) for p in p0]
+        await _backward_with(engine, _linear_relu(ps, ag.tensor(x0)))
+        grads[name] = [p.grad.numpy() for p in ps]
+    assert offload.statistics().thread_hops == 1
+    for a, b in zip(grads["offload"], grads["inline"]):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
+    eps = 1e-6
+    for k in (0, 3, 4):  # a weight, a bias, the last weight: central differences, a few entries
+        for idx in [(0,) * p0[k].ndim, tuple(s - 1 for s in p0[k].shape)]:
+            hi = [p.copy() for p in p0]
+            lo = [p.copy() for p in p0]
+            hi[k][idx] += eps
+            lo[k][idx] -= eps
+            f = lambda ps: _linear_relu([ag.tensor(p) for p in ps], ag.tensor(x0)).item()  # noqa: E731
+            assert abs((f(hi) - f(lo)) / (2 * eps) - grads["offload"][k][idx]) < 1e-6
+
+
+async def test_a_weight_with_a_hook_ends_the_chain_and_its_hook_sees_its_gradient(engines, blas_threaded):
+    """A hook on a leaf runs when the node feeding it comes back, as without chains: the
+    chain ends there, so the layers below run only after it could run."""
+    _, inline = engines
+    offload = Engine(inline_threshold=1)
+    p0, x0 = _mlp_params(seed=1)
+    grads = {}
+    seen = []
+    for name, engine in (("offload", offload), ("inline", inline)):
+        ps = [ag.tensor(p, requires_grad=True) for p in p0]
+        ps[2].register_hook(lambda g, name=name: seen.append(
+            (name, threading.current_thread() is threading.main_thread(), g.numpy().copy())))
+        await _backward_with(engine, _linear_relu(ps, ag.tensor(x0)))
+        grads[name] = [p.grad.numpy() for p in ps]
+    assert offload.statistics().thread_hops == 2  # the chain ends at the layer feeding ps[2]
+    assert [(n, main) for n, main, _ in seen] == [("offload", True), ("inline", True)]
+    np.testing.assert_allclose(seen[0][2], seen[1][2], rtol=1e-12, atol=1e-14)
+    for a, b in zip(grads["offload"], grads["inline"]):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)

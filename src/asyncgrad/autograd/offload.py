@@ -75,7 +75,7 @@ class WorkerKernels:
         run = _NodeRun(self, node, inputs)
         try:
             blas = type(node) is OpNode and node.spec.blas
-            if not blas and policy.chains(task, node):
+            if policy.chains(task, node):
                 chain, edges, partials = policy.plan_chain(task, node)
                 for k, follower in enumerate(chain):  # a node that splits ends the chain before it
                     if split_groups(follower, policy.splits(task, follower)) is not None:
@@ -135,7 +135,11 @@ class WorkerKernels:
                 own_fresh_outputs(task, node, external, outputs)  # Note [Owned gradients] in execute.py
                 task.route(node, outputs, edges[k] if k < len(edges) else -1)
 
-        self.submit(run, _run_chain, (task, nodes, edges, partials, inputs), arrive)
+        fn: Callable[..., Any] = _run_chain
+        args: tuple[Any, ...] = (task, nodes, edges, partials, inputs)
+        if any(type(n) is OpNode and n.spec.blas for n in nodes):  # (BLAS slots: Note [BLAS threads])
+            fn, args = self.engine.policy.run_blas, (fn, *args)
+        self.submit(run, fn, args, arrive)
 
     def _start_parts(self, run: _NodeRun, groups: list[list[int]], blas: bool) -> None:
         """One kernel per group of input gradients, the first group's first (Note [Input
