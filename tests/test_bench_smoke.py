@@ -29,3 +29,36 @@ def test_transformer_workload_runs_tiny():
     for row in r.rows:
         assert row["step_ms"] > 0
         assert 3.0 < row["loss"] < 6.0  # cross-entropy over 65 characters starts near log(65) = 4.17
+
+
+def test_bench_blas_threads_give_asyncgrad_its_engines_choice_after_a_one_thread_section():
+    """The runner restores, before each asyncgrad measurement, the BLAS thread count
+    asyncgrad's engine last chose, not the count BLAS had when asyncgrad's previous rounds
+    ended: after a one-thread section (the ops workload's), asyncgrad's default-thread
+    rows (the transformer's) ran on one BLAS thread while its engine believed it had all."""
+    import pytest
+
+    from asyncgrad.autograd.policy import BLAS as ENGINE_BLAS
+    from bench.common import BlasThreads
+
+    blas = BlasThreads()
+    blas.snapshot()
+    if blas.default is None:
+        pytest.skip("threadpoolctl finds no BLAS")
+    try:
+        with blas.limited(1):
+            for impl in ("asyncgrad", "torch"):
+                blas.enter(impl)
+                assert blas.get() == 1
+                blas.leave(impl)
+        chosen = ENGINE_BLAS.chosen
+        assert chosen is not None  # limited() had the engine inspect BLAS first
+        blas.enter("torch")
+        assert blas.get() == blas.default
+        blas.leave("torch")
+        blas.enter("asyncgrad")
+        assert blas.get() == chosen
+        blas.leave("asyncgrad")
+        assert blas.engine == chosen
+    finally:
+        blas.set(blas.default)

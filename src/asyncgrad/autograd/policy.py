@@ -216,6 +216,16 @@ class BlasThreads:
     def per_call(self) -> int:
         return 1 if self._single else self._default
 
+    @property
+    def chosen(self) -> int | None:
+        """The thread count the policy last gave numpy's BLAS (``per_call``), or None
+        while it has not inspected BLAS yet (and so has not set it). A program that
+        changes BLAS's threads behind the engine's back (a benchmark measuring other
+        libraries in the same process) restores this before the engine runs again:
+        the engine sets BLAS only when its decision changes."""
+        with self._cond:
+            return self.per_call if (self._libs or self._fixed) else None
+
     def configure(self) -> None:
         """On the set-up thread: find numpy's BLAS and its default thread count."""
         libs: list[Any] = []
