@@ -16,7 +16,7 @@ import os
 import statistics
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,7 +123,9 @@ class BlasThreads:
     for the peers and the numpy floor, and back to the count asyncgrad's engine last chose
     for asyncgrad (``policy.BLAS.chosen``; the original count before its first backward).
     Inside ``limited(n)`` (the "one thread each" measurements) every implementation gets
-    ``n``.
+    ``n``, and asyncgrad's engine is pinned to ``n`` (``policy.BLAS.pinned``): left to
+    adapt, it gave BLAS its own threads back in the middle of the ops table after the
+    concurrency workloads had made it single-threaded.
 
     (Reading the count back from BLAS after asyncgrad's rounds, as this class once did,
     recorded whatever limit was in force then: after the ops workload's one-thread
@@ -178,16 +180,19 @@ class BlasThreads:
         engine inspects BLAS first, so it takes the original count as BLAS's own even
         when its first backward runs inside the block."""
         self.snapshot()
+        pin: Any = nullcontext()
         try:
             from asyncgrad.autograd.policy import BLAS as ENGINE_BLAS
         except ImportError:
             pass
         else:
             ENGINE_BLAS.configure()
+            pin = ENGINE_BLAS.pinned(n)  # (else its next change of mind resets BLAS to its own threads)
         before, self.limit = self.limit, n
-        self.set(n)
         try:
-            yield
+            with pin:
+                self.set(n)
+                yield
         finally:
             self.limit = before
             self.set(self.default if before is None else before)
