@@ -16,7 +16,7 @@ import os
 import statistics
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -117,16 +117,26 @@ def measure_async(setup: Callable[[], Any], timed: Callable[[Any], Awaitable[Any
 class BlasThreads:
     """Keeps each implementation's BLAS thread count its own in one shared process.
 
-    asyncgrad's engine limits BLAS (process-wide, through threadpoolctl) on its first
-    backward, to cores // max_workers threads. Left alone, that limit would also apply to the
-    numpy floor and HIPS autograd measured after it in the same process. So before each
-    measurement the runner sets numpy's BLAS to the process's original count for the peers,
-    and back to the count asyncgrad's engine chose for asyncgrad (read after its rounds)."""
+    asyncgrad's engine adapts numpy's BLAS threads (process-wide, through threadpoolctl;
+    Note [BLAS threads] in policy.py), and sets them only when its decision changes. So
+    before each measurement the runner sets numpy's BLAS to the process's original count
+    for the peers and the numpy floor, and back to the count asyncgrad's engine last chose
+    for asyncgrad (``policy.BLAS.chosen``; the original count before its first backward).
+    Inside ``limited(n)`` (the "one thread each" measurements) every implementation gets
+    ``n``, and asyncgrad's engine is pinned to ``n`` (``policy.BLAS.pinned``): left to
+    adapt, it gave BLAS its own threads back in the middle of the ops table after the
+    concurrency workloads had made it single-threaded.
+
+    (Reading the count back from BLAS after asyncgrad's rounds, as this class once did,
+    recorded whatever limit was in force then: after the ops workload's one-thread
+    section, the transformer's default-threads rows ran asyncgrad on one BLAS thread
+    while its engine believed BLAS had two.)"""
 
     def __init__(self) -> None:
         self._ctl: Any = None
         self.default: int | None = None
         self.engine: int | None = None
+        self.limit: int | None = None
 
     def _controller(self) -> Any:
         if self._ctl is None:
@@ -155,16 +165,51 @@ class BlasThreads:
         if ctl is not None and n is not None and self.get() != n:
             ctl.select(user_api="blas").limit(limits=n)
 
+    @staticmethod
+    def engine_choice() -> int | None:
+        """The count asyncgrad's engine last gave BLAS, or None before it inspected BLAS."""
+        try:
+            from asyncgrad.autograd.policy import BLAS as ENGINE_BLAS
+        except ImportError:
+            return None
+        return ENGINE_BLAS.chosen
+
+    @contextmanager
+    def limited(self, n: int) -> Iterator[None]:
+        """Every implementation on ``n`` BLAS threads inside the block. asyncgrad's
+        engine inspects BLAS first, so it takes the original count as BLAS's own even
+        when its first backward runs inside the block."""
+        self.snapshot()
+        pin: Any = nullcontext()
+        try:
+            from asyncgrad.autograd.policy import BLAS as ENGINE_BLAS
+        except ImportError:
+            pass
+        else:
+            ENGINE_BLAS.configure()
+            pin = ENGINE_BLAS.pinned(n)  # (else its next change of mind resets BLAS to its own threads)
+        before, self.limit = self.limit, n
+        try:
+            with pin:
+                self.set(n)
+                yield
+        finally:
+            self.limit = before
+            self.set(self.default if before is None else before)
+
     def enter(self, impl: str) -> None:
         self.snapshot()
-        if impl.startswith(ASYNCGRAD):
-            self.set(self.engine)  # None before asyncgrad's first backward: its engine decides
+        if self.limit is not None:
+            self.set(self.limit)
+        elif impl.startswith(ASYNCGRAD):
+            chosen = self.engine_choice()
+            self.set(self.default if chosen is None else chosen)
         else:
             self.set(self.default)
 
     def leave(self, impl: str) -> None:
-        if impl.startswith(ASYNCGRAD):
-            self.engine = self.get()
+        if impl.startswith(ASYNCGRAD) and self.limit is None:
+            self.engine = self.engine_choice()
 
     def describe(self) -> str:
         return f"BLAS threads: peers and floor {self.default}, asyncgrad {self.engine} (its engine's choice)"

@@ -42,3 +42,74 @@ def test_contended_workload_runs_tiny_beside_a_busy_process_it_ends():
         f"many_tasks: asyncgrad (awaited) N={n}" for n in (1, 8, 64, 256)]
     assert all(row["passes_per_s"] > 0 for row in r.rows)
     assert r.targets == []  # no peer measured: nothing to compare
+
+
+def test_bench_blas_threads_give_asyncgrad_its_engines_choice_after_a_one_thread_section():
+    """The runner restores, before each asyncgrad measurement, the BLAS thread count
+    asyncgrad's engine last chose, not the count BLAS had when asyncgrad's previous rounds
+    ended: after a one-thread section (the ops workload's), asyncgrad's default-thread
+    rows (the transformer's) ran on one BLAS thread while its engine believed it had all."""
+    import pytest
+
+    from asyncgrad.autograd.policy import BLAS as ENGINE_BLAS
+    from bench.common import BlasThreads
+
+    blas = BlasThreads()
+    blas.snapshot()
+    if blas.default is None:
+        pytest.skip("threadpoolctl finds no BLAS")
+    try:
+        with blas.limited(1):
+            for impl in ("asyncgrad", "torch"):
+                blas.enter(impl)
+                assert blas.get() == 1
+                blas.leave(impl)
+        chosen = ENGINE_BLAS.chosen
+        assert chosen is not None  # limited() had the engine inspect BLAS first
+        blas.enter("torch")
+        assert blas.get() == blas.default
+        blas.leave("torch")
+        blas.enter("asyncgrad")
+        assert blas.get() == chosen
+        blas.leave("asyncgrad")
+        assert blas.engine == chosen
+    finally:
+        blas.set(blas.default)
+
+
+def test_bench_one_thread_section_pins_the_engine_so_it_cannot_give_blas_its_threads_back():
+    """After concurrent backward calls the engine is single-threaded and gives BLAS its
+    threads back after a few lone calls (Note [BLAS hysteresis]); inside the bench's
+    one-thread section it must not, and after the section the adaptive state resumes."""
+    import asyncio
+
+    import pytest
+
+    import asyncgrad as ag
+    from asyncgrad.autograd import policy
+    from bench.common import BlasThreads
+
+    blas = BlasThreads()
+    blas.snapshot()
+    if blas.default is None or blas.default < 2:
+        pytest.skip("needs a BLAS with two or more threads")
+    x = ag.ones(3, requires_grad=True)
+
+    async def two() -> None:
+        await asyncio.gather(ag.backward((x * 2).sum()), ag.backward((x * 3).sum()))
+
+    try:
+        policy.BLAS.configure()
+        asyncio.run(two())
+        assert policy.BLAS.chosen == 1  # two in flight: single-threaded
+        with blas.limited(1):
+            for _ in range(policy.RELAX_AFTER + 2):
+                ag.backward_sync((x * 2).sum())
+                assert blas.get() == 1 and policy.BLAS.per_call == 1
+        for _ in range(policy.RELAX_AFTER + 1):
+            ag.backward_sync((x * 2).sum())
+        assert policy.BLAS.chosen == blas.default  # adapting again: its own threads back
+        blas.enter("asyncgrad")
+        assert blas.get() == blas.default
+    finally:
+        blas.set(blas.default)

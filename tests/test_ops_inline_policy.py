@@ -85,3 +85,31 @@ def test_large_commit_sums_on_a_worker_only_when_there_is_something_to_add(monke
     _backward_on(engine, (x * 3.0).sum())
     assert summed == [1]  # an existing .grad: the addition went to a worker
     np.testing.assert_array_equal(x.grad.numpy(), np.full(5000, 5.0))
+
+
+def test_layer_norm_counts_its_reads_at_its_cost_factor() -> None:
+    """layer_norm's work is 0.7 of the elements its backward reads (Note [Layer norm's
+    cost factor] in ops/nn.py): at the ops table's large size (B32 T128 C256, ~1M
+    elements) it runs inline; at twice that it still goes to a worker. Gradients are
+    the same either way."""
+    from asyncgrad.ops.nn import LAYER_NORM_COST
+
+    rng = np.random.default_rng(2)
+    results = []
+    for batch, expect_offloaded in ((32, False), (64, True)):
+        x = ag.from_numpy(rng.standard_normal((batch, 128, 256)).astype(np.float32)).requires_grad_()
+        w = ag.from_numpy(rng.standard_normal(256).astype(np.float32)).requires_grad_()
+        b = ag.from_numpy(rng.standard_normal(256).astype(np.float32)).requires_grad_()
+        y = AF.layer_norm(x, (256,), w, b)
+        reads = y.numel() + x.numel() + w.numel()
+        assert y.grad_fn.work == int(reads * LAYER_NORM_COST)
+        assert (y.grad_fn.work >= DEFAULT_INLINE_THRESHOLD) == expect_offloaded
+        g = ag.from_numpy(rng.standard_normal(y.shape).astype(np.float32))
+        offloaded, _ = _backward_on(Engine(), y, g)
+        assert (offloaded > 0) == expect_offloaded
+        results.append((x, w, b, g))
+    x, w, b, g = results[0]
+    x2, w2, b2 = (ag.from_numpy(t.detach().numpy().copy()).requires_grad_() for t in (x, w, b))
+    _backward_on(Engine(inline_threshold=1), AF.layer_norm(x2, (256,), w2, b2), g)
+    for a, c in ((x, x2), (w, w2), (b, b2)):
+        np.testing.assert_allclose(a.grad.numpy(), c.grad.numpy(), rtol=1e-5, atol=1e-5)

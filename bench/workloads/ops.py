@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from ..common import ASYNCGRAD, TORCH, About, Column, Result, Target, median, no_gc
+from ..common import ASYNCGRAD, BLAS, TORCH, About, Column, Result, Target, median, no_gc
 
 ABOUT = About(
     title="Operations, one by one, beside PyTorch",
@@ -273,8 +273,6 @@ def run(impls: list[str], rounds: int | None = None, sizes: tuple[str, ...] = ("
                     row[f"{kind}_ratio"] = a / b if a is not None and b else None
                 res.rows.append(row)
 
-    from threadpoolctl import threadpool_limits
-
     torch = None
     if TORCH in impls:
         import torch
@@ -282,7 +280,7 @@ def run(impls: list[str], rounds: int | None = None, sizes: tuple[str, ...] = ("
         torch_threads = torch.get_num_threads()
         torch.set_num_threads(1)
     try:
-        with threadpool_limits(1, user_api="blas"):
+        with BLAS.limited(1):  # (bench/common.py, BlasThreads: the engine's own choice is kept for later)
             asyncio.run(main())
     finally:
         if torch is not None:

@@ -98,15 +98,13 @@ def run(impls: list[str], rounds: int | None = None, layers: int = 4, heads: int
     # the same steps with one thread each (numpy's BLAS and torch's intra-op pool): on a
     # 2-core machine shared with other processes, two libraries' spinning thread pools
     # slow each other down; this pair of figures compares the libraries' own work
-    from threadpoolctl import threadpool_limits
-
     torch_mod = sys.modules.get("torch")
     before = torch_mod.get_num_threads() if torch_mod is not None else None
     one_cases = [Case(f"{c.name} (1 thread)", c.setup, c.timed) for c in cases]
     try:
         if torch_mod is not None:
             torch_mod.set_num_threads(1)
-        with threadpool_limits(1, user_api="blas"):
+        with BLAS.limited(1):  # (asyncgrad's engine too: bench/common.py, BlasThreads)
             times1 = measure_cases(one_cases, rounds)
     finally:
         if torch_mod is not None:

@@ -48,7 +48,8 @@ progress keeps the count it started with). On worker threads, BLAS kernels take
 ``threads-per-call`` of ``cores`` shared slots, over every loop and engine, and a BLAS
 node's input gradients are split into parallel kernels only while BLAS is
 single-threaded. ``Engine(blas_threads=n)`` fixes BLAS at ``n`` threads per call
-process-wide through threadpoolctl instead.
+process-wide through threadpoolctl instead; ``BLAS.pinned(n)`` does so for a block (the
+benchmarks' one-thread rows).
 
 Note [No one-time stall]: inspecting BLAS (threadpoolctl loads and queries every
 library), applying ``blas_threads``, tuning malloc and starting the first worker thread
@@ -74,6 +75,8 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from .graph import AccumulateGrad
@@ -227,6 +230,16 @@ class BlasThreads:
     def per_call(self) -> int:
         return 1 if self._single else self._default
 
+    @property
+    def chosen(self) -> int | None:
+        """The thread count the policy last gave numpy's BLAS (``per_call``), or None
+        while it has not inspected BLAS yet (and so has not set it). A program that
+        changes BLAS's threads behind the engine's back (a benchmark measuring other
+        libraries in the same process) restores this before the engine runs again:
+        the engine sets BLAS only when its decision changes."""
+        with self._cond:
+            return self.per_call if (self._libs or self._fixed) else None
+
     def configure(self) -> None:
         """On the set-up thread: find numpy's BLAS and its default thread count."""
         libs: list[Any] = []
@@ -248,6 +261,26 @@ class BlasThreads:
     def fix(self, n: int) -> None:
         with self._cond:
             self._fixed, self._default, self._single = True, n, False
+
+    @contextmanager
+    def pinned(self, n: int) -> Iterator[None]:
+        """numpy's BLAS at ``n`` threads per call inside the block, without adapting (as
+        ``Engine(blas_threads=n)``, undone at the block's end, when the adaptive state
+        resumes): for a program that measures at a set thread count, such as the
+        benchmarks' one-thread rows, where a limit set from outside would be undone by
+        the engine's next change of mind (Note [BLAS hysteresis])."""
+        with self._cond:
+            saved = self._fixed, self._default, self._single
+            self._fixed, self._default, self._single = True, n, False
+            for lib in self._libs:
+                lib.set_num_threads(n)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._fixed, self._default, self._single = saved
+                for lib in self._libs:
+                    lib.set_num_threads(self.per_call)
 
     def backward_started(self) -> None:
         with self._cond:

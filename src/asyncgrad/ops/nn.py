@@ -339,15 +339,27 @@ def _sum_rows(a: np.ndarray) -> np.ndarray:
     return np.ones(a.shape[0], dtype=a.dtype) @ a
 
 
+# Note [Layer norm's cost factor]: a node's work counts the elements its kernel reads
+# (Note [Inline or offload] in autograd/policy.py), and layer_norm's backward reads x's
+# size twice (the gradient and x-hat). Its compiled joint pass takes about 0.34 ns per
+# counted element at the ops table's large size (4096 rows of 256, 0.71 ms), an elementwise
+# backward 0.3-0.65 ns (tanh, sigmoid, exp, GELU) and numpy's binary ones more (mul 0.86,
+# where 1.2): so it counts 0.7 of its reads, and a layer norm over ~1M elements (a GPT of
+# 256 dims at batch 32, block 128) runs inline like an elementwise node of the same kernel
+# time, instead of paying a worker hop (0.3-0.7 ms measured) on a 0.7 ms kernel, 2.45x
+# PyTorch's backward. The numpy path (no numba) makes a few passes more.
+LAYER_NORM_COST = 0.7
+
 # name ---------- node name ------------- forward ------- derivative ---------------------
 # quiet: a row holding inf gives inf - inf = nan, which PyTorch returns without a warning
 softmax = defop("SoftmaxBackward0", quiet(_softmax), _softmax_rule, save="ans")
 log_softmax = defop("LogSoftmaxBackward0", quiet(_log_softmax), _log_softmax_rule, save="ans")
 layer_norm = defop("NativeLayerNormBackward0", _layer_norm, _ln_rule_x, _ln_rule_w, _ln_rule_b,
-                   save="x@0,1 y@0,1", has_aux=True, joint=_ln_joint)
+                   save="x@0,1 y@0,1", has_aux=True, joint=_ln_joint, cost=LAYER_NORM_COST)
 layer_norm_weight = defop("NativeLayerNormBackward0", _layer_norm, _ln_rule_x, _ln_rule_w,
-                          save="x@0,1 y@0,1", has_aux=True, joint=_ln_joint)
-layer_norm_plain = defop("NativeLayerNormBackward0", _layer_norm, _ln_rule_x, save="x", has_aux=True)
+                          save="x@0,1 y@0,1", has_aux=True, joint=_ln_joint, cost=LAYER_NORM_COST)
+layer_norm_plain = defop("NativeLayerNormBackward0", _layer_norm, _ln_rule_x, save="x", has_aux=True,
+                         cost=LAYER_NORM_COST)
 gelu = defop("GeluBackward0", _gelu, _gelu_rule, save="x", has_aux=True)
 gelu_tanh = defop("GeluBackward0", _gelu_tanh, _gelu_tanh_rule, save="x")
 nll_loss = defop("NllLossBackward0", _nll_loss, _nll_rule, has_aux=True)
