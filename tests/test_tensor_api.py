@@ -306,3 +306,14 @@ def test_reshape_copy_is_not_a_view() -> None:
     v = x.reshape(6)  # a real view
     v.add_(1)
     assert x.tolist() == [[1, 2, 3], [4, 5, 6]] and x._version == 1
+
+
+def test_tensors_hash_by_identity() -> None:
+    """Tensors key dicts and sets by identity (``==`` is elementwise), and an in-place
+    change keeps the key: the engine stages gradients in dicts keyed by leaves."""
+    a, b = ag.ones(3), ag.ones(3)
+    d = {a: 1, b: 2}
+    assert len(d) == 2 and d[a] == 1 and d[b] == 2
+    h = hash(a)
+    a.add_(1)
+    assert hash(a) == h and d[a] == 1 and a in {a} and b not in {a}

@@ -291,8 +291,9 @@ class Tensor:
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         return self.data if dtype is None else self.data.astype(dtype)
 
-    def __hash__(self) -> int:
-        return id(self)
+    # by identity (``==`` is elementwise): object's own C-level hash, not a Python method,
+    # since the engine keys dicts and sets by tensors on every backward (.grad staging)
+    __hash__ = object.__hash__
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Tensor:
         """A new leaf with a copy of the data (and of ``.grad``); it shares nothing with

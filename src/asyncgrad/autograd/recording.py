@@ -12,9 +12,9 @@ import numpy as np
 
 from .. import _context
 from ..ops._spec import OpSpec
-from ..tensor import Tensor
+from ..tensor import Tensor, _init
 from .validation import validate_one
-from .graph import FREED_MESSAGE, NO_EDGE, HookedSavedTensor, Node, SavedTensor, save_for_backward
+from .graph import FREED_MESSAGE, NO_EDGE, AccumulateGrad, HookedSavedTensor, Node, SavedTensor, save_for_backward
 
 _grad_enabled = _context.grad_enabled
 # A BLAS multiply-add costs about this fraction of an elementwise pass over one element
@@ -23,6 +23,8 @@ _grad_enabled = _context.grad_enabled
 MULTIPLY_ADDS_PER_ELEMENT = 4
 _wrap = Tensor._wrap
 _nonleaf = Tensor._nonleaf
+_for_leaf = AccumulateGrad.for_leaf
+_new_tensor = object.__new__
 _anomaly = _context.anomaly_mode
 
 
@@ -199,7 +201,10 @@ def _meta(key: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
 def record(spec: OpSpec, inputs: tuple[Any, ...], out: np.ndarray, aux: Any = None,
            params: dict[str, Any] | None = None) -> Any:
     """Wrap ``out`` (already computed from ``inputs``) as a Tensor, recording a node when
-    grad mode is on and some input requires grad. Non-Tensor inputs are constants."""
+    grad mode is on and some input requires grad. Non-Tensor inputs are constants.
+
+    The forward's hot path (every op of every forward): it reads slots directly and
+    inlines ``Tensor._gradient_edge`` and ``Tensor._nonleaf``."""
     if type(out) is not np.ndarray:
         out = np.asarray(out)
     if not _grad_enabled.get():
@@ -210,8 +215,9 @@ def record(spec: OpSpec, inputs: tuple[Any, ...], out: np.ndarray, aux: Any = No
     for t in inputs:
         if type(t) is Tensor and t._requires_grad:
             requires = True
-            edges.append(t._gradient_edge())
-            d = t.data
+            fn = t.grad_fn
+            edges.append((fn, t.output_nr) if fn is not None else (_for_leaf(t), 0))
+            d = t._data
             key.append(d.shape)
             key.append(d.dtype)
         else:
@@ -221,14 +227,24 @@ def record(spec: OpSpec, inputs: tuple[Any, ...], out: np.ndarray, aux: Any = No
     if not requires:
         return _wrap(out)
     node = OpNode(spec, tuple(edges), params, aux, _meta(tuple(key)), 0)
-    result = _nonleaf(out, node, 0, None)
+    result = _new_tensor(Tensor)
+    _init(result, out, node, 0, None)
+    result._requires_grad = True
+    # elements the kernel reads: the incoming gradient and every saved array, scaled by
+    # the op's cost factor; a matrix product's by its multiply-adds (Note [Inline or
+    # offload] in policy.py)
+    work = out.size
     if spec.save_inputs or spec.save_ans:
         # laid out as the rules' arguments: (ans, input 0, input 1, ...)
-        saved: list[Any] = [None] * (spec.arity + 1)
+        saved: list[Any] = list(spec.no_args)
         checks: list[Any] = []
         for pos, users in zip(spec.save_inputs, spec.save_when):
-            if users is not None and all(edges[u] is NO_EDGE for u in users):
-                continue  # no rule that would read it will run
+            if users is not None:
+                for u in users:
+                    if edges[u] is not NO_EDGE:
+                        break
+                else:
+                    continue  # no rule that would read it will run
             v = inputs[pos]
             if type(v) is Tensor:
                 entry = save_for_backward(v)
@@ -236,6 +252,8 @@ def record(spec: OpSpec, inputs: tuple[Any, ...], out: np.ndarray, aux: Any = No
                     entry.pos = pos + 1
                 if entry not in checks:
                     checks.append(entry)
+                    if type(entry) is SavedTensor:
+                        work += entry.data.size
                 saved[pos + 1] = entry.data
             else:
                 saved[pos + 1] = v
@@ -243,16 +261,14 @@ def record(spec: OpSpec, inputs: tuple[Any, ...], out: np.ndarray, aux: Any = No
             entry = save_for_backward(result, is_output=True)
             if type(entry) is HookedSavedTensor:
                 entry.pos = 0
+            else:
+                work += out.size  # (its array is ``out``)
             checks.append(entry)
             saved[0] = entry.data
         node.saved = tuple(saved)
         node.checks = tuple(checks)
-    # elements the kernel reads: the incoming gradient and every saved array, scaled by
-    # the op's cost factor; a matrix product's by its multiply-adds (Note [Inline or
-    # offload] in policy.py)
-    work = out.size + sum(e.data.size for e in node.checks if type(e) is SavedTensor)
     if spec.blas:
-        first = inputs[0].data if type(inputs[0]) is Tensor else np.asarray(inputs[0])
+        first = inputs[0]._data if type(inputs[0]) is Tensor else np.asarray(inputs[0])
         work += out.size * (first.shape[-1] if first.ndim else 1) // MULTIPLY_ADDS_PER_ELEMENT
     node.work = work if spec.cost == 1.0 else int(work * spec.cost)
     if _anomaly.get() is not None:
