@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 import asyncgrad as ag
 from asyncgrad.autograd import gradcheck
@@ -20,13 +19,28 @@ def _relu_grad(x: np.ndarray, g: np.ndarray) -> np.ndarray:
     return t.grad.numpy()
 
 
-@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
-def test_relu_gradient_is_torch_bit_for_bit_with_nonfinite_gradients(dtype) -> None:
+def _tricky(dtype: type) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(0)
     x = rng.standard_normal((9, 7)).astype(dtype)
     g = rng.standard_normal((9, 7)).astype(dtype)
     x.flat[:8] = [-1.0, -2.0, 0.0, -0.0, -5.0, 3.0, 1.0, -np.inf]
     g.flat[:8] = [np.inf, np.nan, -np.inf, np.nan, 5.0, -0.0, np.nan, np.inf]
+    return x, g
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_relu_gradient_is_the_plain_rule_bit_for_bit_with_nonfinite_gradients(dtype) -> None:
+    x, g = _tricky(dtype)
+    plain = np.where(np.maximum(x, 0) > 0, g, dtype(0))  # the rule before Note [ReLU backward by bit mask]
+    ours = _relu_grad(x, g)
+    assert ours.dtype == plain.dtype
+    assert np.array_equal(ours.view(np.uint8), plain.view(np.uint8))  # NaN, inf and the sign of 0 too
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_relu_gradient_is_torch_bit_for_bit_with_nonfinite_gradients(dtype) -> None:
+    torch = pytest.importorskip("torch")
+    x, g = _tricky(dtype)
     ours = _relu_grad(x, g)
     tx = torch.from_numpy(x.copy()).requires_grad_()
     torch.relu(tx).backward(torch.from_numpy(g.copy()))
