@@ -173,13 +173,26 @@ class WorkerKernels:
         run.grads = grads
         run.inner = [i for group in groups for i in group if not is_leaf_edge(node, i)]
         run.inner_left = sum(1 for group in groups if any(i in run.inner for i in group))
-        run_blas = self.engine.policy.run_blas
-        for group in groups:
+        policy = self.engine.policy
+        # the loop computes the first group itself? (Note [The loop takes a small split's
+        # first part] in split_node.py)
+        here = policy.first_part_here(task, node, len(groups))
+        run_blas = policy.run_blas
+        for group in groups[1:] if here else groups:
             fn: Callable[..., Any] = apply_edges
             args: tuple[Any, ...] = (node, group, grads, task.math, unpacked)
             if blas:  # (each part holds BLAS slots)
                 fn, args = run_blas, (fn, *args)
             self.submit(run, fn, args, run.part_arrival(group, early))
+        if here:
+            run.parts += 1
+            part: Any = None
+            error: BaseException | None = None
+            try:
+                part = apply_edges(node, groups[0], grads, task.math, unpacked)
+            except Exception as e:
+                error = e
+            run.deliver(run.part_arrival(groups[0], early), part, error)
 
     def submit(self, run: _NodeRun, fn: Callable[..., Any], args: tuple[Any, ...], arrive: Arrive) -> None:
         """``fn(*args)`` on a worker thread, in a copy of this context (the worker is

@@ -125,6 +125,16 @@ class Policy:
             return False
         return sum(1 for child, _ in node.next_edges if child is not None) > 1
 
+    def first_part_here(self, task: GraphTask, node: Node, groups: int) -> bool:
+        """Whether the loop computes a split node's first group of gradients itself, its
+        other groups on workers meanwhile (Note [The loop takes a small split's first
+        part] in split_node.py): each part is below ``inline_threshold`` (the heaviest
+        two of the node's gradients share its work), and nothing else is ready or in
+        flight in the GraphTask."""
+        if groups < 2 or node.work // 2 >= self.inline_threshold:
+            return False
+        return not (task.heap or task.ready_leaves or task.to_start) and task.in_flight == 1
+
     def chains(self, task: GraphTask, node: Node) -> bool:
         """Whether ``node`` may head a worker chain: a plain backward of built-in nodes,
         no tool wrapping kernels, and a node that is not split."""
