@@ -38,8 +38,9 @@ def test_contended_workload_runs_tiny_beside_a_busy_process_it_ends():
         assert proc.poll() is None  # spinning while the block runs
     assert proc.poll() is not None  # and gone after it
     r = run_workload("contended", ["asyncgrad", "numpy"], rounds=1, tasks=2)
-    assert [row["impl"] for row in r.rows] == ["concurrent: asyncgrad (awaited)"] + [
-        f"many_tasks: asyncgrad (awaited) N={n}" for n in (1, 8, 64, 256)]
+    assert [row["impl"] for row in r.rows] == ["asyncgrad (awaited): concurrent"] + [
+        f"asyncgrad (awaited): many_tasks N={n}" for n in (1, 8, 64, 256)]
+    assert [row["tasks"] for row in r.rows] == [2, 1, 8, 64, 256]
     assert all(row["passes_per_s"] > 0 for row in r.rows)
     assert r.targets == []  # no peer measured: nothing to compare
 
