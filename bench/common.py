@@ -114,6 +114,15 @@ def measure_async(setup: Callable[[], Any], timed: Callable[[Any], Awaitable[Any
     return asyncio.run(main())
 
 
+def _engine_blas() -> Any:
+    """asyncgrad's process-wide BLAS policy (``policy.BLAS``), or None without asyncgrad."""
+    try:
+        from asyncgrad.autograd.policy import BLAS as engine_blas
+    except ImportError:
+        return None
+    return engine_blas
+
+
 class BlasThreads:
     """Keeps each implementation's BLAS thread count its own in one shared process.
 
@@ -168,11 +177,8 @@ class BlasThreads:
     @staticmethod
     def engine_choice() -> int | None:
         """The count asyncgrad's engine last gave BLAS, or None before it inspected BLAS."""
-        try:
-            from asyncgrad.autograd.policy import BLAS as ENGINE_BLAS
-        except ImportError:
-            return None
-        return ENGINE_BLAS.chosen
+        engine_blas = _engine_blas()
+        return None if engine_blas is None else engine_blas.chosen
 
     @contextmanager
     def limited(self, n: int) -> Iterator[None]:
@@ -181,13 +187,10 @@ class BlasThreads:
         when its first backward runs inside the block."""
         self.snapshot()
         pin: Any = nullcontext()
-        try:
-            from asyncgrad.autograd.policy import BLAS as ENGINE_BLAS
-        except ImportError:
-            pass
-        else:
-            ENGINE_BLAS.configure()
-            pin = ENGINE_BLAS.pinned(n)  # (else its next change of mind resets BLAS to its own threads)
+        engine_blas = _engine_blas()
+        if engine_blas is not None:
+            engine_blas.configure()
+            pin = engine_blas.pinned(n)  # (else its next change of mind resets BLAS to its own threads)
         before, self.limit = self.limit, n
         try:
             with pin:

@@ -78,39 +78,57 @@ def test_bench_blas_threads_give_asyncgrad_its_engines_choice_after_a_one_thread
         blas.set(blas.default)
 
 
+ONE_THREAD_SECTION = """
+import asyncio, sys
+import asyncgrad as ag
+from asyncgrad.autograd import policy
+from bench.common import BlasThreads
+
+blas = BlasThreads()
+blas.snapshot()
+if blas.default is None or blas.default < 2:
+    print("no BLAS with two or more threads")
+    sys.exit(0)
+x = ag.ones(3, requires_grad=True)
+
+async def two() -> None:
+    await asyncio.gather(ag.backward((x * 2).sum()), ag.backward((x * 3).sum()))
+
+policy.BLAS.configure()
+asyncio.run(two())
+assert policy.BLAS.chosen == 1  # two in flight: single-threaded
+with blas.limited(1):
+    for _ in range(policy.RELAX_AFTER + 2):
+        ag.backward_sync((x * 2).sum())
+        assert blas.get() == 1 and policy.BLAS.per_call == 1
+for _ in range(policy.RELAX_AFTER + 1):
+    ag.backward_sync((x * 2).sum())
+assert policy.BLAS.chosen == blas.default  # adapting again: its own threads back
+blas.enter("asyncgrad")
+assert blas.get() == blas.default
+print("ok")
+"""
+
+
 def test_bench_one_thread_section_pins_the_engine_so_it_cannot_give_blas_its_threads_back():
     """After concurrent backward calls the engine is single-threaded and gives BLAS its
     threads back after a few lone calls (Note [BLAS hysteresis]); inside the bench's
-    one-thread section it must not, and after the section the adaptive state resumes."""
-    import asyncio
+    one-thread section it must not, and after the section the adaptive state resumes.
+    In a fresh interpreter, where BLAS starts with its own threads (in this process an
+    earlier test's concurrent backward calls may have left it at one)."""
+    import os
+    import subprocess
 
     import pytest
 
-    import asyncgrad as ag
-    from asyncgrad.autograd import policy
-    from bench.common import BlasThreads
+    import asyncgrad
 
-    blas = BlasThreads()
-    blas.snapshot()
-    if blas.default is None or blas.default < 2:
-        pytest.skip("needs a BLAS with two or more threads")
-    x = ag.ones(3, requires_grad=True)
-
-    async def two() -> None:
-        await asyncio.gather(ag.backward((x * 2).sum()), ag.backward((x * 3).sum()))
-
-    try:
-        policy.BLAS.configure()
-        asyncio.run(two())
-        assert policy.BLAS.chosen == 1  # two in flight: single-threaded
-        with blas.limited(1):
-            for _ in range(policy.RELAX_AFTER + 2):
-                ag.backward_sync((x * 2).sum())
-                assert blas.get() == 1 and policy.BLAS.per_call == 1
-        for _ in range(policy.RELAX_AFTER + 1):
-            ag.backward_sync((x * 2).sum())
-        assert policy.BLAS.chosen == blas.default  # adapting again: its own threads back
-        blas.enter("asyncgrad")
-        assert blas.get() == blas.default
-    finally:
-        blas.set(blas.default)
+    root = Path(__file__).resolve().parents[1]
+    src = Path(asyncgrad.__file__).resolve().parents[1]
+    path = os.pathsep.join(filter(None, [str(root), str(src), os.environ.get("PYTHONPATH")]))
+    proc = subprocess.run([sys.executable, "-c", ONE_THREAD_SECTION], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": path}, cwd=root, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    if proc.stdout.strip() == "no BLAS with two or more threads":
+        pytest.skip(proc.stdout.strip())
+    assert proc.stdout.strip() == "ok"

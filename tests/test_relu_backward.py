@@ -1,4 +1,4 @@
-"""Note [ReLU backward by bit mask] (ops/elementwise.py): relu's gradient is the incoming
+"""Note [ReLU backward by bit mask] (ops/_array_math.py): relu's gradient is the incoming
 gradient where the output is positive and +0 elsewhere, bit for bit what PyTorch's
 threshold_backward (``where(ans > 0, g, 0)``) gives, also where the incoming gradient
 is infinite or NaN (a multiplication by the mask would make those NaN)."""

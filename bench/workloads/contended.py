@@ -10,6 +10,7 @@ passes/s at least torch to_thread's, in both workloads and at every N.
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 import time
@@ -82,7 +83,7 @@ def run(impls: list[str], rounds: int | None = None, tasks: int = 32) -> Result:
         ratio = res.add_ratio(f"{case}: asyncgrad / torch to_thread passes/s",
                               res.value(f"{ours}: {case}", "passes_per_s"),
                               res.value(f"{peer}: {case}", "passes_per_s"))
-        if ratio == ratio:  # (not NaN: both rows measured)
+        if not math.isnan(ratio):  # (both rows measured)
             res.targets.append(Target(f"contended {case}: asyncgrad passes/s >= torch to_thread's",
                                       ratio, 1.0, "x", at_least=True))
     res.notes.extend(conc.notes)

@@ -12,6 +12,16 @@ from ._broadcast import sum_to
 from ._index import index_add_zeros
 from ._special import erf
 
+# Note [ReLU backward by bit mask]: relu's gradient is ``g`` where ``ans > 0``, else +0,
+# whatever ``g`` holds there (an infinite or NaN gradient is dropped too, as PyTorch's
+# threshold_backward does), so ``g * (ans > 0)`` is not it (inf * 0 is NaN). ``np.where``
+# is exact but branches on every element: on a ReLU's mask (about half set, at random)
+# it took 1.5 ms for 256 x 1024 float32, 8x a multiplication, and the MLP benchmark's
+# three ReLU nodes cost more than its 4.2 ms of overhead over the numpy floor. The same
+# result without a branch: AND each float's bits with 0 or all ones, from the mask as
+# int8 0 / -1 (widened by numpy's integer casting), 0.19 ms.
+_SAME_SIZE_INT = {2: np.int16, 4: np.int32, 8: np.int64}
+
 
 class ArrayMath:
     tensor_mode = False
@@ -39,8 +49,13 @@ class ArrayMath:
 
     @staticmethod
     def threshold_backward(g: np.ndarray, ans: np.ndarray) -> np.ndarray:
-        """``g`` where ``ans > 0``, else 0 (relu's derivative)."""
-        return np.where(ans > 0, g, 0.0)
+        """``g`` where ``ans > 0``, else +0 (relu's derivative; Note [ReLU backward by
+        bit mask])."""
+        ints = _SAME_SIZE_INT.get(g.dtype.itemsize) if g.dtype.kind == "f" else None
+        if ints is None or g.shape != ans.shape:
+            return np.where(ans > 0, g, 0.0)
+        keep = np.negative((ans > 0).view(np.int8))  # 0 or -1 (all bits set)
+        return np.bitwise_and(g.view(ints), keep).view(g.dtype)
 
     @staticmethod
     def sum(x: np.ndarray, dim: Any = None, keepdim: bool = False) -> np.ndarray:

@@ -65,26 +65,6 @@ def _tanh_rule(m, g, ans, x):  # type: ignore[no-untyped-def]
     return g * (1.0 - ans * ans) if d is None else d
 
 
-# Note [ReLU backward by bit mask]: relu's gradient is ``g`` where ``ans > 0``, else +0,
-# whatever ``g`` holds there (an infinite or NaN gradient is dropped too, as PyTorch's
-# threshold_backward does), so ``g * (ans > 0)`` is not it (inf * 0 is NaN). ``np.where``
-# is exact but branches on every element: on a ReLU's mask (about half set, at random)
-# it took 1.5 ms for 256 x 1024 float32, 8x a multiplication, and the MLP benchmark's
-# three ReLU nodes cost more than its 4.2 ms of overhead over the numpy floor. The same
-# result without a branch: AND each float's bits with 0 or all ones, from the mask as
-# int8 0 / -1 (widened by numpy's integer casting), 0.19 ms.
-_SAME_SIZE_INT = {2: np.int16, 4: np.int32, 8: np.int64}
-
-
-def _relu_rule(m, g, ans, x):  # type: ignore[no-untyped-def]
-    if m.tensor_mode or type(g) is not np.ndarray or type(ans) is not np.ndarray \
-            or g.dtype.kind != "f" or g.shape != ans.shape or g.dtype.itemsize not in _SAME_SIZE_INT:
-        return m.threshold_backward(g, ans)
-    keep = np.negative((ans > 0).view(np.int8))  # 0 or -1 (all bits set)
-    bits = np.bitwise_and(g.view(_SAME_SIZE_INT[g.dtype.itemsize]), keep)
-    return bits.view(g.dtype)
-
-
 def _clamp(x, *, lo, hi):  # type: ignore[no-untyped-def]
     return np.clip(x, lo, hi)
 
@@ -144,7 +124,8 @@ sin = defop("SinBackward0", np.sin, lambda m, g, ans, x: g * m.cos(x), save="x")
 cos = defop("CosBackward0", np.cos, lambda m, g, ans, x: -g * m.sin(x), save="x")
 tanh = defop("TanhBackward0", np.tanh, _tanh_rule, save="ans")
 sigmoid = defop("SigmoidBackward0", _sigmoid, _sigmoid_rule, save="ans")
-relu = defop("ReluBackward0", lambda x: np.maximum(x, 0), _relu_rule, save="ans")
+relu = defop("ReluBackward0", lambda x: np.maximum(x, 0),
+             lambda m, g, ans, x: m.threshold_backward(g, ans), save="ans")
 erf = defop("ErfBackward0", _erf,
             lambda m, g, ans, x: g * _2_OVER_SQRT_PI * m.exp(-(x * x)), save="x")
 clamp = defop("ClampBackward1", _clamp, _clamp_rule, save="x")

@@ -10,7 +10,8 @@ one. The loader is Python and shares the GIL, so the loop still sees gaps of a f
 while it runs (Note [The loader yields the loop its turns]); services load the kernels
 before serving (``wait()`` at start-up, docs/guides/kernels.md). :func:`wait` blocks
 until the outcome is known (benchmarks and tests call it so that the path they measure
-is known); :func:`set_mode` chooses the path at run time and the ``ASYNCGRAD_KERNELS`` environment variable at start-up:
+is known); :func:`set_mode` chooses the path at run time and the ``ASYNCGRAD_KERNELS``
+environment variable at start-up:
 
 * ``auto`` (the default): compiled kernels when numba imports, numpy's until then;
 * ``numpy``: never load numba;
@@ -156,7 +157,8 @@ def _sharing_the_gil_finely() -> Iterator[None]:
     meanwhile. Measured with a 1 ms asyncio ticker during a load from numba's cache:
     before, p99 lag 7-9 ms and worst 40-60 ms; after, docs/guides/kernels.md."""
     interval = sys.getswitchinterval()
-    sys.setswitchinterval(min(interval, LOADER_SWITCH_INTERVAL))
+    fine = min(interval, LOADER_SWITCH_INTERVAL)
+    sys.setswitchinterval(fine)
     collecting = gc.isenabled()
     gc.disable()
     try:
@@ -166,7 +168,7 @@ def _sharing_the_gil_finely() -> Iterator[None]:
         gc.unfreeze()
         if collecting:
             gc.enable()
-        if sys.getswitchinterval() == min(interval, LOADER_SWITCH_INTERVAL):
+        if sys.getswitchinterval() == fine:  # (else someone changed it meanwhile: theirs stands)
             sys.setswitchinterval(interval)
 
 
