@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from . import _fast as fast
 from ._broadcast import sum_to
 from ._index import index_add_zeros
 from ._special import erf
@@ -19,7 +20,9 @@ from ._special import erf
 # it took 1.5 ms for 256 x 1024 float32, 8x a multiplication, and the MLP benchmark's
 # three ReLU nodes cost more than its 4.2 ms of overhead over the numpy floor. The same
 # result without a branch: AND each float's bits with 0 or all ones, from the mask as
-# int8 0 / -1 (widened by numpy's integer casting), 0.19 ms.
+# int8 0 / -1 (widened by numpy's integer casting), 0.19 ms. With the compiled kernels
+# loaded (ops/kernels.py) it is one select per element instead, the same bits:
+# ``_numba_kernels.threshold_backward``.
 _SAME_SIZE_INT = {2: np.int16, 4: np.int32, 8: np.int64}
 
 
@@ -51,6 +54,9 @@ class ArrayMath:
     def threshold_backward(g: np.ndarray, ans: np.ndarray) -> np.ndarray:
         """``g`` where ``ans > 0``, else +0 (relu's derivative; Note [ReLU backward by
         bit mask])."""
+        out = fast.threshold_backward(g, ans)  # one compiled pass, when loaded
+        if out is not None:
+            return out
         ints = _SAME_SIZE_INT.get(g.dtype.itemsize) if g.dtype.kind == "f" else None
         if ints is None or g.shape != ans.shape:
             return np.where(ans > 0, g, 0.0)

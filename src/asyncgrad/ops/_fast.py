@@ -116,6 +116,11 @@ def tanh_backward(g: np.ndarray, ans: np.ndarray) -> np.ndarray | None:
     return _binary("tanh_backward", g, ans)
 
 
+def threshold_backward(g: np.ndarray, ans: np.ndarray) -> np.ndarray | None:
+    """``g`` where ``ans > 0``, else +0 (relu's derivative), bit for bit the numpy rule."""
+    return _binary("threshold_backward", g, ans)
+
+
 # --- rows ------------------------------------------------------------------------------------
 def _row_op(name: str, x: np.ndarray, dim: Any) -> np.ndarray | None:
     k = compiled()

@@ -397,3 +397,12 @@ def add_rows(out, rows, g):  # type: ignore[no-untyped-def]
         o, gi = out[rows[i]], g[i]
         for j in range(g.shape[1]):
             o[j] += gi[j]
+
+
+# --- masks -------------------------------------------------------------------------------------
+@_jit((A32, A32, A32), (A64, A64, A64))
+def threshold_backward(g, ans, out):  # type: ignore[no-untyped-def]
+    """``out = g`` where ``ans > 0``, else +0 (relu's derivative): a select, so ``g``'s
+    bits pass unchanged (inf, NaN, -0) and a NaN ``ans`` gives +0, as the numpy rule."""
+    for i in range(ans.size):
+        out[i] = g[i] if ans[i] > _c(ans[i], 0.0) else _c(g[i], 0.0)
