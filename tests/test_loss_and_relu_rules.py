@@ -174,3 +174,97 @@ def test_relu_gradcheck_float64_through_the_compiled_select(on_path) -> None:
     x = ag.from_numpy(x0).requires_grad_()
     assert _fast.threshold_backward(x0, x0) is not None
     assert gradcheck(lambda a: (a.relu() * a).relu().sin(), (x,))
+
+
+# --- a constant (broadcast) gradient into the compiled kernels ----------------------------------
+def _sum_of(op: str, x0: np.ndarray, s: float) -> np.ndarray:
+    """d/dx of ``op(x).sum()`` with the output gradient ``s``: ``op``'s rule receives
+    ``s`` broadcast (zero strides)."""
+    x = ag.from_numpy(x0).requires_grad_()
+    y = getattr(x, op)()
+    ag.backward_sync(y.sum(), ag.from_numpy(np.asarray(s, dtype=x0.dtype)))
+    return x.grad.numpy()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("op", ["tanh", "sigmoid", "relu"])
+@pytest.mark.parametrize("s", [1.0, -0.0, math.inf, math.nan, 3e38, 1e-30])
+def test_compiled_kernels_read_a_broadcast_gradient_once_with_the_same_bits(on_path, monkeypatch, dtype: type,
+                                                                            op: str, s: float) -> None:
+    x0, _ = _relu_case(dtype)
+    x0 = np.nan_to_num(x0, nan=0.5, posinf=30.0, neginf=-30.0)
+    on_path("compiled")
+    copy = _fast._c
+
+    def no_broadcast_copies(a: np.ndarray) -> np.ndarray:
+        assert a.size <= 1 or any(a.strides), "a broadcast gradient was copied out"
+        return copy(a)
+
+    monkeypatch.setattr(_fast, "_c", no_broadcast_copies)
+    with np.errstate(all="ignore"):
+        ours = _sum_of(op, x0, s)
+        ans = {"tanh": np.tanh, "sigmoid": lambda v: 1 / (1 + np.exp(-v)), "relu": lambda v: np.maximum(v, 0)}[op](x0)
+        gfull = np.full(x0.shape, s, dtype=dtype)  # the same gradient, written out
+        name = {"tanh": "tanh_backward", "sigmoid": "sigmoid_backward", "relu": "threshold_backward"}[op]
+        scalar = getattr(_fast, name)(np.broadcast_to(np.asarray(s, dtype=dtype), x0.shape), ans)
+        full = getattr(_fast, name)(gfull, ans)
+    assert _bits_equal(scalar, full)
+    if op != "sigmoid":  # (sigmoid's forward is recomputed here, not the saved output)
+        assert _bits_equal(ours, full)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_broadcast_gradient_kernels_match_the_numpy_path_and_torch(on_path, dtype: type) -> None:
+    x0 = (np.random.default_rng(6).standard_normal((128, 64)) * 3).astype(dtype)
+    on_path("numpy")
+    plain = [_sum_of(op, x0, 0.75) for op in ("tanh", "sigmoid", "relu")]
+    on_path("compiled")
+    fast = [_sum_of(op, x0, 0.75) for op in ("tanh", "sigmoid", "relu")]
+    tol = {"rtol": 3e-6, "atol": 3e-7} if dtype == np.float32 else {"rtol": 1e-13, "atol": 1e-15}
+    for p, f in zip(plain, fast):
+        np.testing.assert_allclose(f, p, **tol)
+    torch = pytest.importorskip("torch")
+    for op, f in zip(("tanh", "sigmoid", "relu"), fast):
+        tx = torch.from_numpy(x0.copy()).requires_grad_()
+        getattr(torch, op)(tx).sum().backward(torch.tensor(0.75, dtype=tx.dtype))
+        np.testing.assert_allclose(f, tx.grad.numpy(), **tol)
+
+
+# --- sin: the product written into cos's array ---------------------------------------------------
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_sin_gradient_is_the_plain_rule_bit_for_bit(dtype: type) -> None:
+    x0, g0 = _relu_case(dtype)
+    x = ag.from_numpy(x0).requires_grad_()
+    with np.errstate(all="ignore"):
+        ag.backward_sync(x.sin(), ag.from_numpy(g0))
+        plain = g0 * np.cos(x0)
+    ours = x.grad.numpy()
+    nan = np.isnan(plain)  # (where g and cos(x) are both NaN, which NaN comes out is numpy's choice)
+    assert np.array_equal(np.isnan(ours), nan)
+    assert _bits_equal(ours[~nan], plain[~nan])  # the sign of 0 and inf too
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_sin_gradient_matches_torch(dtype: type) -> None:
+    torch = pytest.importorskip("torch")
+    x0, g0 = _relu_case(dtype, n=4096)
+    x0 = np.nan_to_num(x0, nan=0.5, posinf=1e3, neginf=-1e3)
+    x0[np.abs(x0) > 1e4] = 2.0  # (the libraries' cos differ in their last bits far out)
+    g0 = np.nan_to_num(g0, nan=1.0, posinf=1e3, neginf=-1e3)
+    x = ag.from_numpy(x0).requires_grad_()
+    ag.backward_sync(x.sin(), ag.from_numpy(g0))
+    tx = torch.from_numpy(x0.copy()).requires_grad_()
+    torch.sin(tx).backward(torch.from_numpy(g0.copy()))
+    tol = {"rtol": 1e-5, "atol": 1e-30} if dtype == np.float32 else {"rtol": 1e-13, "atol": 1e-300}
+    np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), **tol)
+
+
+def test_sin_gradient_keeps_promotion_and_0d_and_gradcheck() -> None:
+    x = ag.from_numpy(np.array(0.5, dtype=np.float32)).requires_grad_()
+    ag.backward_sync(x.sin())
+    assert x.grad.numpy() == np.float32(np.cos(np.float32(0.5)))
+    x = ag.from_numpy(np.random.default_rng(7).standard_normal((4, 5))).requires_grad_()
+    assert gradcheck(lambda a: (a.sin() * a).sin(), (x,))
+    (g,) = ag.grad_sync(x.sin().sum(), x, create_graph=True)
+    (gg,) = ag.grad_sync(g.sum(), x)
+    np.testing.assert_allclose(gg.numpy(), -np.sin(x.numpy()))

@@ -66,12 +66,20 @@ def _unary(name: str, x: np.ndarray) -> np.ndarray | None:
 
 
 def _binary(name: str, g: np.ndarray, x: np.ndarray) -> np.ndarray | None:
+    """``name``'s kernel on a gradient ``g`` and a saved array ``x``; a ``g`` that is one
+    value broadcast (all strides 0, as a sum's gradient) goes to the kernel's ``_scalar``
+    variant, where there is one, rather than being copied out in full."""
     if x.size < ELEMENTWISE_MIN:
         return None
     k = compiled()
     if k is None or not _fits(x, g):
         return None
     out = np.empty(x.shape, dtype=x.dtype)
+    if not any(g.strides):
+        scalar = getattr(k, name + "_scalar", None)
+        if scalar is not None:
+            scalar(g.reshape(-1)[0], _flat(x), out.reshape(-1))
+            return out
     getattr(k, name)(_flat(g), _flat(x), out.reshape(-1))
     return out
 

@@ -406,3 +406,25 @@ def threshold_backward(g, ans, out):  # type: ignore[no-untyped-def]
     bits pass unchanged (inf, NaN, -0) and a NaN ``ans`` gives +0, as the numpy rule."""
     for i in range(ans.size):
         out[i] = g[i] if ans[i] > _c(ans[i], 0.0) else _c(g[i], 0.0)
+
+
+# --- the same with a constant gradient --------------------------------------------------------
+# A gradient that is one value broadcast (zero strides: a sum's gradient, passed on by
+# adds and views) would be copied out in full for the kernels above (``_fast._c``): these
+# read the value once instead. Same expressions, so the same bits.
+@_jit((F32, A32, A32), (F64, A64, A64))
+def tanh_backward_scalar(g, ans, out):  # type: ignore[no-untyped-def]
+    for i in range(ans.size):
+        out[i] = g * (_c(ans[i], 1.0) - ans[i] * ans[i])
+
+
+@_jit((F32, A32, A32), (F64, A64, A64))
+def sigmoid_backward_scalar(g, ans, out):  # type: ignore[no-untyped-def]
+    for i in range(ans.size):
+        out[i] = g * ans[i] * (_c(ans[i], 1.0) - ans[i])
+
+
+@_jit((F32, A32, A32), (F64, A64, A64))
+def threshold_backward_scalar(g, ans, out):  # type: ignore[no-untyped-def]
+    for i in range(ans.size):
+        out[i] = g if ans[i] > _c(ans[i], 0.0) else _c(g, 0.0)
