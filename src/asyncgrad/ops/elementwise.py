@@ -65,17 +65,6 @@ def _tanh_rule(m, g, ans, x):  # type: ignore[no-untyped-def]
     return g * (1.0 - ans * ans) if d is None else d
 
 
-def _sin_rule(m, g, ans, x):  # type: ignore[no-untyped-def]
-    # g * cos(x) with cos(x)'s fresh array as the product's output: one large array
-    # fewer (1M float32: 1.60 -> 1.45 ms), the same bits (numpy's multiply, g first)
-    if m.tensor_mode:
-        return g * m.cos(x)
-    d = np.cos(x)
-    if type(d) is np.ndarray and type(g) is np.ndarray and g.shape == d.shape and g.dtype == d.dtype:
-        return np.multiply(g, d, out=d)
-    return g * d
-
-
 def _clamp(x, *, lo, hi):  # type: ignore[no-untyped-def]
     return np.clip(x, lo, hi)
 
@@ -131,7 +120,7 @@ abs_ = defop("AbsBackward0", np.abs, lambda m, g, ans, x: g * m.sign(x), save="x
 exp = defop("ExpBackward0", quiet(np.exp, 1), lambda m, g, ans, x: g * ans, save="ans")
 log = defop("LogBackward0", quiet(np.log, 1), quiet(lambda m, g, ans, x: g / x), save="x")
 sqrt = defop("SqrtBackward0", quiet(np.sqrt, 1), quiet(lambda m, g, ans, x: g / (2.0 * ans)), save="ans")
-sin = defop("SinBackward0", np.sin, _sin_rule, save="x")
+sin = defop("SinBackward0", np.sin, lambda m, g, ans, x: g * m.cos(x), save="x")
 cos = defop("CosBackward0", np.cos, lambda m, g, ans, x: -g * m.sin(x), save="x")
 tanh = defop("TanhBackward0", np.tanh, _tanh_rule, save="ans")
 sigmoid = defop("SigmoidBackward0", _sigmoid, _sigmoid_rule, save="ans")
