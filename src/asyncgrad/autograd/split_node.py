@@ -21,6 +21,13 @@ inline work then competes with the BLAS threads for the cores), and two
 single-threaded products side by side finish no sooner than one two-threaded one after
 the other.
 
+Note [One kernel for a product's leaves]: a linear layer's bias gradient is a column
+sum of the incoming gradient, a few microseconds beside dW's GEMM; a kernel of its own
+cost it a hop (a submit, a wake-up, the route back on the loop), 16 of the GPT-small
+step's 67 hops with BLAS at one thread. So a product's leaf gradients (dW and db) are one
+kernel, after its input gradient's. Leaves alone (a product of two leaves, a first layer)
+still get a kernel each: they may be two large products.
+
 Note [The loop takes a small split's first part]: a split node whose halves are each
 below ``inline_threshold`` (``Policy.first_part_here``), with nothing else ready or in
 flight in its GraphTask, computes its first group (the input gradient, else the first
@@ -53,7 +60,8 @@ from .recording import OpNode
 def split_groups(node: Node, splits: bool) -> list[list[int]] | None:
     """The edges of a split node, grouped into its kernels, the input gradients (edges
     to nodes that are not leaves) first (Note [Input gradient first]); None: one
-    kernel. ``splits``: policy.splits' decision, one kernel per gradient."""
+    kernel. ``splits``: policy.splits' decision, one kernel per gradient (a product's
+    leaves together: Note [One kernel for a product's leaves])."""
     if type(node) is not OpNode or node.spec.variadic:
         return None
     inner: list[int] = []
@@ -61,9 +69,13 @@ def split_groups(node: Node, splits: bool) -> list[list[int]] | None:
     for i, (child, _) in enumerate(node.next_edges):
         if child is not None:
             (leaves if child.sequence_nr == ACCUMULATE_GRAD_SEQUENCE_NR else inner).append(i)
-    if len(inner) + len(leaves) < 2:
+    if not splits or len(inner) + len(leaves) < 2:
         return None
-    return [[i] for i in inner + leaves] if splits else None
+    if node.spec.blas and inner and len(leaves) > 1:
+        # a layer's leaves (its dW and db) in one kernel after its input gradient's
+        # (Note [One kernel for a product's leaves])
+        return [[i] for i in inner] + [leaves]
+    return [[i] for i in inner + leaves]
 
 
 def is_leaf_edge(node: Node, i: int) -> bool:
