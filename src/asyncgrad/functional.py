@@ -120,11 +120,16 @@ def _scalar_const(value: float, dtype: np.dtype) -> np.ndarray:
     return arr
 
 
-def _unary(spec: OpSpec, x: Tensor, **params: Any) -> Tensor:
-    x = _tensor(x)
-    if params:
-        return record(spec, (x,), spec.forward(x._data, **params), params=params)
+def _unary(spec: OpSpec, x: Tensor) -> Tensor:
+    # (no ``**params``: collecting none would still allocate a dict on every call)
+    if type(x) is not Tensor:
+        x = Tensor(x)
     return record(spec, (x,), spec.forward(x._data))
+
+
+def _unary_params(spec: OpSpec, x: Tensor, **params: Any) -> Tensor:
+    x = _tensor(x)
+    return record(spec, (x,), spec.forward(x._data, **params), params=params)
 
 
 def _tensor(x: Any) -> Tensor:
@@ -674,16 +679,19 @@ mm = matmul
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``x @ weight.T + bias`` as one node."""
-    x = _tensor(x)
-    _check_linear_dtypes(x, weight, bias)
-    if x.shape[-1] != weight.shape[-1]:
+    if type(x) is not Tensor:
+        x = Tensor(x)
+    xd, wd = x._data, weight._data
+    if bias is None or xd.dtype != wd.dtype or bias._data.dtype != wd.dtype:
+        _check_linear_dtypes(x, weight, bias)
+    if xd.shape[-1] != wd.shape[-1]:
         raise RuntimeError(
             f"mat1 and mat2 shapes cannot be multiplied ({'x'.join(map(str, x.shape))} and "
             f"{'x'.join(map(str, weight.shape[::-1]))})"
         )
     if bias is None:
-        return record(L.linear_nobias, (x, weight), L._linear(x.data, weight.data))
-    return record(L.linear, (x, weight, bias), L._linear(x.data, weight.data, bias.data))
+        return record(L.linear_nobias, (x, weight), L._linear(xd, wd))
+    return record(L.linear, (x, weight, bias), L._linear(xd, wd, bias._data))
 
 
 def _check_linear_dtypes(x: Tensor, weight: Tensor, bias: Tensor | None) -> None:
@@ -734,7 +742,7 @@ def gelu(x: Tensor, approximate: str = "none") -> Tensor:
     if approximate not in ("none", "tanh"):
         raise ValueError(f"approximate argument must be either none or tanh, got {approximate!r}")
     if approximate == "tanh":
-        return _unary(N.gelu_tanh, x, approximate=approximate)
+        return _unary_params(N.gelu_tanh, x, approximate=approximate)
     x = _tensor(x)
     out, cdf = N._gelu(x.data, approximate=approximate)  # cdf: kept for the backward
     return record(N.gelu, (x,), out, aux=cdf, params={"approximate": approximate})

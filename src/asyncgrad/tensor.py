@@ -19,15 +19,20 @@ from . import _context, _device
 from ._aliases import numpy_aliases
 from ._dtype import as_array, is_floating
 from .autograd.graph import AccumulateGrad, HookDict, register_tensor_type
+from .ops import elementwise as E
 from .ops.shape import MULTI_OUTPUT_VIEWS
 
 if TYPE_CHECKING:
     from . import creation, sampling
     from . import functional as F
+    from .functional import _binary, _unary
     from .autograd.graph import Edge, Node, RemovableHandle
 else:
     # bound by bind_functional: these modules import this one
     F = creation = sampling = None
+    # functional's dispatch helpers, called directly by the hottest methods (one frame
+    # fewer than F.add -> F._binary: Note [The recording fast path] in recording.py)
+    _binary = _unary = None
 
 _NONLEAF_GRAD_WARNING = (
     "The .grad attribute of a Tensor that is not a leaf Tensor is being accessed. Its .grad "
@@ -522,19 +527,19 @@ class Tensor:
             view._rebase(node)
 
     # --- operators -------------------------------------------------------------------------
-    def __add__(self, other: Any) -> Tensor: return F.add(self, other)
-    def __radd__(self, other: Any) -> Tensor: return F.add(other, self)
-    def __sub__(self, other: Any) -> Tensor: return F.sub(self, other)
+    def __add__(self, other: Any) -> Tensor: return _binary(E.add, self, other)
+    def __radd__(self, other: Any) -> Tensor: return _binary(E.add, other, self)
+    def __sub__(self, other: Any) -> Tensor: return _binary(E.sub, self, other)
     def __rsub__(self, other: Any) -> Tensor: return F.sub(other, self)
-    def __mul__(self, other: Any) -> Tensor: return F.mul(self, other)
-    def __rmul__(self, other: Any) -> Tensor: return F.mul(other, self)
+    def __mul__(self, other: Any) -> Tensor: return _binary(E.mul, self, other)
+    def __rmul__(self, other: Any) -> Tensor: return _binary(E.mul, other, self)
     def __truediv__(self, other: Any) -> Tensor: return F.div(self, other)
     def __rtruediv__(self, other: Any) -> Tensor: return F.div(other, self)
     def __pow__(self, other: Any) -> Tensor: return F.pow(self, other)
     def __rpow__(self, other: Any) -> Tensor: return F.pow(other, self)
     def __matmul__(self, other: Any) -> Tensor: return F.matmul(self, other)
     def __rmatmul__(self, other: Any) -> Tensor: return F.matmul(other, self)
-    def __neg__(self) -> Tensor: return F.neg(self)
+    def __neg__(self) -> Tensor: return _unary(E.neg, self)
     def __pos__(self) -> Tensor: return self
     def __abs__(self) -> Tensor: return F.abs(self)
     def __getitem__(self, index: Any) -> Tensor: return F.getitem(self, index)
@@ -606,37 +611,37 @@ class Tensor:
         return F.matmul(self, other)
     def neg(self) -> Tensor:
         """``-self``."""
-        return F.neg(self)
+        return _unary(E.neg, self)
     def abs(self) -> Tensor:
         """The absolute value, elementwise."""
-        return F.abs(self)
+        return _unary(E.abs_, self)
     def exp(self) -> Tensor:
         """``e ** self``, elementwise."""
-        return F.exp(self)
+        return _unary(E.exp, self)
     def log(self) -> Tensor:
         """The natural logarithm, elementwise."""
-        return F.log(self)
+        return _unary(E.log, self)
     def sqrt(self) -> Tensor:
         """The square root, elementwise."""
-        return F.sqrt(self)
+        return _unary(E.sqrt, self)
     def sin(self) -> Tensor:
         """The sine, elementwise."""
-        return F.sin(self)
+        return _unary(E.sin, self)
     def cos(self) -> Tensor:
         """The cosine, elementwise."""
-        return F.cos(self)
+        return _unary(E.cos, self)
     def tanh(self) -> Tensor:
         """The hyperbolic tangent, elementwise."""
-        return F.tanh(self)
+        return _unary(E.tanh, self)
     def sigmoid(self) -> Tensor:
         """The logistic function ``1 / (1 + exp(-self))``, elementwise."""
-        return F.sigmoid(self)
+        return _unary(E.sigmoid, self)
     def relu(self) -> Tensor:
         """``max(self, 0)``, elementwise."""
-        return F.relu(self)
+        return _unary(E.relu, self)
     def erf(self) -> Tensor:
         """The error function, elementwise."""
-        return F.erf(self)
+        return _unary(E.erf, self)
     def clamp(self, min: Any = None, max: Any = None) -> Tensor:
         """Each element limited to ``[min, max]`` (either bound may be None)."""
         return F.clamp(self, min, max)
@@ -943,6 +948,9 @@ class Tensor:
         return creation._finish(np.empty(_shape_args(size), dtype=dtype or self.dtype), requires_grad)
 
 
+_new_counter = object.__new__
+
+
 def _init(t: Tensor, arr: np.ndarray, node: Node | None, output_nr: int,
           version: VersionCounter | None) -> None:
     t._data = arr
@@ -950,7 +958,10 @@ def _init(t: Tensor, arr: np.ndarray, node: Node | None, output_nr: int,
     t.grad_fn = node
     t.output_nr = output_nr
     t._grad = None
-    t._version_counter = version if version is not None else VersionCounter()
+    if version is None:  # VersionCounter(), without the call of its __init__
+        version = _new_counter(VersionCounter)
+        version.value = 0
+    t._version_counter = version
     t._base = None
     t._hooks = None
     t._post_acc_hooks = None
@@ -1123,8 +1134,9 @@ def bind_functional(module: Any) -> None:
     """Called once by the package (``asyncgrad/__init__.py``) after importing
     ``functional``, which imports this module: the ops the methods above delegate to, and
     the factories (``creation``, ``sampling``) that import this module too."""
-    global F, creation, sampling
+    global F, creation, sampling, _binary, _unary
     from . import creation as creation_module, sampling as sampling_module
 
     F = module
+    _binary, _unary = module._binary, module._unary
     creation, sampling = creation_module, sampling_module

@@ -180,6 +180,8 @@ class GraphRoot(Node):
 
 
 _acc_lock = threading.Lock()
+_new_node = object.__new__
+_weakref = weakref.ref
 
 
 class AccumulateGrad(Node):
@@ -228,8 +230,18 @@ class AccumulateGrad(Node):
                 ref = leaf._acc_ref
                 node = ref() if ref is not None else None
                 if node is None:
-                    node = AccumulateGrad(leaf)
-                    leaf._acc_ref = weakref.ref(node)
+                    # AccumulateGrad(leaf), without the chain of __init__ calls: every
+                    # forward that uses a parameter makes its node anew
+                    node = _new_node(AccumulateGrad)
+                    node.sequence_nr = ACCUMULATE_GRAD_SEQUENCE_NR
+                    node.next_edges = ()
+                    node._hooks = None
+                    node._extra = None
+                    node.variable = leaf
+                    data = leaf._data
+                    node.input_shapes = (data.shape,)
+                    node.input_dtypes = (data.dtype,)
+                    leaf._acc_ref = _weakref(node)
         return node
 
 
