@@ -43,6 +43,7 @@ from . import commit, lifecycle
 from .completion import check_complete
 from .errors import EngineInternalError
 from .graph_task import GraphTask
+from .lifecycle import START_HOOKS
 from .offload import WorkerKernels, run_async_node
 from .policy import BLAS, Policy
 from .scheduler import LoopScheduler, grant_admission_pass, loop_scheduler, wake
@@ -112,7 +113,8 @@ class Engine:
 
     async def execute(self, task: GraphTask) -> None:
         """Run ``task`` to completion on the current event loop (see module notes)."""
-        await anyio.lowlevel.checkpoint_if_cancelled()  # an already-cancelled caller starts nothing
+        scheduler = loop_scheduler()
+        await scheduler.checkpoint_if_cancelled()  # an already-cancelled caller starts nothing
         self.policy.start_setup(self._warm)
         parent = self._begin(task)
         outcome = "cancelled"
@@ -122,7 +124,8 @@ class Engine:
             try:
                 await self._run_steps(setup)
             finally:
-                lifecycle.finish_setup(setup)
+                if START_HOOKS:
+                    lifecycle.finish_setup(setup)
             if task.starting:
                 await lifecycle.run_start_hooks(task)
             completed = await self._drain(task)
@@ -280,8 +283,7 @@ class Engine:
             commit.after_commit(task)
         finally:
             if len(task.executed) <= commit.RELEASE_STEP:  # one step: nothing to wait for
-                for _ in commit.release_steps(task):
-                    pass
+                commit.release_all(task)
             else:
                 with anyio.CancelScope(shield=True):  # bookkeeping after the commit: finish it
                     await self._run_steps(commit.release_steps(task))
