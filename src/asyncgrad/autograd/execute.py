@@ -126,9 +126,10 @@ def prepare(task: GraphTask, node: Node, ready: ReadyInputs) -> list[Any] | None
 # AccumulateGrad and tensor have no hooks has nothing that could observe when it is
 # staged: ``run_inline`` stages it with ``stage_plain`` (``stage_leaf``'s last steps)
 # without the general path, and, when the node that produced its one gradient runs in
-# place, right as that node routes it instead of through the ready queue. Leaves still
-# are staged in the order they became ready (the commit, and post-accumulate-grad
-# hooks, follow that order), because ready leaves always ran before the next node.
+# place, right as that node routes it instead of through the ready queue, unless a
+# leaf that node made ready earlier waits in the queue (a hooked one). Leaves are thus
+# still staged in the order they became ready (the commit, and post-accumulate-grad
+# hooks, follow that order): ready leaves always run before the next node.
 def stage_leaf(task: GraphTask, node: AccumulateGrad, buf: list[Any]) -> None:
     """AccumulateGrad's step: tensor hooks, captures, pre-hooks, stage for the commit
     (Note [Commit on success] in commit.py), post-hooks. Records whether the engine
@@ -332,7 +333,7 @@ def run_inline(task: GraphTask, threshold: float, deadline: float) -> bool:
                                 ready = waiting.ready()
                             seq = child.sequence_nr
                             if seq == acc_nr:
-                                if plain and waiting is None and child._hooks is None \
+                                if plain and waiting is None and not leaves and child._hooks is None \
                                         and not child.variable._hooks:  # type: ignore[attr-defined]
                                     # Note [Plain leaves]: staged right here
                                     stage_plain(task, child.variable, gi,  # type: ignore[attr-defined]
