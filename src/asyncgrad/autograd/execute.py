@@ -123,13 +123,13 @@ def prepare(task: GraphTask, node: Node, ready: ReadyInputs) -> list[Any] | None
 # function saw, a retained non-leaf gradient. (A small leaf's eager sum of several
 # gradients is not recorded either: copying it is cheap.)
 # Note [Plain leaves]: in a plain backward (no inputs=/grad() pruning), a leaf whose
-# AccumulateGrad and tensor have no hooks has nothing that could observe when it is
-# staged: ``run_inline`` stages it with ``stage_plain`` (``stage_leaf``'s last steps)
-# without the general path, and, when the node that produced its one gradient runs in
-# place, right as that node routes it instead of through the ready queue, unless a
-# leaf that node made ready earlier waits in the queue (a hooked one). Leaves are thus
-# still staged in the order they became ready (the commit, and post-accumulate-grad
-# hooks, follow that order): ready leaves always run before the next node.
+# AccumulateGrad and tensor have no hooks has nothing that could observe its staging:
+# ``run_inline`` stages it with ``stage_plain`` (``stage_leaf``'s last steps) when it
+# leaves the ready queue, without ``prepare``'s general path. It still goes through the
+# queue, so leaves are staged in the order they became ready (the commit and
+# post-accumulate-grad hooks follow that order). (Staging it right as its producer
+# routes it, skipping the queue, was tried: it made one run of tests/test_concurrency.py's
+# four-loops test in two hang, so it was not kept.)
 def stage_leaf(task: GraphTask, node: AccumulateGrad, buf: list[Any]) -> None:
     """AccumulateGrad's step: tensor hooks, captures, pre-hooks, stage for the commit
     (Note [Commit on success] in commit.py), post-hooks. Records whether the engine
@@ -333,12 +333,6 @@ def run_inline(task: GraphTask, threshold: float, deadline: float) -> bool:
                                 ready = waiting.ready()
                             seq = child.sequence_nr
                             if seq == acc_nr:
-                                if plain and waiting is None and not leaves and child._hooks is None \
-                                        and not child.variable._hooks:  # type: ignore[attr-defined]
-                                    # Note [Plain leaves]: staged right here
-                                    stage_plain(task, child.variable, gi,  # type: ignore[attr-defined]
-                                                type(gi) is np.ndarray and is_fresh(gi, buf, None, args))
-                                    continue
                                 if waiting is None and type(gi) is np.ndarray:
                                     own_if_fresh(task, child, gi, buf, None, args)
                                 leaves.append((child, ready))

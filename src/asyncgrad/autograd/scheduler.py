@@ -64,11 +64,9 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
 
 import anyio
 import anyio.lowlevel
-from anyio._core._eventloop import get_async_backend
 
 from .. import _context
 from .completion import can_complete_inline, complete_inline
@@ -203,10 +201,6 @@ class LoopScheduler:
         self.wake_cost = WAKE_COST  # estimated loop time one woken driver takes (Note [Wake-ups cost the loop])
         self.half_interval = 0.0
         self.admission: deque[Wakeup] = deque()  # callers waiting to start a backward (Note [Admission])
-        # ``anyio.lowlevel.checkpoint_if_cancelled`` without its per-call look-up of the
-        # back end (this scheduler is created on its loop, so the back end is that loop's)
-        self.checkpoint_if_cancelled: Callable[[], Awaitable[None]] = \
-            get_async_backend().checkpoint_if_cancelled
 
     def wakeup(self) -> Wakeup:
         """A fresh wake-up for a driver about to wait on this loop."""
