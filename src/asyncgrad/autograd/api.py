@@ -96,6 +96,8 @@ def _input_edges(inputs: tuple[Tensor, ...]) -> list[Edge]:
 
 def _prepare_backward(tensors: Any, grad_tensors: Any, retain_graph: bool | None,
                       create_graph: bool, inputs: Any) -> GraphTask:
+    if type(tensors) is Tensor and grad_tensors is None and inputs is None and not create_graph:
+        return _prepare_scalar_backward(tensors, retain_graph)
     outputs = _as_tuple(tensors)
     grads = _as_tuple(grad_tensors) if grad_tensors is not None else (None,) * len(outputs)
     if len(grads) != len(outputs):
@@ -122,6 +124,22 @@ def _prepare_backward(tensors: Any, grad_tensors: Any, retain_graph: bool | None
     keep = create_graph if retain_graph is None else retain_graph
     task = GraphTask(get_engine(), keep_graph=keep, create_graph=create_graph, accumulate=True)
     task.set_roots(roots, root_grads, _input_edges(input_list) if input_list is not None else None)
+    return task
+
+
+def _prepare_scalar_backward(t: Tensor, retain_graph: bool | None) -> GraphTask:
+    """``_prepare_backward`` of the most common call, ``backward(loss)``: the same
+    checks and errors, in the same order, without the general bookkeeping."""
+    if not t._requires_grad:
+        raise RuntimeError("element 0 of tensors does not require grad and does not have a grad_fn")
+    data = t._data
+    if data.size != 1:
+        raise RuntimeError("grad can be implicitly created only for scalar outputs")
+    if data.dtype.kind != "f":
+        raise RuntimeError(f"grad can be implicitly created only for real scalar outputs but got {t.dtype}")
+    task = GraphTask(get_engine(), keep_graph=False if retain_graph is None else retain_graph,
+                     create_graph=False, accumulate=True)
+    task.set_roots([t._gradient_edge()], [np.ones(data.shape, data.dtype)])
     return task
 
 

@@ -60,9 +60,11 @@ def staged_size(task: GraphTask) -> int:
     """Elements the commit will add (to decide whether it is computed on a worker): a
     leaf's first ``.grad`` is the staged array itself (stolen) and adds nothing, so a
     backward into fresh leaves never hops for its commit; deferred sums always add."""
-    staged = task.staged
-    return sum(getattr(g, "size", 0) for var in staged if (g := staged[var]) is not None
-               and (var._grad is not None or type(g) is PendingSum))
+    size = 0
+    for var, g in task.staged.items():
+        if g is not None and (var._grad is not None or type(g) is PendingSum):
+            size += getattr(g, "size", 0)
+    return size
 
 
 def _stages(task: GraphTask) -> tuple[dict[Tensor, Any], dict[Tensor, Any]]:
@@ -72,15 +74,25 @@ def _stages(task: GraphTask) -> tuple[dict[Tensor, Any], dict[Tensor, Any]]:
 def commit_inline(task: GraphTask) -> None:
     """Accumulate every staged gradient into ``.grad`` in place, on this thread."""
     staged = task.staged
-    for var in list(staged):  # deferred sums first, outside the lock
-        if type(staged[var]) is PendingSum:
-            staged[var] = staged[var].total()
+    for var, g in staged.items():  # deferred sums first, outside the lock
+        if type(g) is PendingSum:
+            staged[var] = g.total()  # (a value replaced: the dict's size is unchanged)
     owned = task.owned
+    create_graph = task.create_graph
+    add = np.add
     with COMMIT_LOCK:
         for stage in _stages(task):
             for var, g in stage.items():
-                if g is not None:
-                    _accumulate(var, g, task.create_graph, var in owned)
+                if g is None:
+                    continue
+                current = var._grad
+                if not create_graph and current is not None and type(g) is np.ndarray \
+                        and current.grad_fn is None and (data := current._data).flags.writeable:
+                    # ``_accumulate``'s common case, in place
+                    add(data, g, out=data, casting="unsafe")
+                    current._version_counter.value += 1
+                else:
+                    _accumulate(var, g, create_graph, var in owned)
 
 
 Prepared = list[tuple[Tensor, Any, int, Any, Any, Any]]
@@ -131,6 +143,14 @@ def after_commit(task: GraphTask) -> None:
             for hook in tuple(hooks.values()):
                 if hook(var) is not None:
                     raise RuntimeError("Tensor post accumulate grad hooks should return None.")
+
+
+def release_all(task: GraphTask) -> None:
+    """``release_steps`` in one go (a few nodes: nothing to yield for)."""
+    executed = task.executed
+    task.executed = []
+    for node in executed:
+        node.release_variables()
 
 
 def release_steps(task: GraphTask) -> Iterator[None]:

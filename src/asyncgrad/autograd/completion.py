@@ -46,8 +46,7 @@ def commit_and_release(task: GraphTask) -> None:
     try:
         commit.after_commit(task)
     finally:
-        for _ in commit.release_steps(task):
-            pass
+        commit.release_all(task)
 
 
 def complete_inline(task: GraphTask, waiting: Wakeup) -> None:

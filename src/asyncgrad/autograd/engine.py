@@ -43,6 +43,7 @@ from . import commit, lifecycle
 from .completion import check_complete
 from .errors import EngineInternalError
 from .graph_task import GraphTask
+from .lifecycle import START_HOOKS
 from .offload import WorkerKernels, run_async_node
 from .policy import BLAS, Policy
 from .scheduler import LoopScheduler, grant_admission_pass, loop_scheduler, wake
@@ -122,7 +123,8 @@ class Engine:
             try:
                 await self._run_steps(setup)
             finally:
-                lifecycle.finish_setup(setup)
+                if START_HOOKS:
+                    lifecycle.finish_setup(setup)
             if task.starting:
                 await lifecycle.run_start_hooks(task)
             completed = await self._drain(task)
@@ -280,8 +282,7 @@ class Engine:
             commit.after_commit(task)
         finally:
             if len(task.executed) <= commit.RELEASE_STEP:  # one step: nothing to wait for
-                for _ in commit.release_steps(task):
-                    pass
+                commit.release_all(task)
             else:
                 with anyio.CancelScope(shield=True):  # bookkeeping after the commit: finish it
                     await self._run_steps(commit.release_steps(task))

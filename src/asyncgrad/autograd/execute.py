@@ -122,6 +122,14 @@ def prepare(task: GraphTask, node: Node, ready: ReadyInputs) -> list[Any] | None
 # Function's result, the caller's ``gradient=``, an array a hook or a pre-commit
 # function saw, a retained non-leaf gradient. (A small leaf's eager sum of several
 # gradients is not recorded either: copying it is cheap.)
+# Note [Plain leaves]: in a plain backward (no inputs=/grad() pruning), a leaf whose
+# AccumulateGrad and tensor have no hooks has nothing that could observe its staging:
+# ``run_inline`` stages it with ``stage_plain`` (``stage_leaf``'s last steps) when it
+# leaves the ready queue, without ``prepare``'s general path. It still goes through the
+# queue, so leaves are staged in the order they became ready (the commit and
+# post-accumulate-grad hooks follow that order). (Staging it right as its producer
+# routes it, skipping the queue, was tried: it made one run of tests/test_concurrency.py's
+# four-loops test in two hang, so it was not kept.)
 def stage_leaf(task: GraphTask, node: AccumulateGrad, buf: list[Any]) -> None:
     """AccumulateGrad's step: tensor hooks, captures, pre-hooks, stage for the commit
     (Note [Commit on success] in commit.py), post-hooks. Records whether the engine
@@ -174,17 +182,41 @@ def own_if_fresh(task: GraphTask, leaf: Node, gi: np.ndarray, inputs: Any, outpu
     """Note [Owned gradients]: ``gi``, a built-in kernel's output for ``leaf``, is the
     engine's own when it is a new array: not a view, not one of the kernel's inputs or
     saved values, and not another of its outputs too."""
+    if is_fresh(gi, inputs, outputs, saved):
+        task.fresh[leaf] = gi
+
+
+def is_fresh(gi: np.ndarray, inputs: Any, outputs: Any, saved: Any) -> bool:
+    """``own_if_fresh``'s test: ``gi`` is a new array the kernel made."""
     if gi.base is not None or not gi.flags.writeable:
-        return
+        return False
     for a in inputs:
         if a is gi:
-            return
+            return False
     for a in saved or ():
         if a is gi:
-            return
-    if outputs is not None and sum(1 for o in outputs if o is gi) > 1:
+            return False
+    return outputs is None or sum(1 for o in outputs if o is gi) <= 1
+
+
+def stage_plain(task: GraphTask, var: Any, g: Any, owned: bool) -> None:
+    """``stage_leaf`` for a leaf nothing sees (Note [Plain leaves]): no hooks on the
+    leaf or its AccumulateGrad, no captures; ``owned``: ``g`` is the engine's own
+    (Note [Owned gradients])."""
+    staged = task.staged
+    old = staged.get(var)
+    if old is None:
+        staged[var] = g
+        if owned:
+            task.owned.add(var)
+        elif g is not None:
+            task.owned.discard(var)
         return
-    task.fresh[leaf] = gi
+    staged[var] = total = combine(old, g)
+    if total is not old and total is not g:
+        task.owned.add(var)
+    elif total is not old:
+        task.owned.discard(var)
 
 
 def finish(task: GraphTask, node: Node, inputs: ReadyInputs, outputs: list[Any]) -> None:
@@ -231,6 +263,7 @@ def run_inline(task: GraphTask, threshold: float, deadline: float) -> bool:
     plain = task.exec_info is None
     keep = task.keep_graph
     executed = task.executed
+    fresh = task.fresh
     to_start = task.to_start
     clock = time.perf_counter
     push = heappush
@@ -246,6 +279,11 @@ def run_inline(task: GraphTask, threshold: float, deadline: float) -> bool:
             else:
                 return False
             if not (plain and type(node) is OpNode and node._hooks is None):
+                if plain and type(node) is AccumulateGrad and node._hooks is None \
+                        and not node.variable._hooks:
+                    g = slots_of(buf)[0]
+                    stage_plain(task, node.variable, g, fresh.pop(node, None) is g or type(g) is PendingSum)
+                    continue
                 inputs = prepare(task, node, buf)
                 if inputs is None:
                     continue

@@ -53,7 +53,11 @@ def fix_gradient(node: Node, i: int, g: Any) -> Any:
     dt = node.input_dtypes[i]
     assert shape is not None
     gshape = g.shape
-    if gshape != shape:
+    if type(g) is np.ndarray and len(gshape) == len(shape) + 1 and gshape[1:] == shape:
+        # the common broadcast: one leading axis (a bias over a batch); what ``sum_to``
+        # does for it, without its general axis bookkeeping
+        g = np.add.reduce(g, axis=0)
+    elif gshape != shape:
         if not is_expandable_to(shape, gshape):
             raise RuntimeError(
                 f"Function {node.name()} returned an invalid gradient at index {i} - got "
