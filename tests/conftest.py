@@ -57,3 +57,21 @@ def on_path(monkeypatch):
 
     yield switch
     kernels.set_mode(prev)
+
+
+@pytest.fixture
+def restore_engine():
+    """Sets the process's engine back to the one before the test (for tests that call
+    ``set_engine``)."""
+    prev = ag.autograd.get_engine()
+    yield
+    ag.autograd.set_engine(prev)
+
+
+@pytest.fixture
+def blas_single(monkeypatch):
+    """BLAS single-threaded (several backward calls in flight, or pinned at one): a
+    product's gradients are split into one kernel each (Policy.splits)."""
+    from asyncgrad.autograd.policy import BlasThreads
+
+    monkeypatch.setattr(BlasThreads, "per_call", property(lambda self: 1))

@@ -10,16 +10,10 @@ import numpy as np
 import pytest
 
 import asyncgrad as ag
-from asyncgrad.autograd import Engine, get_engine, input_buffer, set_engine
+from asyncgrad.autograd import Engine, input_buffer, set_engine
 
 N = input_buffer.LAZY_SUM_MIN + 17  # large enough to be deferred
 
-
-@pytest.fixture
-def restore_engine():
-    prev = get_engine()
-    yield
-    set_engine(prev)
 
 
 def _leaves(seed: int):

@@ -10,27 +10,12 @@ import threading
 from typing import Any
 
 import numpy as np
-import pytest
 
 import asyncgrad as ag
-from asyncgrad.autograd import Engine, get_engine, gradcheck, set_engine
+from asyncgrad.autograd import Engine, gradcheck, set_engine
 from asyncgrad.autograd import split_node
 
 
-@pytest.fixture
-def blas_single(monkeypatch: Any) -> None:
-    """BLAS single-threaded (several backward calls in flight, or pinned at one): a
-    product's gradients are split into one kernel each (Policy.splits)."""
-    from asyncgrad.autograd.policy import BlasThreads
-
-    monkeypatch.setattr(BlasThreads, "per_call", property(lambda self: 1))
-
-
-@pytest.fixture
-def restore_engine():
-    prev = get_engine()
-    yield
-    set_engine(prev)
 
 
 def _hops(engine: Engine, loss: ag.Tensor) -> int:

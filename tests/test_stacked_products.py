@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import asyncgrad as ag
-from asyncgrad.autograd import Engine, get_engine, gradcheck, set_engine
+from asyncgrad.autograd import Engine, gradcheck, set_engine
 from asyncgrad.ops import linalg
 from asyncgrad.ops._array_math import ARRAY_MATH
 
@@ -98,19 +98,6 @@ def test_attention_gradients_match_torch(dtype) -> None:
     np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=TOL[dtype] * 10, atol=TOL[dtype] * 10)
 
 
-@pytest.fixture
-def blas_single(monkeypatch: Any) -> None:
-    """BLAS single-threaded: a product's gradients are split into kernels (Policy.splits)."""
-    from asyncgrad.autograd.policy import BlasThreads
-
-    monkeypatch.setattr(BlasThreads, "per_call", property(lambda self: 1))
-
-
-@pytest.fixture
-def restore_engine():
-    prev = get_engine()
-    yield
-    set_engine(prev)
 
 
 def test_a_linear_layers_weight_and_bias_gradients_share_one_kernel(blas_single, restore_engine) -> None:
