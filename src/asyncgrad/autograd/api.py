@@ -22,7 +22,7 @@ from ..tensor import Tensor
 from .engine import get_engine
 from .graph import Edge
 from .graph_task import GraphTask
-from .scheduler import admission
+from .scheduler import UNHELD, admission
 from .threads import in_event_loop_thread, running_graph_task
 
 _CREATE_GRAPH_WARNING = (
@@ -139,8 +139,20 @@ def _prepare_scalar_backward(t: Tensor, retain_graph: bool | None) -> GraphTask:
         raise RuntimeError(f"grad can be implicitly created only for real scalar outputs but got {t.dtype}")
     task = GraphTask(get_engine(), keep_graph=False if retain_graph is None else retain_graph,
                      create_graph=False, accumulate=True)
-    task.set_roots([t._gradient_edge()], [np.ones(data.shape, data.dtype)])
+    task.set_roots([t._gradient_edge()], [_one(data.shape, data.dtype)])
     return task
+
+
+_ONES: dict[tuple[tuple[int, ...], np.dtype[Any]], np.ndarray] = {}  # one element each: (), (1,), (1, 1)...
+
+
+def _one(shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
+    """A fresh ``np.ones(shape, dtype)`` of one element: a copy of a kept one, about
+    a sixth of ``np.ones``'s cost (a Python function: ``empty``, then ``copyto``)."""
+    one = _ONES.get((shape, dtype))
+    if one is None:
+        one = _ONES[(shape, dtype)] = np.ones(shape, dtype)
+    return one.copy()
 
 
 def _prepare_grad(outputs: Any, inputs: Any, grad_outputs: Any, retain_graph: bool | None,
@@ -223,7 +235,11 @@ async def backward(tensors: Any, grad_tensors: Any = None, *, retain_graph: bool
                    create_graph: bool = False, inputs: Any = None) -> None:
     """Accumulate the gradients of ``tensors`` into ``.grad`` of the leaves (and of
     tensors that ``retain_grad()``), committing only if the whole backward succeeds."""
-    async with admission():  # (Note [Admission] in scheduler.py)
+    held = admission()  # (Note [Admission] in scheduler.py)
+    if held is UNHELD:  # it starts at once: nothing to enter or leave (the common case)
+        await _execute(_prepare_backward(tensors, grad_tensors, retain_graph, create_graph, inputs))
+        return
+    async with held:
         task = _prepare_backward(tensors, grad_tensors, retain_graph, create_graph, inputs)
         await _execute(task)
 
@@ -233,10 +249,16 @@ async def grad(outputs: Any, inputs: Any, grad_outputs: Any = None, *,
                allow_unused: bool | None = None, materialize_grads: bool = False
                ) -> tuple[Tensor | None, ...]:
     """The gradients of ``outputs`` with respect to ``inputs``; no ``.grad`` is touched."""
-    async with admission():  # (Note [Admission] in scheduler.py)
+    held = admission()  # (Note [Admission] in scheduler.py)
+    if held is UNHELD:
         task, ins, allow = _prepare_grad(outputs, inputs, grad_outputs, retain_graph, create_graph,
                                          allow_unused, materialize_grads)
         await _execute(task)
+    else:
+        async with held:
+            task, ins, allow = _prepare_grad(outputs, inputs, grad_outputs, retain_graph, create_graph,
+                                             allow_unused, materialize_grads)
+            await _execute(task)
     return _grad_results(task, ins, allow, materialize_grads, create_graph)
 
 

@@ -113,7 +113,7 @@ class Engine:
 
     async def execute(self, task: GraphTask) -> None:
         """Run ``task`` to completion on the current event loop (see module notes)."""
-        await anyio.lowlevel.checkpoint_if_cancelled()  # an already-cancelled caller starts nothing
+        await loop_scheduler().check_cancelled()  # an already-cancelled caller starts nothing
         self.policy.start_setup(self._warm)
         parent = self._begin(task)
         outcome = "cancelled"

@@ -64,6 +64,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 
 import anyio
 import anyio.lowlevel
@@ -88,13 +89,26 @@ _last = threading.local()  # (loop, its scheduler): a thread runs one loop at a 
 
 
 def _running_loop() -> object:
+    loop = asyncio._get_running_loop()  # (None off asyncio: no exception to raise and catch)
+    if loop is not None:
+        return loop
+    trio = sys.modules.get("trio")
+    if trio is None:
+        raise RuntimeError("no running event loop")
+    return trio.lowlevel.current_trio_token()
+
+
+def _back_end_checkpoints() -> tuple[Callable[[], Awaitable[None]], Callable[[], Awaitable[None]]]:
+    """The running back end's ``checkpoint_if_cancelled`` and ``checkpoint``, looked up
+    once per loop: ``anyio.lowlevel``'s find the back end (sniffio) on every call, which
+    cost each backward call as much as the check itself."""
     try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        trio = sys.modules.get("trio")
-        if trio is None:
-            raise
-        return trio.lowlevel.current_trio_token()
+        from anyio._core._eventloop import get_async_backend
+
+        backend = get_async_backend()
+        return backend.checkpoint_if_cancelled, backend.checkpoint
+    except (ImportError, AttributeError, RuntimeError):  # (a future anyio may move it)
+        return anyio.lowlevel.checkpoint_if_cancelled, anyio.lowlevel.checkpoint
 
 
 def loop_scheduler() -> LoopScheduler:
@@ -126,7 +140,7 @@ class _Unheld:
         return None
 
 
-_UNHELD = _Unheld()
+UNHELD = _Unheld()
 
 
 class Admission:
@@ -153,12 +167,12 @@ def admission() -> Admission | _Unheld:
     by a node of a running one) is never held back."""
     scheduler = loop_scheduler()
     if scheduler.runner is None or (not scheduler.admission and time.perf_counter() < scheduler.slice_end):
-        return _UNHELD
+        return UNHELD
     if _admission_pass.get():  # the runner just completed this caller's backward
         _admission_pass.set(False)
-        return _UNHELD
+        return UNHELD
     if running_graph_task() is not None:
-        return _UNHELD
+        return UNHELD
     return Admission(scheduler)
 
 
@@ -201,6 +215,9 @@ class LoopScheduler:
         self.wake_cost = WAKE_COST  # estimated loop time one woken driver takes (Note [Wake-ups cost the loop])
         self.half_interval = 0.0
         self.admission: deque[Wakeup] = deque()  # callers waiting to start a backward (Note [Admission])
+        # ``await check_cancelled()``: a checkpoint only if the caller's cancel scope was
+        # cancelled; ``await checkpoint()``: the back end's plain checkpoint
+        self.check_cancelled, self.checkpoint = _back_end_checkpoints()
 
     def wakeup(self) -> Wakeup:
         """A fresh wake-up for a driver about to wait on this loop."""
@@ -246,7 +263,7 @@ class LoopScheduler:
         task goes on (Note [A turn after the timers])."""
         loop = self.loop
         if loop is None:
-            await anyio.lowlevel.checkpoint()  # (trio: I/O and timers run between batches)
+            await self.checkpoint()  # (trio: I/O and timers run between batches)
             return
         turn = loop.create_future()
         loop.call_at(loop.time(), _resolve, turn)
