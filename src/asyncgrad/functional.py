@@ -663,7 +663,7 @@ def matmul(x: Any, y: Any) -> Tensor:
     if x.ndim == 0 or y.ndim == 0:
         raise RuntimeError("both arguments to matmul need to be at least 1D")
     try:
-        out = np.matmul(x.data, y.data)
+        out = L._matmul(x.data, y.data)
     except ValueError:
         raise RuntimeError(
             f"mat1 and mat2 shapes cannot be multiplied ({'x'.join(map(str, x.shape))} and "
