@@ -55,8 +55,10 @@ def ag_model(cfg: GPTConfig) -> Any:
         def forward(self, x: Any) -> Any:
             B, T, C = x.shape
             h, hs = cfg.heads, C // cfg.heads
-            qkv = self.c_attn(x)
-            q, k, v = (qkv[:, :, i * C:(i + 1) * C].reshape((B, T, h, hs)).transpose(1, 2) for i in range(3))
+            # split, as nanoGPT and the torch model: one SplitBackward0 node writes the
+            # three gradients into qkv's, where three slices' backward would each write a
+            # zero-filled qkv-sized array, then summed (3-5 ms per step)
+            q, k, v = (t.reshape((B, T, h, hs)).transpose(1, 2) for t in self.c_attn(x).split(C, dim=2))
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
             att = ag.where(causal[:T, :T], att, -math.inf)
             att = F.softmax(att, -1)

@@ -51,6 +51,10 @@ def _instrument(events: list[Event], hops: list[tuple[str, str, float]]) -> None
                                             for i, f in enumerate(s.vjps)))
         if s.joint is not None:
             object.__setattr__(s, "joint", wrap(s.node_name, "J", s.joint))
+    from asyncgrad.ops import shape
+
+    for name, rule in list(shape.MULTI_OUTPUT_VIEWS.items()):  # split / unbind: one node, all pieces
+        shape.MULTI_OUTPUT_VIEWS[name] = wrap(name, "J", rule)
     submit = offload.WorkerKernels.submit
 
     def counted(self: Any, run: Any, fn: Any, args: Any, arrive: Any) -> None:

@@ -310,7 +310,7 @@ def where(condition: Any, x: Any, y: Any) -> Tensor:
         want = _promote(a, b) or np.result_type(a, b)
         a, b = a.astype(want, copy=False), b.astype(want, copy=False)
     try:
-        out = np.where(cond, a, b)
+        out = E.where.forward(cond, a, b)
     except ValueError:
         _raise_broadcast_error(np.broadcast_shapes(cond.shape, a.shape) if cond.ndim <= a.ndim else a.shape, b.shape)
     return record(E.where, (cond, x if tx else a, y if ty else b), out)
@@ -663,7 +663,7 @@ def matmul(x: Any, y: Any) -> Tensor:
     if x.ndim == 0 or y.ndim == 0:
         raise RuntimeError("both arguments to matmul need to be at least 1D")
     try:
-        out = np.matmul(x.data, y.data)
+        out = L._matmul(x.data, y.data)
     except ValueError:
         raise RuntimeError(
             f"mat1 and mat2 shapes cannot be multiplied ({'x'.join(map(str, x.shape))} and "

@@ -129,6 +129,35 @@ def threshold_backward(g: np.ndarray, ans: np.ndarray) -> np.ndarray | None:
     return _binary("threshold_backward", g, ans)
 
 
+# --- masks (Note [Masks broadcast over rows] in _numba_kernels.py) ----------------------------
+def select(mask: np.ndarray, x: np.ndarray, fill: Any, keep: bool = True) -> np.ndarray | None:
+    """``np.where(mask, x, fill)`` (``keep``) or ``np.where(mask, fill, x)`` (not ``keep``)
+    for a bool ``mask`` that broadcasts over ``x``'s leading dims only (its shape, less
+    leading 1s, is ``x``'s trailing shape), a float32/float64 ``x`` of the result's shape
+    and a scalar ``fill`` (a Python number or 0-d array) that does not change the dtype;
+    else None."""
+    if x.size < ELEMENTWISE_MIN or mask.dtype != np.bool_ or mask.ndim > x.ndim:
+        return None
+    if isinstance(fill, np.ndarray):
+        if fill.ndim or fill.dtype != x.dtype:
+            return None
+        fill = fill.item()
+    elif type(fill) not in (float, int):
+        return None
+    k = compiled()
+    if k is None or not _fits(x):
+        return None
+    shape = mask.shape
+    while shape and shape[0] == 1:
+        shape = shape[1:]
+    if shape != x.shape[x.ndim - len(shape):] or not mask.size:
+        return None
+    n = mask.size
+    out = np.empty(x.shape, dtype=x.dtype)
+    k.select_rows(_rows(x, n), _flat(mask), keep, x.dtype.type(fill), out.reshape(-1, n))
+    return out
+
+
 # --- rows ------------------------------------------------------------------------------------
 def _row_op(name: str, x: np.ndarray, dim: Any) -> np.ndarray | None:
     k = compiled()
@@ -252,4 +281,28 @@ def add_rows(out: np.ndarray, rows: np.ndarray, g: np.ndarray) -> bool:
     if r.size and r.min() < 0:
         r = np.where(r < 0, r + n, r)
     k.add_rows(out, _c(r), _c(g))
+    return True
+
+
+# --- optimizers (Note [Adam in one pass] in _numba_kernels.py) ---------------------------------
+def adam_step(x: np.ndarray, g: np.ndarray, m: np.ndarray, v: np.ndarray, *, decoupled: bool, lr: float,
+              weight_decay: float, maximize: bool, beta1: float, beta2: float, step_size: float,
+              bc2_sqrt: float, eps: float) -> bool:
+    """One Adam (AdamW when ``decoupled``) step in place, as ``optim/adam.py``'s numpy
+    rule without amsgrad; False (nothing done) when the compiled kernels are not in use or
+    the arrays are not all C-contiguous, writeable and of one float dtype."""
+    k = compiled()
+    if k is None or x.dtype not in _FLOATS or x.size < 1:
+        return False
+    for a in (x, g, m, v):
+        if a.dtype != x.dtype or a.shape != x.shape or not a.flags.c_contiguous or not a.flags.writeable:
+            return False
+    f = x.dtype.type
+    w1 = f(1 - beta1)
+    decay = f(1 - lr * weight_decay) if decoupled and weight_decay != 0 else f(1)
+    k.adam_step(x.reshape(-1), g.reshape(-1), m.reshape(-1), v.reshape(-1),
+                bool(decoupled and weight_decay != 0), decay, bool(maximize),
+                bool(not decoupled and weight_decay != 0), f(weight_decay),
+                bool(abs(w1) < 0.5), w1, f(1) - w1, f(beta2), f(1 - beta2),
+                f(-step_size), f(bc2_sqrt), f(eps))
     return True

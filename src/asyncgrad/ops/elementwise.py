@@ -110,10 +110,31 @@ minimum = defop("MinimumBackward0", np.minimum,
                 lambda m, g, ans, x, y: m.where(x < y, g, m.where(x == y, g * 0.5, 0.0)),
                 lambda m, g, ans, x, y: m.where(y < x, g, m.where(x == y, g * 0.5, 0.0)),
                 save="x y")
-where = defop("WhereBackward0", np.where,
+def _where(c, a, b):  # type: ignore[no-untyped-def]
+    """``np.where(c, a, b)``; compiled when one side is a scalar and the mask broadcasts
+    over the other's leading dims (an attention mask: Note [Masks broadcast over rows])."""
+    if b.ndim == 0 and a.ndim >= c.ndim:
+        out = fast.select(c, a, b, True)
+    elif a.ndim == 0 and b.ndim >= c.ndim:
+        out = fast.select(c, b, a, False)
+    else:
+        out = None
+    return np.where(c, a, b) if out is None else out
+
+
+def _select_grad(m, c, g, keep):  # type: ignore[no-untyped-def]
+    """``g`` where ``c == keep``, else 0: the gradient through a where / masked_fill."""
+    if not m.tensor_mode:
+        d = fast.select(c, g, 0.0, keep)
+        if d is not None:
+            return d
+    return m.where(c, g, 0.0) if keep else m.where(c, 0.0, g)
+
+
+where = defop("WhereBackward0", _where,
               None,
-              lambda m, g, ans, c, a, b: m.where(c, g, 0.0),
-              lambda m, g, ans, c, a, b: m.where(c, 0.0, g), save="x")
+              lambda m, g, ans, c, a, b: _select_grad(m, c, g, True),
+              lambda m, g, ans, c, a, b: _select_grad(m, c, g, False), save="x")
 
 neg = defop("NegBackward0", np.negative, lambda m, g, ans, x: -g)
 abs_ = defop("AbsBackward0", np.abs, lambda m, g, ans, x: g * m.sign(x), save="x")
@@ -148,8 +169,8 @@ def _tri_mask(shape: tuple[int, ...], k: int, lower: bool) -> np.ndarray:
     return np.tri(rows, cols, k, dtype=bool) if lower else ~np.tri(rows, cols, k - 1, dtype=bool)
 
 
-masked_fill = defop("MaskedFillBackward0", lambda x, v, *, mask: np.where(mask, v, x),
-                    lambda m, g, ans, x, v, *, mask: m.where(mask, 0.0, g),
+masked_fill = defop("MaskedFillBackward0", lambda x, v, *, mask: _where(mask, v, x),
+                    lambda m, g, ans, x, v, *, mask: _select_grad(m, mask, g, False),
                     lambda m, g, ans, x, v, *, mask: m.where(mask, g, 0.0))  # summed to the 0-d value
 tril = defop("TrilBackward0", lambda x, *, k: np.tril(x, k),
              lambda m, g, ans, x, *, k: m.where(_tri_mask(g.shape, k, True), g, 0.0))

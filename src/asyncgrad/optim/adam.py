@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
+from ..ops import _fast as fast
 from ..tensor import Tensor
 from .optimizer import Optimizer, _commit
 
@@ -65,7 +66,6 @@ class Adam(Optimizer):
             amsgrad, maximize = bool(group["amsgrad"]), bool(group["maximize"])
             for p, g in self._params_with_grad(group):
                 x = p.data
-                g = -g if maximize else g
                 state = self.state.get(p)
                 if not state:
                     state = self.state[p] = {
@@ -76,18 +76,25 @@ class Adam(Optimizer):
                     if amsgrad:
                         state["max_exp_avg_sq"] = Tensor._wrap(np.zeros_like(x))
                 state["step"] += 1
+                m, v = state["exp_avg"].data, state["exp_avg_sq"].data
+                step = state["step"]
+                bias_correction1 = 1 - beta1**step
+                bias_correction2 = 1 - beta2**step
+                if not amsgrad and fast.adam_step(  # the same update in one compiled pass
+                        x, g, m, v, decoupled=self._decoupled, lr=lr, weight_decay=wd, maximize=maximize,
+                        beta1=beta1, beta2=beta2, step_size=lr / bias_correction1,
+                        bc2_sqrt=bias_correction2**0.5, eps=eps):
+                    _commit(p)
+                    continue
+                g = -g if maximize else g
                 if wd != 0:
                     if self._decoupled:
                         x *= 1 - lr * wd
                     else:
                         g = g + wd * x
-                m, v = state["exp_avg"].data, state["exp_avg_sq"].data
                 _lerp_(m, g, 1 - beta1)
                 v *= beta2
                 v += (1 - beta2) * g * g
-                step = state["step"]
-                bias_correction1 = 1 - beta1**step
-                bias_correction2 = 1 - beta2**step
                 step_size = lr / bias_correction1
                 bias_correction2_sqrt = bias_correction2**0.5
                 if amsgrad:
