@@ -119,8 +119,9 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: ag.Tensor) -> ag.Tensor:
         B, T, C = x.shape
         hs = C // self.heads
-        qkv = self.c_attn(x)
-        q, k, v = (qkv[:, :, i * C:(i + 1) * C].reshape(B, T, self.heads, hs).transpose(1, 2) for i in range(3))
+        # split, as nanoGPT: one SplitBackward0 node writes the three gradients into one
+        # qkv-sized array, where three slices would each fill one with zeros to be summed
+        q, k, v = (t.reshape(B, T, self.heads, hs).transpose(1, 2) for t in self.c_attn(x).split(C, dim=2))
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
         att = ag.where(self.causal[:T, :T], att, -math.inf)
         att = self.drop(F.softmax(att, -1))
