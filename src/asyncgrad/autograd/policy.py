@@ -232,7 +232,10 @@ class BlasThreads:
         self._backwards = 0  # backward calls in flight, process-wide
         self._libs: list[Any] = []  # threadpoolctl controllers of numpy's BLAS
         self._default = cores  # BLAS's own threads per call
-        self._fixed = False  # Engine(blas_threads=n): never adapt
+        self._fixed = False  # Engine(blas_threads=n) or inside pinned(): never adapt
+        # the states pinned() blocks resume at their end (mutable: ``configure`` fills in
+        # the default it finds when it runs inside a block)
+        self._resumes: list[list[Any]] = []
         self._single = False
         self._alone = 0  # backward calls started in a row with no other in flight
 
@@ -252,21 +255,28 @@ class BlasThreads:
 
     def configure(self) -> None:
         """On the set-up thread: find numpy's BLAS and its default thread count."""
-        libs: list[Any] = []
-        default = CORES
-        try:
-            from threadpoolctl import ThreadpoolController
-        except ImportError:
-            pass
-        else:
-            libs = [lib for lib in ThreadpoolController().select(user_api="blas").lib_controllers
-                    if "numpy" in lib.filepath or "scipy_openblas" in lib.filepath]
-            default = max((lib.num_threads for lib in libs), default=1)
+        libs, default = _inspect_blas()
         with self._cond:
-            if self._libs or self._fixed:
-                return
-            self._libs, self._default = libs, default
-            self._adapt()
+            self._install(libs, default)
+
+    def _install(self, libs: list[Any], default: int) -> None:
+        """Keep what the inspection found (the first time; under ``_cond``). While the
+        count is fixed (``Engine(blas_threads=n)``, a ``pinned`` block) BLAS is set to
+        it and the default found is what a pinned block resumes with: before, an
+        inspection inside a block was dropped, so the block's count never reached BLAS
+        and the process never adapted again."""
+        if self._libs or not libs:
+            return
+        self._libs = libs
+        for state in self._resumes:
+            if not state[0]:  # an adaptive state, resumed when its block ends
+                state[1] = default
+        if self._fixed:
+            for lib in libs:
+                lib.set_num_threads(self._default)
+            return
+        self._default = default
+        self._adapt()
 
     def fix(self, n: int) -> None:
         with self._cond:
@@ -278,9 +288,15 @@ class BlasThreads:
         ``Engine(blas_threads=n)``, undone at the block's end, when the adaptive state
         resumes): for a program that measures at a set thread count, such as the
         benchmarks' one-thread rows, where a limit set from outside would be undone by
-        the engine's next change of mind (Note [BLAS hysteresis])."""
+        the engine's next change of mind (Note [BLAS hysteresis]). Before the engine's
+        first backward, the block inspects BLAS itself (a one-time cost on this thread)."""
+        if not self._libs:  # not inspected yet: the block's count must reach BLAS now
+            libs, default = _inspect_blas()
+            with self._cond:
+                self._install(libs, default)
         with self._cond:
-            saved = self._fixed, self._default, self._single
+            saved = [self._fixed, self._default, self._single]
+            self._resumes.append(saved)
             self._fixed, self._default, self._single = True, n, False
             for lib in self._libs:
                 lib.set_num_threads(n)
@@ -288,7 +304,8 @@ class BlasThreads:
             yield
         finally:
             with self._cond:
-                self._fixed, self._default, self._single = saved
+                self._resumes = [s for s in self._resumes if s is not saved]
+                self._fixed, self._default, self._single = bool(saved[0]), int(saved[1]), bool(saved[2])
                 for lib in self._libs:
                     lib.set_num_threads(self.per_call)
 
@@ -324,6 +341,18 @@ class BlasThreads:
                 self._free += need
                 self._adapt()
                 self._cond.notify_all()
+
+
+def _inspect_blas() -> tuple[list[Any], int]:
+    """numpy's BLAS libraries (threadpoolctl controllers) and their thread count: a
+    one-time cost of a few to tens of ms, so the engine runs it on its set-up thread."""
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:
+        return [], CORES
+    libs = [lib for lib in ThreadpoolController().select(user_api="blas").lib_controllers
+            if "numpy" in lib.filepath or "scipy_openblas" in lib.filepath]
+    return libs, max((lib.num_threads for lib in libs), default=1)
 
 
 BLAS = BlasThreads(CORES)
