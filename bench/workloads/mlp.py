@@ -67,6 +67,11 @@ def run(impls: list[str], rounds: int | None = None, layers: int = 4, batch: int
 
             cases.append(Case(impl, torch_setup, lambda loss: loss.backward()))
         elif impl == AUTOGRAD:
+            # imported here, before asyncgrad's first backward starts its set-up thread:
+            # HIPS autograd's import walks numpy's namespace, which a lazy numpy import on
+            # that thread can change meanwhile ("dictionary changed size during iteration")
+            import autograd  # noqa: F401
+
             cases.append(Case(impl, lambda: nets.autograd_graph(params, x), nets.autograd_backward))
         elif impl == NUMPY:
             cases.append(Case(impl, lambda: nets.numpy_graph(params, x), lambda s: nets.numpy_backward(params, s)))

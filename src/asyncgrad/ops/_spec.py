@@ -57,6 +57,10 @@ class OpSpec:
     blas: bool = False
     # all needed gradients in one call (Note [Joint rules]); None: the vjps one by one
     joint: Rule | None = None
+    # two inputs that play the same part: input 1's rule at (x, y) is input 0's at (y, x),
+    # so for one tensor twice (``x * x``) both gradients are one value (Note [A tensor
+    # times itself] in autograd/execute.py)
+    symmetric: bool = False
 
     #: whether the engine's fused inline step handles this op (see GraphTask.run_inline)
     fusable: bool = field(init=False, default=True)
@@ -94,6 +98,7 @@ def defop(
     cost: float = 1.0,
     blas: bool = False,
     joint: Rule | None = None,
+    symmetric: bool = False,
 ) -> OpSpec:
     """Declare a primitive. ``save`` lists what backward needs: ``x``, ``y``, ``z`` name
     inputs 0, 1, 2 and ``ans`` names the output, e.g. ``save="x ans"``. ``x@1`` saves
@@ -108,4 +113,4 @@ def defop(
         when.append(tuple(int(u) for u in users.split(",")) if users else None)
     return OpSpec(node_name, forward, tuple(vjps), save_inputs=tuple(positions),
                   save_ans="ans" in save.split(), save_when=tuple(when), has_aux=has_aux,
-                  variadic=variadic, cost=cost, blas=blas, joint=joint)
+                  variadic=variadic, cost=cost, blas=blas, joint=joint, symmetric=symmetric)
