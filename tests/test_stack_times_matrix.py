@@ -94,3 +94,20 @@ def test_stack_times_matrix_matches_torch(dtype) -> None:
     tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == np.float32 else {"rtol": 1e-12, "atol": 1e-12}
     for ours, theirs in zip((y, gx, gw), (ty.detach(), tx.grad, tw.grad)):
         np.testing.assert_allclose(ours, theirs.numpy(), **tol)
+
+
+@pytest.mark.parametrize("sa, sb", [((2, 3, 0), (0, 4)), ((2, 0, 5), (5, 4)), ((0, 3, 5), (5, 4)),
+                                    ((2, 3, 5), (5, 0))])
+async def test_empty_stacks_and_matrices_multiply_as_numpy(sa, sb) -> None:
+    # an empty dimension: numpy's matmul (zeros of the product's shape), gradients of
+    # the inputs' shapes (the one-GEMM path cannot reshape(-1, 0), so it steps aside)
+    a = ag.tensor(np.ones(sa, np.float32), requires_grad=True)
+    b = ag.tensor(np.ones(sb, np.float32), requires_grad=True)
+    out = a @ b
+    want = np.matmul(np.ones(sa, np.float32), np.ones(sb, np.float32))
+    assert out.shape == want.shape
+    np.testing.assert_array_equal(out.numpy(), want)
+    await ag.backward(out.sum())
+    assert a.grad.shape == sa and b.grad.shape == sb
+    np.testing.assert_array_equal(a.grad.numpy(), np.zeros(sa, np.float32) + sb[1] * (sa[1] > 0))
+    np.testing.assert_array_equal(b.grad.numpy(), np.zeros(sb, np.float32) + sa[0] * sa[1] * (sb[1] > 0))

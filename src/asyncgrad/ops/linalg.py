@@ -48,7 +48,7 @@ def _flat_product(a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
     threads); their backward, ``g @ W`` 0.20 -> 0.11 ms and the weight's ``x^T g``, a
     stack of products summed afterwards, 0.23 -> 0.15 as one GEMM. (As ``_linear``.)"""
     if (a.ndim >= 3 and b.ndim == 2 and a.dtype in _FLOATS and b.dtype == a.dtype and a.flags.c_contiguous
-            and a.shape[-1] == b.shape[0]):
+            and a.shape[-1] == b.shape[0] and a.size and b.size):  # (reshape(-1, 0) cannot infer -1)
         return (a.reshape(-1, a.shape[-1]) @ b).reshape(*a.shape[:-1], b.shape[-1])
     return None
 
@@ -114,7 +114,8 @@ def _matmul_rule_y(m, g, ans, x, y):  # type: ignore[no-untyped-def]
     if not m.tensor_mode and _stacked(x, g) and g.shape[:-2] + g.shape[-1:] == y.shape[:-2] + y.shape[-1:]:
         return _product_like(x.swapaxes(-1, -2), g, y)
     if (not m.tensor_mode and len(y.shape) == 2 and len(x.shape) >= 3 and x.shape[:-1] == g.shape[:-1]
-            and x.dtype in _FLOATS and g.dtype == x.dtype and x.flags.c_contiguous and g.flags.c_contiguous):
+            and x.dtype in _FLOATS and g.dtype == x.dtype and x.flags.c_contiguous and g.flags.c_contiguous
+            and x.size and g.size):
         # the stack of products x^T g summed over the leading dims, as one GEMM over all
         # rows (Note [A stack times a matrix])
         return x.reshape(-1, x.shape[-1]).T @ g.reshape(-1, g.shape[-1])
