@@ -75,3 +75,20 @@ def blas_single(monkeypatch):
     from asyncgrad.autograd.policy import BlasThreads
 
     monkeypatch.setattr(BlasThreads, "per_call", property(lambda self: 1))
+
+
+@pytest.fixture
+def adopted(monkeypatch):
+    """The ``owned`` flag of every first ``.grad`` the commit makes, in order (Note
+    [Owned gradients]): True where the commit adopted the engine's fresh array as ``.grad``."""
+    from asyncgrad.autograd import commit
+
+    flags: list[bool] = []
+    real_take = commit._take
+
+    def take(g, dtype, owned):
+        flags.append(owned)
+        return real_take(g, dtype, owned)
+
+    monkeypatch.setattr(commit, "_take", take)
+    return flags

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import asyncgrad as ag
-from asyncgrad.autograd import Engine, commit, get_engine, set_engine
+from asyncgrad.autograd import Engine, get_engine, set_engine
 
 # inline_threshold: 2**62 commits inline; 0 offloads every node and sums the commit on
 # a worker (commit.sum_fresh + commit.publish)
@@ -28,20 +28,6 @@ def engine(request):
     set_engine(eng)
     yield eng
     set_engine(prev)
-
-
-@pytest.fixture
-def adopted(monkeypatch):
-    """The ``owned`` flag of every first ``.grad`` the commit makes, in order."""
-    flags: list[bool] = []
-    real_take = commit._take
-
-    def take(g, dtype, owned):
-        flags.append(owned)
-        return real_take(g, dtype, owned)
-
-    monkeypatch.setattr(commit, "_take", take)
-    return flags
 
 
 async def test_a_tensor_hook_keeps_the_gradient_it_saw(engine, adopted):

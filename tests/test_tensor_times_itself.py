@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 import asyncgrad as ag
-from asyncgrad.autograd import commit
 from asyncgrad.ops import elementwise
 
 
@@ -28,20 +27,6 @@ def mul_rule_calls(monkeypatch):
     object.__setattr__(spec, "vjps", tuple(counted(i, r) for i, r in enumerate(real)))
     yield calls
     object.__setattr__(spec, "vjps", real)
-
-
-@pytest.fixture
-def adopted(monkeypatch):
-    """The ``owned`` flag of every first ``.grad`` the commit makes (test_owned_gradients.py)."""
-    flags: list[bool] = []
-    real_take = commit._take
-
-    def take(g, dtype, owned):
-        flags.append(owned)
-        return real_take(g, dtype, owned)
-
-    monkeypatch.setattr(commit, "_take", take)
-    return flags
 
 
 def _data(shape=(300, 400), seed=0, dtype=np.float32):
