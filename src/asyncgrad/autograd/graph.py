@@ -180,7 +180,6 @@ class GraphRoot(Node):
 
 
 _acc_lock = threading.Lock()
-_new_node = object.__new__
 _weakref = weakref.ref
 
 
@@ -191,11 +190,16 @@ class AccumulateGrad(Node):
     __slots__ = ("variable", "input_shapes", "input_dtypes")
 
     def __init__(self, variable: Tensor) -> None:
-        super().__init__(())
+        # Node.__init__'s slots, set here: its sequence number (a counter's draw) would be
+        # overwritten, and every forward that uses a parameter makes its node anew
         self.sequence_nr = ACCUMULATE_GRAD_SEQUENCE_NR
+        self.next_edges = ()
+        self._hooks = None
+        self._extra = None
         self.variable = variable
-        self.input_shapes = (variable._data.shape,)
-        self.input_dtypes = (variable._data.dtype,)
+        data = variable._data
+        self.input_shapes = (data.shape,)
+        self.input_dtypes = (data.dtype,)
 
     def name(self) -> str:
         return "AccumulateGrad"
@@ -230,17 +234,7 @@ class AccumulateGrad(Node):
                 ref = leaf._acc_ref
                 node = ref() if ref is not None else None
                 if node is None:
-                    # AccumulateGrad(leaf), without the chain of __init__ calls: every
-                    # forward that uses a parameter makes its node anew
-                    node = _new_node(AccumulateGrad)
-                    node.sequence_nr = ACCUMULATE_GRAD_SEQUENCE_NR
-                    node.next_edges = ()
-                    node._hooks = None
-                    node._extra = None
-                    node.variable = leaf
-                    data = leaf._data
-                    node.input_shapes = (data.shape,)
-                    node.input_dtypes = (data.dtype,)
+                    node = AccumulateGrad(leaf)
                     leaf._acc_ref = _weakref(node)
         return node
 
