@@ -249,17 +249,21 @@ async def grad(outputs: Any, inputs: Any, grad_outputs: Any = None, *,
                allow_unused: bool | None = None, materialize_grads: bool = False
                ) -> tuple[Tensor | None, ...]:
     """The gradients of ``outputs`` with respect to ``inputs``; no ``.grad`` is touched."""
+    args = (outputs, inputs, grad_outputs, retain_graph, create_graph, allow_unused, materialize_grads)
     held = admission()  # (Note [Admission] in scheduler.py)
-    if held is UNHELD:
-        task, ins, allow = _prepare_grad(outputs, inputs, grad_outputs, retain_graph, create_graph,
-                                         allow_unused, materialize_grads)
-        await _execute(task)
+    if held is UNHELD:  # it starts at once (as in ``backward``)
+        task, ins, allow = await _run_grad(*args)
     else:
         async with held:
-            task, ins, allow = _prepare_grad(outputs, inputs, grad_outputs, retain_graph, create_graph,
-                                             allow_unused, materialize_grads)
-            await _execute(task)
+            task, ins, allow = await _run_grad(*args)
     return _grad_results(task, ins, allow, materialize_grads, create_graph)
+
+
+async def _run_grad(*args: Any) -> tuple[GraphTask, tuple[Tensor, ...], bool]:
+    """``grad``'s task prepared (``_prepare_grad(*args)``) and run."""
+    task, ins, allow = _prepare_grad(*args)
+    await _execute(task)
+    return task, ins, allow
 
 
 def _check_sync_allowed(name: str) -> None:
