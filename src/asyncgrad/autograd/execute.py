@@ -154,13 +154,7 @@ def stage_leaf(task: GraphTask, node: AccumulateGrad, buf: list[Any]) -> None:
     hooks = node._hooks
     if hooks is not None and hooks.pre:
         g = run_pre_hooks(task, node, hooks.pre, [g])[0]
-    staged = task.staged
-    old = staged.get(var)
-    staged[var] = total = combine(old, g)
-    if (old is None and owned and not seen) or (total is not old and total is not g):
-        task.owned.add(var)  # a fresh kernel output, or a sum the engine made
-    elif total is not old:
-        task.owned.discard(var)
+    stage_plain(task, var, g, owned and not seen)  # (an array a hook saw is not the engine's)
     if hooks is not None and hooks.post:
         run_post_hooks(task, node, hooks.post, [], [g])
 
@@ -200,9 +194,9 @@ def is_fresh(gi: np.ndarray, inputs: Any, outputs: Any, saved: Any) -> bool:
 
 
 def stage_plain(task: GraphTask, var: Any, g: Any, owned: bool) -> None:
-    """``stage_leaf`` for a leaf nothing sees (Note [Plain leaves]): no hooks on the
-    leaf or its AccumulateGrad, no captures; ``owned``: ``g`` is the engine's own
-    (Note [Owned gradients])."""
+    """Stage ``g`` for ``var``'s commit: ``stage_leaf``'s last step, and all of it for a
+    leaf nothing sees (Note [Plain leaves]). ``owned``: ``g`` is the engine's own (Note
+    [Owned gradients]); so is a sum the engine makes here."""
     staged = task.staged
     old = staged.get(var)
     if old is None:
@@ -214,7 +208,7 @@ def stage_plain(task: GraphTask, var: Any, g: Any, owned: bool) -> None:
         return
     staged[var] = total = combine(old, g)
     if total is not old and total is not g:
-        task.owned.add(var)
+        task.owned.add(var)  # a sum the engine made
     elif total is not old:
         task.owned.discard(var)
 
