@@ -79,19 +79,10 @@ def commit_inline(task: GraphTask) -> None:
             staged[var] = g.total()  # (a value replaced: the dict's size is unchanged)
     owned = task.owned
     create_graph = task.create_graph
-    add = np.add
     with COMMIT_LOCK:
         for stage in _stages(task):
             for var, g in stage.items():
-                if g is None:
-                    continue
-                current = var._grad
-                if not create_graph and current is not None and type(g) is np.ndarray \
-                        and current.grad_fn is None and (data := current._data).flags.writeable:
-                    # ``_accumulate``'s common case, in place
-                    add(data, g, out=data, casting="unsafe")
-                    current._version_counter.value += 1
-                else:
+                if g is not None:
                     _accumulate(var, g, create_graph, var in owned)
 
 
