@@ -1,0 +1,146 @@
+"""The cheaper paths of small nodes (issue 11: the engine's cost per small node): each
+gives bit for bit what the code it replaced gave, in float32 and float64.
+
+* ``reductions._mean``: numpy's ``np.mean`` written out (sum, then divide by the count
+  as an ``intp``) for float32/float64;
+* ``reductions._mean_rule``: ``g / n`` copied into a fresh C-ordered array (was: a copy
+  of ``np.broadcast_to``'s view);
+* linear's weight rule: ``g.T @ x`` for 2-D arrays (was: ``np.matmul(np.swapaxes(g, 0,
+  1), x)`` through ``_flat``);
+* ``_fast._binary``: contiguous writeable arguments go to the kernel as flat views
+  without ``_fits``/``_flat`` (other layouts still are copied as before).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import asyncgrad as ag
+from asyncgrad.autograd import gradcheck
+from asyncgrad.ops import _fast, linalg, reductions
+from asyncgrad.ops._array_math import ARRAY_MATH
+
+DTYPES = [np.float32, np.float64]
+
+
+def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    a, b = np.asarray(a), np.asarray(b)
+    return (a.dtype == b.dtype and a.shape == b.shape
+            and np.array_equal(a.reshape(-1).view(np.uint8), b.reshape(-1).view(np.uint8)))
+
+
+@pytest.mark.parametrize("dtype", DTYPES + [np.float16])
+@pytest.mark.parametrize("dim, keepdim", [(None, False), (None, True), ((0,), False), ((1,), True),
+                                          ((0, 2), False), ((), False), ((2,), False)])
+def test_mean_forward_is_np_mean_bit_for_bit(dtype, dim, keepdim) -> None:
+    x = (np.random.default_rng(0).standard_normal((7, 33, 5)) * 1e3).astype(dtype)
+    ours = reductions._mean(x, dim=dim, keepdim=keepdim)
+    theirs = np.asarray(np.mean(x, axis=dim, keepdims=keepdim))
+    assert type(ours) is np.ndarray
+    assert _same_bits(ours, theirs)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_mean_forward_of_a_count_beyond_float32_integers_and_odd_inputs(dtype) -> None:
+    # a count above 2**24 is not a float32 integer: numpy divides by it in float64
+    x = np.broadcast_to(dtype(1.7), (2**24 + 3,))  # (a view: nothing allocated)
+    assert _same_bits(reductions._mean(x, dim=None, keepdim=False), np.asarray(np.mean(x)))
+    for odd in (np.asarray(dtype(2.5)), np.arange(12, dtype=dtype).reshape(3, 4).T):  # 0-d, a transposed view
+        for dim in (None, (0,)) if odd.ndim else (None,):
+            assert _same_bits(reductions._mean(odd, dim=dim, keepdim=False),
+                              np.asarray(np.mean(odd, axis=dim)))
+    with pytest.warns(RuntimeWarning):  # empty: numpy's own path, with its warning
+        assert np.isnan(reductions._mean(np.zeros(0, dtype=dtype), dim=None, keepdim=False))
+
+
+def _old_mean_rule(g: np.ndarray, dim, keepdim: bool, shape: tuple[int, ...]) -> np.ndarray:
+    """The array path of ``_mean_rule`` before issue 11's change."""
+    n = int(np.prod(shape if dim is None else [shape[d] for d in dim], dtype=np.int64))
+    q = np.true_divide(g, n)
+    if dim is not None and not keepdim:
+        for d in sorted(dim):
+            q = np.expand_dims(q, d)
+    return np.array(np.broadcast_to(q, shape), order="C")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dim, keepdim", [(None, False), ((0,), False), ((1,), True), ((0, 2), False),
+                                          ((2,), False), ((), False)])
+def test_mean_backward_rule_equals_the_old_rule_and_is_a_fresh_array(dtype, dim, keepdim) -> None:
+    shape = (4, 6, 3)
+    x = np.random.default_rng(1).standard_normal(shape).astype(dtype)
+    out_shape = np.mean(x, axis=dim, keepdims=keepdim).shape
+    g = np.asarray(np.random.default_rng(2).standard_normal(out_shape) * 7).astype(dtype)
+    ours = reductions._mean_rule(ARRAY_MATH, g, None, x, dim=dim, keepdim=keepdim, shape=shape)
+    assert _same_bits(ours, _old_mean_rule(g, dim, keepdim, shape))
+    assert ours.flags.c_contiguous and ours.flags.writeable and ours.base is None
+
+
+@pytest.mark.parametrize("dim", [None, 1, (0, 2)])
+def test_mean_gradcheck_in_float64(dim) -> None:
+    x = ag.from_numpy(np.random.default_rng(3).standard_normal((3, 4, 2))).requires_grad_()
+    assert gradcheck(lambda t: (t * t).mean(dim), (x,))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_mean_gradient_through_the_engine_equals_the_old_rule(dtype) -> None:
+    x = ag.from_numpy(np.random.default_rng(4).standard_normal((32, 128)).astype(dtype)).requires_grad_()
+    ag.backward_sync(x.mean())
+    assert _same_bits(x.grad.numpy(), _old_mean_rule(np.ones((), dtype), None, False, (32, 128)))
+    x.grad = None
+    ag.backward_sync(x.mean(1).sum())
+    assert _same_bits(x.grad.numpy(), _old_mean_rule(np.ones(32, dtype), (1,), False, (32, 128)))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(5, 7), (2, 5, 7)])
+def test_linear_weight_gradient_equals_the_old_rule(dtype, shape) -> None:
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(shape).astype(dtype)
+    w = rng.standard_normal((3, 7)).astype(dtype)
+    g = rng.standard_normal((*shape[:-1], 3)).astype(dtype)
+    old = np.matmul(np.swapaxes(g.reshape(-1, 3), 0, 1), x.reshape(-1, 7))
+    assert _same_bits(linalg.linear.vjps[1](ARRAY_MATH, g, None, x, w, None), old)
+    assert _same_bits(linalg.linear_nobias.vjps[1](ARRAY_MATH, g, None, x, w), old)
+    # and through the engine, with the bias's gradient summed over the batch
+    tx = ag.from_numpy(x)
+    tw = ag.from_numpy(w).requires_grad_()
+    tb = ag.from_numpy(np.zeros(3, dtype)).requires_grad_()
+    ag.backward_sync(ag.functional.linear(tx, tw, tb), ag.from_numpy(g))
+    assert _same_bits(tw.grad.numpy(), old)
+    assert _same_bits(tb.grad.numpy(), np.add.reduce(g.reshape(-1, 3), axis=0))
+
+
+def test_linear_gradcheck_in_float64() -> None:
+    rng = np.random.default_rng(6)
+    x = ag.from_numpy(rng.standard_normal((4, 5))).requires_grad_()
+    w = ag.from_numpy(rng.standard_normal((3, 5))).requires_grad_()
+    b = ag.from_numpy(rng.standard_normal(3)).requires_grad_()
+    assert gradcheck(lambda x, w, b: ag.functional.linear(x, w, b), (x, w, b))
+    assert gradcheck(lambda x, w: ag.functional.linear(x, w), (x, w))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_compiled_binary_on_every_layout_equals_the_numpy_rule(on_path, dtype) -> None:
+    on_path("compiled")
+    rng = np.random.default_rng(8)
+    ans = np.maximum(rng.standard_normal((64, 80)), 0).astype(dtype)
+    g = rng.standard_normal((64, 80)).astype(dtype)
+    frozen = g.copy()
+    frozen.flags.writeable = False
+    layouts = {
+        "contiguous": g,
+        "transposed": np.ascontiguousarray(g.T).T,
+        "read-only": frozen,
+        "broadcast": np.broadcast_to(dtype(3.0), g.shape),
+        "strided": np.repeat(g, 2, axis=1)[:, ::2],
+    }
+    for name, grad in layouts.items():
+        ours = _fast.threshold_backward(grad, ans)
+        assert ours is not None, name
+        assert _same_bits(ours, np.where(ans > 0, grad, dtype(0))), name
+        assert ours.flags.c_contiguous and ours.flags.writeable, name
+    # not for mixed dtypes or shapes: None, the caller's numpy rule runs
+    assert _fast.threshold_backward(g.astype(np.float16), ans) is None
+    assert _fast.threshold_backward(g[:1], ans) is None
