@@ -144,3 +144,82 @@ def test_compiled_binary_on_every_layout_equals_the_numpy_rule(on_path, dtype) -
     # not for mixed dtypes or shapes: None, the caller's numpy rule runs
     assert _fast.threshold_backward(g.astype(np.float16), ans) is None
     assert _fast.threshold_backward(g[:1], ans) is None
+
+
+# Note [A tensor times itself]: the fused step settles both edges of ``x * x`` at once
+# (no InputBuffer for the second, None, gradient); the child still waits for its other
+# consumers, and a child with several outputs gets the sum in the right slot.
+def _reference_grads(build, leaves):
+    """The same gradients by the reference executor (every node through prepare/run/finish)."""
+    from asyncgrad.autograd.reference import ReferenceEngine
+
+    from asyncgrad.autograd import get_engine, set_engine
+
+    old = get_engine()
+    set_engine(ReferenceEngine())
+    try:
+        for t in leaves:
+            t.grad = None
+        ag.backward_sync(build())
+        return [t.grad.numpy().copy() for t in leaves]
+    finally:
+        set_engine(old)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", ["other consumer first", "other consumer after", "unbind 0", "unbind 1",
+                                  "square twice"])
+def test_a_square_settles_both_edges_and_the_child_still_waits_for_the_rest(dtype, case) -> None:
+    rng = np.random.default_rng(9)
+    w = ag.from_numpy(rng.standard_normal((3, 4)).astype(dtype)).requires_grad_()
+    v = ag.from_numpy(rng.standard_normal((3, 4)).astype(dtype)).requires_grad_()
+
+    def build():
+        return build_from(w, v)
+
+    def build_from(w, v):
+        h = (w * v).exp()  # a non-leaf: its node waits for every consumer
+        if case == "other consumer first":
+            return (h.sin().sum() + (h * h).sum())
+        if case == "other consumer after":
+            return ((h * h).sum() + h.sin().sum())
+        if case == "square twice":
+            return ((h * h).sum() + (h * h).mean())
+        a, b, _ = h.unbind(0)  # a node with several outputs: the square of output 0 or 1
+        sq = a * a if case == "unbind 0" else b * b
+        return sq.sum() + a.sum() * 0.5
+    want = _reference_grads(build, [w, v])
+    for t in (w, v):
+        t.grad = None
+    ag.backward_sync(build())
+    for t, ref in zip((w, v), want):
+        # (the fused step adds ``t + t`` first, the reference in arrival order: the last
+        # bits may differ where another consumer's gradient is added too)
+        np.testing.assert_allclose(t.grad.numpy(), ref, rtol=1e-5 if dtype == np.float32 else 1e-12)
+    if dtype == np.float64:
+        assert gradcheck(lambda w, v: build_from(w, v), (w.detach().requires_grad_(), v.detach().requires_grad_()))
+
+
+def test_a_square_makes_no_input_buffer_for_its_one_gradient(monkeypatch) -> None:
+    from asyncgrad.autograd import graph_task
+
+    made = []
+
+    class Counting(graph_task.InputBuffer):
+        __slots__ = ()
+
+        def __init__(self, *args) -> None:
+            made.append(args)
+            super().__init__(*args)
+
+    monkeypatch.setattr(graph_task, "InputBuffer", Counting)
+    w = ag.from_numpy(np.linspace(-1, 1, 12).reshape(3, 4)).requires_grad_()
+    h = (w * 2.0).exp()
+    ag.backward_sync((h * h).sum())
+    assert made == []
+    np.testing.assert_allclose(w.grad.numpy(), 4 * np.exp(4 * w.numpy()), rtol=1e-12)
+    # a product of two different tensors still buffers its first gradient
+    w.grad = None
+    h = (w * 2.0).exp()
+    ag.backward_sync((h * h.sin()).sum())
+    assert len(made) == 1
