@@ -223,3 +223,42 @@ def test_a_square_makes_no_input_buffer_for_its_one_gradient(monkeypatch) -> Non
     h = (w * 2.0).exp()
     ag.backward_sync((h * h.sin()).sum())
     assert len(made) == 1
+
+
+# Note [The recording fast path]: record builds a saved input's SavedTensor itself on a
+# cache miss; it must equal save_for_backward's (SavedTensor(v)), cached the same way.
+def test_a_saved_input_missing_the_cache_is_save_for_backwards_entry() -> None:
+    from asyncgrad.autograd.graph import SavedTensor, save_for_backward
+    from asyncgrad.autograd.saved import _LEAF, _NONLEAF, _PLAIN
+
+    slots = [s for c in SavedTensor.__mro__ for s in getattr(c, "__slots__", ())]
+    rng = np.random.default_rng(10)
+    w = ag.from_numpy(rng.standard_normal((4, 4))).requires_grad_()  # a leaf that requires grad
+    x = ag.from_numpy(rng.standard_normal((2, 4)))  # plain
+    h = ag.functional.linear(x, w)  # a non-leaf
+    w._version_counter.value = 3  # (saved_version follows the counter)
+    out = ag.functional.linear(h, w)  # saves h (for w's rule) and w (for h's rule)
+    entries = {e.kind: e for e in out.grad_fn.checks}
+    assert set(entries) == {_LEAF, _NONLEAF}
+    first = ag.functional.linear(x, w).grad_fn.checks  # x plain, w a leaf
+    entries[_PLAIN] = next(e for e in first if e.kind == _PLAIN)
+    for kind, value in ((_LEAF, w), (_NONLEAF, h), (_PLAIN, x)):
+        ours = entries[kind]
+        value._saved = None  # (save_for_backward's own miss: no cache to hit)
+        theirs = SavedTensor(value)
+        for name in slots:
+            assert getattr(ours, name) is getattr(theirs, name) or getattr(ours, name) == getattr(theirs, name), name
+        assert ours.saved_version == value._version_counter.value
+    # cached as save_for_backward caches: a plain or non-leaf tensor keeps its entry (the
+    # next save reuses it), a leaf that requires grad does not (a reference cycle)
+    again = ag.functional.linear(h, w)
+    kept = h._saved
+    assert kept is not None and kept in again.grad_fn.checks
+    assert kept in ag.functional.linear(h, w).grad_fn.checks  # a hit: the same entry
+    assert w._saved is None
+    assert save_for_backward(h) is h._saved
+    # and the entries still catch an in-place change
+    with ag.no_grad():
+        h.add_(1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        ag.backward_sync(again.sum())
