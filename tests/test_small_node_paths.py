@@ -144,6 +144,10 @@ def test_compiled_binary_on_every_layout_equals_the_numpy_rule(on_path, dtype) -
     # not for mixed dtypes or shapes: None, the caller's numpy rule runs
     assert _fast.threshold_backward(g.astype(np.float16), ans) is None
     assert _fast.threshold_backward(g[:1], ans) is None
+    # nor for 0-d or empty arrays (as before: ``_fits`` refused them)
+    zero_d = np.asarray(dtype(2.0))
+    assert _fast.threshold_backward(zero_d, zero_d) is None
+    assert _fast.threshold_backward(g[:0], ans[:0]) is None
 
 
 # Note [A tensor times itself]: the fused step settles both edges of ``x * x`` at once

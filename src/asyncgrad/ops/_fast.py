@@ -80,8 +80,8 @@ def _binary(name: str, g: np.ndarray, x: np.ndarray) -> np.ndarray | None:
     if k is None:
         return None
     dt = x.dtype
-    if g.dtype != dt or g.shape != x.shape or dt not in _FLOATS:
-        return None
+    if g.dtype != dt or g.shape != x.shape or dt not in _FLOATS or not x.ndim or not x.size:
+        return None  # (what ``_fits`` refuses)
     out = np.empty(x.shape, dtype=dt)
     gf = g.flags
     xf = x.flags
