@@ -67,8 +67,8 @@ def _old_mean_rule(g: np.ndarray, dim, keepdim: bool, shape: tuple[int, ...]) ->
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("dim, keepdim", [(None, False), ((0,), False), ((1,), True), ((0, 2), False),
                                           ((2,), False), ((), False)])
-def test_mean_backward_rule_equals_the_old_rule_and_is_a_fresh_array(dtype, dim, keepdim) -> None:
-    shape = (4, 6, 3)
+@pytest.mark.parametrize("shape", [(4, 6, 3), (64, 32, 33)])  # a small gradient, and one past SMALL_MEAN_GRAD
+def test_mean_backward_rule_equals_the_old_rule_and_is_a_fresh_array(dtype, dim, keepdim, shape) -> None:
     x = np.random.default_rng(1).standard_normal(shape).astype(dtype)
     out_shape = np.mean(x, axis=dim, keepdims=keepdim).shape
     g = np.asarray(np.random.default_rng(2).standard_normal(out_shape) * 7).astype(dtype)

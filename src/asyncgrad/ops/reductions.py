@@ -93,6 +93,11 @@ sum = defop("SumBackward1", _sum,
             lambda m, g, ans, x, *, dim, keepdim, shape: _expand_back(m, g, dim, keepdim, shape))
 sum_all = defop("SumBackward0", _sum,
                 lambda m, g, ans, x, *, dim, keepdim, shape: m.broadcast_to(g, shape))
+
+
+SMALL_MEAN_GRAD = 65_536  # elements: below this, mean's gradient takes the path without np.broadcast_to
+
+
 def _mean_rule(m, g, ans, x, *, dim, keepdim, shape):  # type: ignore[no-untyped-def]
     """Note [Mean's gradient in one pass]: ``g / n`` at every position of the input.
     Dividing the broadcast gradient element by element (PyTorch's ``sum_backward(...) /
@@ -106,10 +111,12 @@ def _mean_rule(m, g, ans, x, *, dim, keepdim, shape):  # type: ignore[no-untyped
     if m.tensor_mode:
         return _expand_back(m, g, dim, keepdim, shape) / n
     q = np.true_divide(g, n)
+    if n * q.size >= SMALL_MEAN_GRAD:
+        return np.array(_expand_back(m, q, dim, keepdim, shape), order="C")
+    # a small gradient (a loss's mean): copied out into a new C-ordered array without
+    # np.broadcast_to's Python-level view, ~5 us of a small mean's ~12 us backward
     if dim is not None and not keepdim:  # (_expand_back's unsqueeze, as one reshape)
         q = q.reshape(tuple(1 if d in dim else s for d, s in enumerate(shape)))
-    # the copy out: into a new C-ordered array, without np.broadcast_to's Python-level
-    # view (~5 us, most of a small mean's backward)
     out = np.empty(shape, dtype=q.dtype)
     out[...] = q
     return out
