@@ -238,8 +238,9 @@ def finish(task: GraphTask, node: Node, inputs: ReadyInputs, outputs: list[Any])
 # the second product, a second fresh array and a deferred sum on the consumer's worker
 # (Note [Deferred sums] in input_buffer.py) are saved: on the MLP benchmark's loss,
 # 256 x 1024 float32, about 0.4 ms of its ~2 ms of engine time beside the numpy floor.
-# The second edge then routes no gradient (None: the slot already has the sum). Only
-# the fused step does it (a plain backward, no hooks on the node), so hooks and
+# The second edge then routes nothing: the first settles both dependencies (the slot
+# already has the sum), so the child needs no InputBuffer for it. Only the fused step
+# does it (a plain backward, no hooks on the node), so hooks and
 # ``create_graph`` see PyTorch's two gradients.
 def doubled(task: GraphTask, child: Node, gi: Any, inputs: list[Any], saved: Any) -> Any:
     """``gi + gi`` for a symmetric node's two edges to one slot (Note [A tensor times
@@ -337,16 +338,19 @@ def run_inline(task: GraphTask, threshold: float, deadline: float) -> bool:
                         d = deps.get(child)
                         if d is None:  # pruned: nothing needed lies behind this edge
                             continue
-                        if twice and i:
-                            gi = None  # (edge 0 carried both)
-                        else:
-                            gi = vjps[i](math, g, *args, **params) if params else vjps[i](math, g, *args)
-                            if gi is not None:
-                                if type(gi) is not np.ndarray or gi.shape != node.input_shapes[i] \
-                                        or gi.dtype != node.input_dtypes[i]:
-                                    gi = fix_gradient(node, i, gi)
-                                if twice:
-                                    gi = doubled(task, child, gi, buf, args)
+                        if twice:
+                            if i:
+                                continue  # (edge 0 carried both, and settled both dependencies)
+                            # edge 1's None settled here: no InputBuffer for a slot that gets
+                            # one gradient (Note [A tensor times itself])
+                            d -= 1
+                        gi = vjps[i](math, g, *args, **params) if params else vjps[i](math, g, *args)
+                        if gi is not None:
+                            if type(gi) is not np.ndarray or gi.shape != node.input_shapes[i] \
+                                    or gi.dtype != node.input_dtypes[i]:
+                                gi = fix_gradient(node, i, gi)
+                            if twice:
+                                gi = doubled(task, child, gi, buf, args)
                         if d == 1 and nr == 0 and child.num_outputs == 1:
                             # the child's last gradient: queue it with its buffer
                             del deps[child]

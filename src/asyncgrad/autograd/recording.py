@@ -9,7 +9,9 @@ Python bookkeeping (not the kernel) was most of a small op's cost (``a + b`` on 
 ``Node.__init__`` (the node's slots are set directly), ``Tensor._init`` for the result,
 ``VersionCounter()``, the hit of ``AccumulateGrad.for_leaf`` (the leaf's live weak
 reference) and of ``_meta``'s interning dict, ``SavedTensor(result, is_output=True)``
-for a saved output, and ``save_for_backward``'s cache hit for a saved input; Tensor's
+for a saved output, and ``save_for_backward`` for a saved input, its cache hit and its
+miss (``SavedTensor(v)`` and the cache store: a weight, a leaf, misses on every forward,
+~2 us a call through the functions on the small MLP's four layers); Tensor's
 hottest methods call ``functional._binary``/``_unary`` directly. What keeps it correct:
 
 * the checks are the ones of the code it inlines, only without the calls: grad mode is
@@ -39,7 +41,7 @@ from ..tensor import Tensor, VersionCounter, _init
 from .validation import validate_one
 from .graph import (FREED_MESSAGE, NO_EDGE, AccumulateGrad, HookedSavedTensor, Node, SavedTensor, next_sequence_nr,
                     save_for_backward)
-from .saved import _OUTPUT
+from .saved import _LEAF, _NONLEAF, _OUTPUT, _PLAIN
 
 _grad_enabled = _context.grad_enabled
 # A BLAS multiply-add costs about this fraction of an elementwise pass over one element
@@ -348,7 +350,26 @@ def record(spec: OpSpec, inputs: tuple[Any, ...], out: np.ndarray, aux: Any = No
                 if entry is None or entry.data is not v._data or entry.ref is not v.grad_fn \
                         or entry.saved_version != v._version_counter.value \
                         or (entry.ref is None and v._requires_grad):
-                    entry = save_for_backward(v)
+                    # save_for_backward's miss, inlined: SavedTensor(v) (its
+                    # _graph_place too), cached on v unless v is a leaf that requires grad
+                    entry = _new_saved(SavedTensor)
+                    entry.data = v._data
+                    vc = v._version_counter
+                    entry.version = vc
+                    entry.saved_version = vc.value
+                    entry.output_nr = v.output_nr
+                    vfn = v.grad_fn
+                    if vfn is not None:
+                        entry.ref = vfn
+                        entry.kind = _NONLEAF
+                        v._saved = entry
+                    elif v._requires_grad:
+                        entry.ref = v
+                        entry.kind = _LEAF
+                    else:
+                        entry.ref = None
+                        entry.kind = _PLAIN
+                        v._saved = entry
             if entry not in checks:
                 checks.append(entry)
                 if type(entry) is SavedTensor:

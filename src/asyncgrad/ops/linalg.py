@@ -151,17 +151,22 @@ def _linear(x, w, b=None):  # type: ignore[no-untyped-def]
     return out
 
 
+def _linear_rule_w(m, g, ans, x, w, b=None):  # type: ignore[no-untyped-def]
+    """``g^T @ x`` over all rows. For 2-D arrays written with ``.T`` (the same view
+    and GEMM as ``m.transpose``): ``np.swapaxes`` and ``_flat`` are Python-level calls,
+    a third of this rule's ~16 us on a small layer (batch 32, width 128)."""
+    if not m.tensor_mode and len(g.shape) == 2 and len(x.shape) == 2:
+        return g.T @ x
+    return m.matmul(m.transpose(_flat(m, g), 0, 1), _flat(m, x))
+
+
 # name ------------ node name ------------ forward ------- derivative -------------------
 matmul = defop("MmBackward0", _matmul, _matmul_rule_x, _matmul_rule_y, save="x y", blas=True)  # ranks decide
 dot = defop("DotBackward0", np.matmul, _matmul_rule_x, _matmul_rule_y, save="x y", blas=True)
 mv = defop("MvBackward0", np.matmul, _matmul_rule_x, _matmul_rule_y, save="x y", blas=True)
 bmm = defop("BmmBackward0", _matmul, _matmul_rule_x, _matmul_rule_y, save="x y", blas=True)
-linear = defop("AddmmBackward0", _linear,
-               _linear_rule_x,
-               lambda m, g, ans, x, w, b: m.matmul(m.transpose(_flat(m, g), 0, 1), _flat(m, x)),
+linear = defop("AddmmBackward0", _linear, _linear_rule_x, _linear_rule_w,
                lambda m, g, ans, x, w, b: g,  # summed over the batch by the engine
                save="x@1 y@0", blas=True)
-linear_nobias = defop("MmBackward0", _linear,
-                      _linear_rule_x,
-                      lambda m, g, ans, x, w: m.matmul(m.transpose(_flat(m, g), 0, 1), _flat(m, x)),
+linear_nobias = defop("MmBackward0", _linear, _linear_rule_x, _linear_rule_w,
                       save="x@1 y@0", blas=True)
