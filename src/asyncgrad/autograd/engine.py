@@ -226,10 +226,15 @@ class Engine:
                             to_start.popleft()
                             task.in_flight += 1
                             kernels.start(node, inputs)
+                    if task.error is not None:  # (a start failed: handled at the top)
+                        continue
                 if not task.nodes_left():
                     return True
-                if task.has_ready() and not task.active_children:
-                    scheduler.add(task)
+                if task.has_ready():
+                    if not task.active_children:
+                        scheduler.add(task)
+                elif task in scheduler.queued:  # nothing left to run inline: no runner's turn
+                    scheduler.discard(task)  # for it (Note [Start the hop before the turn])
                 if scheduler.runner is None and task in scheduler.queued:
                     await scheduler.run(task, self.inline_threshold, self.yield_interval)
                     continue
