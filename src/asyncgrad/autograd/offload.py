@@ -23,6 +23,7 @@ they are computed (Note [Input gradient first] in split_node.py).
 from __future__ import annotations
 
 import contextvars
+import time
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from typing import TYPE_CHECKING, Any
@@ -37,6 +38,7 @@ from .graph_task import GraphTask
 from .input_buffer import InputBuffer, ReadyInputs, combine, inputs_of, slots_of, value
 from .recording import OpNode
 from .saved import SavedTensor
+from .scheduler import loop_scheduler
 from .split_node import apply_edges, is_leaf_edge, route_edges, routes_early, split_groups, unpack
 from .threads import boxed_call, current_owner, threadsafe_caller
 from .wakeup import Wakeup
@@ -56,7 +58,7 @@ class WorkerKernels:
     by callback]). Lives on the loop's thread; ``pending`` are the futures whose
     completion has not been handled on the loop yet."""
 
-    __slots__ = ("engine", "task", "executor", "call_soon", "pending", "settled", "loop")
+    __slots__ = ("engine", "task", "executor", "call_soon", "pending", "settled", "loop", "scheduler")
 
     def __init__(self, engine: Engine, task: GraphTask) -> None:
         self.engine = engine
@@ -65,6 +67,7 @@ class WorkerKernels:
         self.call_soon, self.loop = threadsafe_caller()
         self.pending: set[Future[Any]] = set()
         self.settled: Wakeup | None = None
+        self.scheduler = loop_scheduler()
 
     # --- starting ---------------------------------------------------------------------
     def start(self, node: Node, inputs: ReadyInputs) -> None:
@@ -209,6 +212,8 @@ class WorkerKernels:
 
     # --- coming back (on the loop) ----------------------------------------------------
     def _arrived(self, future: Future[Any], arrive: Callable[[Future[Any]], None]) -> None:
+        # the loop is right after a turn (Note [A turn the loop just had] in scheduler.py)
+        self.scheduler.turn_at = time.perf_counter()
         self.pending.discard(future)
         try:
             arrive(future)
