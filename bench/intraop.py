@@ -119,33 +119,33 @@ def parallel_kernels(rounds: int) -> None:
     rng = np.random.default_rng(0)
     f = np.float32
 
-    def cases(n: int) -> dict[str, tuple[Callable[..., object], tuple[object, ...]]]:
+    def cases(n: int) -> dict[str, tuple[str, tuple[object, ...]]]:
         x = rng.standard_normal(n).astype(f)
         g = rng.standard_normal(n).astype(f)
         out, cdf = np.empty_like(x), np.empty_like(x)
-        k.gelu(x, out, cdf)
+        k._SERIAL["gelu"](x, out, cdf)
         rows, rows64 = x.reshape(-1, 128), x.reshape(-1, 64)
         g128, o128, o64 = g.reshape(-1, 128), np.empty_like(rows), np.empty_like(rows64)
         sm = np.empty_like(rows64)
-        k.softmax.serial(rows64, sm)
+        k._SERIAL["softmax"](rows64, sm)
         w, b = np.ones(128, f), np.zeros(128, f)
         xhat, rstd = np.empty_like(rows), np.empty((rows.shape[0], 1), f)
-        k.layer_norm.serial(rows, w, b, 1e-5, o128, xhat, rstd)
+        k._SERIAL["layer_norm"](rows, w, b, 1e-5, o128, xhat, rstd)
         dw, db = np.empty(128, f), np.empty(128, f)
         mask = np.tril(np.ones((64, 64), bool)).reshape(-1)
         m, v = np.zeros_like(x), np.zeros_like(x)
         adam = (x.copy(), g, m, v, True, f(1), False, False, f(0), True, f(0.1), f(0.9), f(0.999), f(0.001),
                 f(-1e-3), f(1), f(1e-8))
         return {
-            "gelu": (k.gelu, (x, out, cdf)),
-            "gelu backward": (k.gelu_backward, (g, x, cdf, out)),
-            "tanh backward": (k.tanh_backward, (g, x, out)),
-            "softmax (rows of 64)": (k.softmax, (rows64, o64)),
-            "softmax backward": (k.softmax_backward, (g.reshape(-1, 64), sm, o64)),
-            "masked fill (select_rows)": (k.select_rows, (x.reshape(-1, 4096), mask, True, f(-np.inf),
+            "gelu": ("gelu", (x, out, cdf)),
+            "gelu backward": ("gelu_backward", (g, x, cdf, out)),
+            "tanh backward": ("tanh_backward", (g, x, out)),
+            "softmax (rows of 64)": ("softmax", (rows64, o64)),
+            "softmax backward": ("softmax_backward", (g.reshape(-1, 64), sm, o64)),
+            "masked fill (select_rows)": ("select_rows", (x.reshape(-1, 4096), mask, True, f(-np.inf),
                                                           out.reshape(-1, 4096))),
-            "layer_norm (rows of 128)": (k.layer_norm, (rows, w, b, 1e-5, o128, xhat, rstd)),
-            "layer_norm backward (joint)": (k.layer_norm_backward_joint, (g128, xhat, rstd, w, True, o128, dw, db)),
+            "layer_norm (rows of 128)": ("layer_norm", (rows, w, b, 1e-5, o128, xhat, rstd)),
+            "layer_norm backward (joint)": ("layer_norm_backward_joint", (g128, xhat, rstd, w, True, o128, dw, db)),
             "adam_step (one pass)": (k.adam_step, adam),
         }
 
@@ -155,7 +155,7 @@ def parallel_kernels(rounds: int) -> None:
     print("|---|---:|---:|---:|---:|")
     for n in (16384, 65536, 131072, 262144, 524288, 1048576):
         for name, (kern, kargs) in cases(n).items():
-            forms = {"serial": kern.serial, "parallel": kern.parallel}  # type: ignore[attr-defined]
+            forms = {"serial": k._SERIAL[kern], "parallel": k._DISPATCHING[kern].parallel}
             times: dict[str, list[float]] = {"serial": [], "parallel": []}
             for r in range(rounds + 1):
                 for label in ("serial", "parallel") if r % 2 else ("parallel", "serial"):

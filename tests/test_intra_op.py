@@ -59,22 +59,21 @@ def _same_bits(a: np.ndarray, b: np.ndarray) -> None:
     assert same.all(), np.flatnonzero(~same)[:10]
 
 
-def _cases(k, dtype: type, n: int) -> dict[str, tuple[Callable[..., object], Callable[[], tuple[np.ndarray, ...]],
-                                                       tuple[int, ...]]]:
-    """name -> (kernel, fresh arguments, indices of the arguments it writes)."""
+def _cases(k, dtype: type, n: int) -> dict[str, tuple[str, Callable[[], tuple[np.ndarray, ...]], tuple[int, ...]]]:
+    """case -> (kernel's name, fresh arguments, indices of the arguments it writes)."""
     f = np.dtype(dtype).type
     x, g = _data(dtype, n, 1), _data(dtype, n, 2)
     cdf = np.empty_like(x)
-    k.gelu.serial(x, np.empty_like(x), cdf)
+    k._SERIAL["gelu"](x, np.empty_like(x), cdf)
     cols = 128 if n % 128 == 0 else 7
     rows, g_rows = x.reshape(-1, cols), g.reshape(-1, cols)
     with np.errstate(all="ignore"):
         sm = np.empty_like(rows)
-        k.softmax.serial(rows, sm)
+        k._SERIAL["softmax"](rows, sm)
     w, b = _data(dtype, cols, 3, tricky=False), _data(dtype, cols, 4, tricky=False)
     xhat, rstd = np.empty_like(rows), np.empty((rows.shape[0], 1), dtype)
     with np.errstate(all="ignore"):
-        k.layer_norm.serial(_data(dtype, n, 5, tricky=False).reshape(-1, cols), w, b, 1e-5, np.empty_like(rows),
+        k._SERIAL["layer_norm"](_data(dtype, n, 5, tricky=False).reshape(-1, cols), w, b, 1e-5, np.empty_like(rows),
                             xhat, rstd)
     mask = np.random.default_rng(6).random(cols) < 0.5
     e = lambda: np.empty_like(x)  # noqa: E731
@@ -84,31 +83,31 @@ def _cases(k, dtype: type, n: int) -> dict[str, tuple[Callable[..., object], Cal
                                        not decoupled, f(0.01), True, f(0.1), f(0.9), f(0.999), f(0.001),
                                        f(-1e-3), f(0.3), f(1e-8)))
     return {
-        "gelu": (k.gelu, lambda: (x, e(), e()), (1, 2)),
-        "gelu_backward": (k.gelu_backward, lambda: (g, x, cdf, e()), (3,)),
-        "gelu_tanh": (k.gelu_tanh, lambda: (x, e()), (1,)),
-        "gelu_tanh_backward": (k.gelu_tanh_backward, lambda: (g, x, e()), (2,)),
-        "sigmoid": (k.sigmoid, lambda: (x, e()), (1,)),
-        "sigmoid_backward": (k.sigmoid_backward, lambda: (g, x, e()), (2,)),
-        "tanh_backward": (k.tanh_backward, lambda: (g, x, e()), (2,)),
-        "threshold_backward": (k.threshold_backward, lambda: (g, x, e()), (2,)),
-        "softmax": (k.softmax, lambda: (rows, er()), (1,)),
-        "softmax_backward": (k.softmax_backward, lambda: (g_rows, sm, er()), (2,)),
-        "log_softmax": (k.log_softmax, lambda: (rows, er()), (1,)),
-        "log_softmax_backward": (k.log_softmax_backward, lambda: (g_rows, sm, er()), (2,)),
-        "layer_norm": (k.layer_norm, lambda: (rows, w, b, 1e-5, er(), er(), np.empty_like(rstd)), (4, 5, 6)),
-        "layer_norm_no_affine": (k.layer_norm, lambda: (rows, w[:0], b[:0], 1e-5, er(), er(), np.empty_like(rstd)),
+        "gelu": ("gelu", lambda: (x, e(), e()), (1, 2)),
+        "gelu_backward": ("gelu_backward", lambda: (g, x, cdf, e()), (3,)),
+        "gelu_tanh": ("gelu_tanh", lambda: (x, e()), (1,)),
+        "gelu_tanh_backward": ("gelu_tanh_backward", lambda: (g, x, e()), (2,)),
+        "sigmoid": ("sigmoid", lambda: (x, e()), (1,)),
+        "sigmoid_backward": ("sigmoid_backward", lambda: (g, x, e()), (2,)),
+        "tanh_backward": ("tanh_backward", lambda: (g, x, e()), (2,)),
+        "threshold_backward": ("threshold_backward", lambda: (g, x, e()), (2,)),
+        "softmax": ("softmax", lambda: (rows, er()), (1,)),
+        "softmax_backward": ("softmax_backward", lambda: (g_rows, sm, er()), (2,)),
+        "log_softmax": ("log_softmax", lambda: (rows, er()), (1,)),
+        "log_softmax_backward": ("log_softmax_backward", lambda: (g_rows, sm, er()), (2,)),
+        "layer_norm": ("layer_norm", lambda: (rows, w, b, 1e-5, er(), er(), np.empty_like(rstd)), (4, 5, 6)),
+        "layer_norm_no_affine": ("layer_norm", lambda: (rows, w[:0], b[:0], 1e-5, er(), er(), np.empty_like(rstd)),
                                  (4, 5, 6)),
-        "layer_norm_backward": (k.layer_norm_backward, lambda: (g_rows, xhat, rstd, w, er()), (4,)),
-        "layer_norm_backward_joint": (k.layer_norm_backward_joint,
+        "layer_norm_backward": ("layer_norm_backward", lambda: (g_rows, xhat, rstd, w, er()), (4,)),
+        "layer_norm_backward_joint": ("layer_norm_backward_joint",
                                       lambda: (g_rows, xhat, rstd, w, True, er(), np.empty(cols, dtype),
                                                np.empty(cols, dtype)), (5, 6, 7)),
-        "layer_norm_backward_joint_no_dx": (k.layer_norm_backward_joint,
+        "layer_norm_backward_joint_no_dx": ("layer_norm_backward_joint",
                                             lambda: (g_rows, xhat, rstd, w, False, er()[:0], np.empty(cols, dtype),
                                                      np.empty(cols, dtype)), (6, 7)),
-        "select_rows": (k.select_rows, lambda: (rows, mask, True, f(-np.inf), er()), (4,)),
-        "adamw_step": (k.adam_step, adam(True), (0, 2, 3)),
-        "adam_l2_step": (k.adam_step, adam(False), (0, 2, 3)),
+        "select_rows": ("select_rows", lambda: (rows, mask, True, f(-np.inf), er()), (4,)),
+        "adamw_step": ("adam_step", adam(True), (0, 2, 3)),
+        "adam_l2_step": ("adam_step", adam(False), (0, 2, 3)),
     }
 
 
@@ -127,27 +126,44 @@ def test_parallel_form_gives_the_serial_kernels_bits(k, name: str, dtype: type, 
     kern, make, written = _cases(k, dtype, n)[name]
     with np.errstate(all="ignore"):
         a, b = make(), make()
-        kern.serial(*a)
-        kern.parallel(*b)
+        k._SERIAL[kern](*a)
+        k._DISPATCHING[kern].parallel(*b)
     for i in written:
         _same_bits(a[i], b[i])
 
 
 def test_every_kernel_with_a_parallel_form_is_covered(k) -> None:
-    dispatched = {name for name, f in vars(k).items() if hasattr(f, "parallel") and not name.startswith("_")}
-    covered = {kern.__name__ for kern, _, _ in _cases(k, np.float32, 7 * 5).values()}
-    assert dispatched == covered
+    covered = {kern for kern, _, _ in _cases(k, np.float32, 7 * 5).values()}
+    assert set(k._PARALLEL_FORMS) == covered
 
 
 @pytest.fixture
-def low_thresholds(monkeypatch, k):  # type: ignore[no-untyped-def]
+def switched_on(k):  # type: ignore[no-untyped-def]
+    was = _intra.enabled()
+    _intra.set_enabled(True)
+    yield k
+    _intra.set_enabled(was)
+
+
+@pytest.fixture
+def low_thresholds(monkeypatch, switched_on):  # type: ignore[no-untyped-def]
     monkeypatch.setattr(_intra, "MIN_HEAVY", 0)
     monkeypatch.setattr(_intra, "MIN_LIGHT", 0)
-    monkeypatch.setattr(_intra, "_enabled", True)
     from asyncgrad.ops import _fast
 
     monkeypatch.setattr(_fast, "ELEMENTWISE_MIN", 0)
-    return k
+    return switched_on
+
+
+def test_the_switch_installs_the_dispatchers_and_off_restores_the_serial_kernels(k) -> None:
+    was = _intra.enabled()
+    try:
+        _intra.set_enabled(False)
+        assert k.gelu is k._SERIAL["gelu"] and not hasattr(k.gelu, "parallel")
+        _intra.set_enabled(True)
+        assert k.gelu is k._DISPATCHING["gelu"] and k.gelu.parallel is not None
+    finally:
+        _intra.set_enabled(was)
 
 
 def _gelu_layer_norm_softmax(x: np.ndarray) -> list[np.ndarray]:
@@ -176,8 +192,8 @@ def test_ops_take_the_parallel_form_when_idle_and_large_with_the_serial_results(
         _same_bits(a, b)
 
 
-def test_not_parallel_above_the_threshold_only(k, monkeypatch) -> None:
-    monkeypatch.setattr(_intra, "_enabled", True)
+def test_parallel_from_the_threshold_only(switched_on) -> None:
+    k = switched_on
     x = _data(np.float32, _intra.MIN_HEAVY - 1, 12, tricky=False)
     with BLAS.pinned(2):
         before = _intra.launches
@@ -231,13 +247,13 @@ def test_gradcheck_in_float64_through_the_parallel_forms(low_thresholds) -> None
 def test_two_threads_calling_parallel_kernels_at_once_get_correct_results(k) -> None:
     x = _data(np.float32, 1 << 18, 15, tricky=False)
     want_out, want_cdf = np.empty_like(x), np.empty_like(x)
-    k.gelu.serial(x, want_out, want_cdf)
+    k._SERIAL["gelu"](x, want_out, want_cdf)
     bad: list[int] = []
 
     def run() -> None:
         out, cdf = np.empty_like(x), np.empty_like(x)
         for _ in range(200):
-            k.gelu.parallel(x, out, cdf)
+            k._DISPATCHING["gelu"].parallel(x, out, cdf)
             if not (np.array_equal(out, want_out) and np.array_equal(cdf, want_cdf)):
                 bad.append(1)
 
@@ -257,12 +273,13 @@ def test_a_child_forked_after_a_parallel_kernel_runs_one_too(k) -> None:
         k = kernels.compiled()
         x = np.linspace(-3, 3, 1 << 18).astype(np.float32)
         out, cdf = np.empty_like(x), np.empty_like(x)
-        k.gelu.parallel(x, out, cdf)
+        par = k._DISPATCHING["gelu"].parallel
+        par(x, out, cdf)
         want = out.copy()
         pid = os.fork()
         if pid == 0:
             out[:] = 0
-            k.gelu.parallel(x, out, cdf)
+            par(x, out, cdf)
             os._exit(0 if np.array_equal(out, want) else 3)
         _, status = os.waitpid(pid, 0)
         print("child", os.waitstatus_to_exitcode(status))
@@ -282,7 +299,7 @@ _SWITCH_SCRIPT = textwrap.dedent("""
     x = np.linspace(-3, 3, 1 << 20).astype(np.float32)
     with BLAS.pinned(2):  # idle, BLAS with its threads
         k.gelu(x, np.empty_like(x), np.empty_like(x))
-    print(_intra.available, _intra.enabled(), hasattr(k.gelu, "parallel"), _intra.launches)
+    print(_intra.available, _intra.enabled(), hasattr(k, "_DISPATCHING"), _intra.launches)
 """)
 
 

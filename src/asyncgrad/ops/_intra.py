@@ -41,6 +41,7 @@ checks the parallel forms.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 ENV_VAR = "ASYNCGRAD_INTRA_OP"
@@ -61,9 +62,14 @@ launches = 0  # parallel kernel calls so far (tests observe the switch through i
 
 
 def set_enabled(on: bool) -> None:
-    """Allow (the default) or forbid parallel kernels from now on, process-wide."""
+    """Allow or forbid (the default) parallel kernels from now on, process-wide."""
     global _enabled
     _enabled = bool(on)
+    if on_switch is not None:
+        on_switch(_enabled)
+
+
+on_switch: Callable[[bool], None] | None = None  # set by _numba_kernels: installs or removes its dispatchers
 
 
 def enabled() -> bool:
