@@ -28,8 +28,9 @@ kernels give the serial bits] in ``_numba_kernels.py``):
 
 Why off: on this project's 2-core machine (shared, load 1-2) the parallel forms halve a
 kernel in isolation (softmax 0.53 -> 0.21 ms at 262k float32, GELU 0.47 -> 0.24 at 524k)
-but made the transformer step slower, not faster (``python -m bench.intraop --step``: on /
-off 1.04-1.09 over four interleaved runs). Timed inside the step, a split kernel waits for
+but did not make the transformer step faster (``python -m bench.intraop --step``, on and
+off interleaved round by round: on / off 1.016 and 0.995 alone in the process, 1.04-1.11
+in five runs with PyTorch's step interleaved too). Timed inside the step, a split kernel waits for
 its second half: after each product numpy's OpenBLAS keeps its helper thread spinning on the
 other core (softmax in the step: 0.55 -> 0.45 ms with BLAS at 2 threads, 0.54 -> 0.26 at 1),
 and other processes take that core too. PyTorch's intra-op parallelism pays because its
