@@ -1,0 +1,97 @@
+"""Intra-op threads: whether a large compiled kernel may split itself over the cores now.
+
+Note [Intra-op threads]: the compiled elementwise and row kernels (``_numba_kernels.py``)
+have parallel forms (numba ``prange``) that split one call over the cores. They run only
+when all of these hold, else the serial kernel runs (the same results, Note [Parallel
+kernels give the serial bits] in ``_numba_kernels.py``):
+
+* numba's TBB threading layer is in use (``available``). TBB's pool is shared by every
+  thread that calls into it (two kernels called at once share its threads, they do not
+  add threads), a child process after ``fork`` starts its own, and its threads sleep soon
+  after a parallel loop. The two other layers do not fit an engine that calls kernels from
+  several threads: GNU OpenMP's threads spin ~7 ms of CPU per 50 ms after a loop and numba
+  terminates a child forked after one; the workqueue layer aborts the process when two
+  threads call parallel kernels at once and hands off in ~40 us, so it paid only at 2 M
+  floats (``python -m bench.numba_layers``). Without TBB every kernel runs serially.
+* the kernel is large: at least ``MIN_HEAVY`` or ``MIN_LIGHT`` elements (a parallel launch costs a few
+  microseconds; below these sizes the serial kernel was as fast, ``python -m bench.intraop``);
+* the process is not busy elsewhere: numpy's BLAS has its own threads (at most one
+  backward call in flight, and the hysteresis of Note [BLAS hysteresis] relaxed; not
+  pinned at one thread) and no engine BLAS kernel is running (``BLAS.intra_op_ok``, the
+  same adaptive switch as BLAS's threads: Note [BLAS threads] in ``autograd/policy.py``).
+  So several backward calls in flight, or a product on a worker, keep every kernel serial,
+  and the second core is left to the engine's workers and BLAS;
+* the switch is on. It is off by default: ``ASYNCGRAD_INTRA_OP=1`` at start-up, or
+  :func:`set_enabled`, turns it on; ``ASYNCGRAD_INTRA_OP=0`` does not even compile the
+  parallel forms (with TBB installed they add ~0.5 s to the background load, and a
+  minute to the first compile after an install).
+
+Why off: on this project's 2-core machine (shared, load 1-2) the parallel forms halve a
+kernel in isolation (softmax 0.53 -> 0.21 ms at 262k float32, GELU 0.47 -> 0.24 at 524k)
+but did not make the transformer step faster (``python -m bench.intraop --step``, on and
+off interleaved round by round: on / off 1.016 and 0.995 alone in the process, 1.04-1.11
+in five runs with PyTorch's step interleaved too). Timed inside the step, a split kernel waits for
+its second half: after each product numpy's OpenBLAS keeps its helper thread spinning on the
+other core (softmax in the step: 0.55 -> 0.45 ms with BLAS at 2 threads, 0.54 -> 0.26 at 1),
+and other processes take that core too. PyTorch's intra-op parallelism pays because its
+products and its elementwise kernels share one thread pool; here they are two pools on
+two cores. TBB is not a dependency for the same reason; it is in the ``test`` extra so CI
+checks the parallel forms.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+ENV_VAR = "ASYNCGRAD_INTRA_OP"
+
+# elements from which a kernel goes parallel (``python -m bench.intraop --parallel-kernels``,
+# float32, 2 cores, TBB; parallel / serial time): the kernels with work per element (exp,
+# erf, a row's mean and variance, Adam's square root) pay from 65,536 (0.62-0.91 at 65k,
+# 0.42-0.71 at 131k); the light ones (a select, a multiply-add or two per element) only
+# from 262,144 (0.89-1.32 at 131k, 0.33-0.68 at 262k).
+MIN_HEAVY = 65536  # gelu (both forms) and its backward, sigmoid, softmax, log_softmax, layer_norm, Adam
+MIN_LIGHT = 262144  # tanh's, sigmoid's, relu's, softmax's, log_softmax's and layer_norm's backward, masks
+
+available = False  # set by _numba_kernels at import when it compiled the parallel forms (TBB)
+_setting = os.environ.get(ENV_VAR, "").strip().lower()
+load_forms = _setting not in ("0", "off", "false", "no")  # read by _numba_kernels at import
+_enabled = _setting in ("1", "on", "true", "yes")  # off unless asked for: Note [Intra-op threads]
+launches = 0  # parallel kernel calls so far (tests observe the switch through it)
+
+
+def set_enabled(on: bool) -> None:
+    """Allow or forbid (the default) parallel kernels from now on, process-wide."""
+    global _enabled
+    _enabled = bool(on)
+    if on_switch is not None:
+        on_switch(_enabled)
+
+
+on_switch: Callable[[bool], None] | None = None  # set by _numba_kernels: installs or removes its dispatchers
+
+
+def enabled() -> bool:
+    """Whether the switch is on (parallel kernels still need TBB and an idle process)."""
+    return _enabled
+
+
+def allowed() -> bool:
+    """Whether a large kernel called now may split itself over the cores (Note [Intra-op
+    threads]); each True answer counts as one launch."""
+    global launches, _blas
+    if not (_enabled and available):
+        return False
+    if _blas is None:
+        from ..autograd.policy import BLAS
+
+        _blas = BLAS
+    if not _blas.intra_op_ok():
+        return False
+    launches += 1
+    return True
+
+
+_blas: Any = None  # autograd.policy.BLAS, imported at first use (ops load before autograd)
