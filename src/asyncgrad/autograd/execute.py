@@ -242,6 +242,24 @@ def finish(task: GraphTask, node: Node, inputs: ReadyInputs, outputs: list[Any])
 # already has the sum), so the child needs no InputBuffer for it. Only the fused step
 # does it (a plain backward, no hooks on the node), so hooks and
 # ``create_graph`` see PyTorch's two gradients.
+# Note [Mean's gradient as a view]: mean's gradient is ``g / n`` at every position, and
+# writing it out over the input's shape (Note [Mean's gradient in one pass] in
+# ops/reductions.py) is the MLP benchmark's largest single step outside the kernels
+# (0.38 ms for 256 x 1024 float32, against 0.20 ms as a view; the multiplication that
+# reads it is faster too). A read-only broadcast view (strides 0) costs no write pass,
+# but it must never reach code that may write into it or keep it: a ``.grad`` (the
+# commit adopts fresh arrays, Note [Owned gradients]), a hook's argument (tensor hooks,
+# retain_grad, node pre- and post-hooks), an ``inputs=``/``grad()`` capture, a custom
+# Function's backward (users write in place), a graph under ``create_graph``. So only
+# the fused inline step (a plain backward without tools, the mean's node without hooks)
+# calls the op's ``view_vjp``, and only for an edge to a built-in node without hooks
+# whose op is declared ``takes_views``: its rules read the gradient at any strides and
+# return new arrays, never the gradient or a view of it (``mul``: ``g * y``), so the view
+# goes no further; an InputBuffer's sum of it is a new array too. Every other route
+# (hooks, a leaf, a custom Function, ``add``'s pass-through, a worker-run mean, tools,
+# ``create_graph``) gets ``vjps[0]``'s fresh writeable array, as before. (A hook that a
+# hook registers on the child in the middle of the backward, after the view was routed,
+# would see the view; PyTorch's expand backward hands such views around anyway.)
 def doubled(task: GraphTask, child: Node, gi: Any, inputs: list[Any], saved: Any) -> Any:
     """``gi + gi`` for a symmetric node's two edges to one slot (Note [A tensor times
     itself]): in place when ``gi`` is the kernel's fresh array, and then the engine's
@@ -328,6 +346,7 @@ def run_inline(task: GraphTask, threshold: float, deadline: float) -> bool:
                     spec = node.spec
                     vjps: tuple[Any, ...] = spec.vjps  # (a needed edge has a rule)
                     edges = node.next_edges
+                    view = spec.view_vjp  # (Note [Mean's gradient as a view])
                     # x * x: one gradient, added to itself (Note [A tensor times itself])
                     twice = spec.symmetric and edges[0] == edges[1] and args[1] is args[2]
                     i = -1
@@ -344,7 +363,11 @@ def run_inline(task: GraphTask, threshold: float, deadline: float) -> bool:
                             # edge 1's None settled here: no InputBuffer for a slot that gets
                             # one gradient (Note [A tensor times itself])
                             d -= 1
-                        gi = vjps[i](math, g, *args, **params) if params else vjps[i](math, g, *args)
+                        rule = vjps[i]
+                        if view is not None and not i and type(child) is OpNode \
+                                and child._hooks is None and child.spec.takes_views:
+                            rule = view  # a read-only view, to a child that only reads it
+                        gi = rule(math, g, *args, **params) if params else rule(math, g, *args)
                         if gi is not None:
                             if type(gi) is not np.ndarray or gi.shape != node.input_shapes[i] \
                                     or gi.dtype != node.input_dtypes[i]:

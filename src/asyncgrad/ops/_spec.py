@@ -61,6 +61,12 @@ class OpSpec:
     # so for one tensor twice (``x * x``) both gradients are one value (Note [A tensor
     # times itself] in autograd/execute.py)
     symmetric: bool = False
+    # Note [Mean's gradient as a view] in autograd/execute.py: ``view_vjp`` may return a
+    # read-only broadcast view (strides 0) of the gradient, for input 0; the engine calls
+    # it in place of ``vjps[0]`` only for a child declared ``takes_views``, whose rules
+    # read their gradient at any strides and return new arrays (never it or a view of it)
+    view_vjp: Rule | None = None
+    takes_views: bool = False
 
     #: whether the engine's fused inline step handles this op (see GraphTask.run_inline)
     fusable: bool = field(init=False, default=True)
@@ -99,6 +105,8 @@ def defop(
     blas: bool = False,
     joint: Rule | None = None,
     symmetric: bool = False,
+    view_vjp: Rule | None = None,
+    takes_views: bool = False,
 ) -> OpSpec:
     """Declare a primitive. ``save`` lists what backward needs: ``x``, ``y``, ``z`` name
     inputs 0, 1, 2 and ``ans`` names the output, e.g. ``save="x ans"``. ``x@1`` saves
@@ -113,4 +121,5 @@ def defop(
         when.append(tuple(int(u) for u in users.split(",")) if users else None)
     return OpSpec(node_name, forward, tuple(vjps), save_inputs=tuple(positions),
                   save_ans="ans" in save.split(), save_when=tuple(when), has_aux=has_aux,
-                  variadic=variadic, cost=cost, blas=blas, joint=joint, symmetric=symmetric)
+                  variadic=variadic, cost=cost, blas=blas, joint=joint, symmetric=symmetric,
+                  view_vjp=view_vjp, takes_views=takes_views)

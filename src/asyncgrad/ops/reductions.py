@@ -122,8 +122,19 @@ def _mean_rule(m, g, ans, x, *, dim, keepdim, shape):  # type: ignore[no-untyped
     return out
 
 
-mean = defop("MeanBackward1", _mean, _mean_rule)
-mean_all = defop("MeanBackward0", _mean, _mean_rule)
+def _mean_view_rule(m, g, ans, x, *, dim, keepdim, shape):  # type: ignore[no-untyped-def]
+    """``_mean_rule`` as a read-only broadcast view of ``g / n`` (strides 0): no write
+    pass over the input's shape, for the engine's fused step only, which hands it to a
+    built-in child that reads it and keeps nothing (Note [Mean's gradient as a view] in
+    autograd/execute.py). A small gradient takes ``_mean_rule``'s own path."""
+    n = _count(shape, dim)
+    if n * g.size < SMALL_MEAN_GRAD:
+        return _mean_rule(m, g, ans, x, dim=dim, keepdim=keepdim, shape=shape)
+    return _expand_back(m, np.true_divide(g, n), dim, keepdim, shape)
+
+
+mean = defop("MeanBackward1", _mean, _mean_rule, view_vjp=_mean_view_rule)
+mean_all = defop("MeanBackward0", _mean, _mean_rule, view_vjp=_mean_view_rule)
 var = defop("VarBackward0", _var,
             lambda m, g, ans, x, *, dim, keepdim, correction, shape:
                 _expand_back(m, g, dim, keepdim, shape) * 2.0
