@@ -106,7 +106,9 @@ def _mean_rule(m, g, ans, x, *, dim, keepdim, shape):  # type: ignore[no-untyped
     shape, and copied out: one write pass (about 0.04 ms there), the same bits (each
     element is ``g / n`` either way). The result is a fresh, writeable array, as
     PyTorch's: a custom Function or hook may write into it, which a zero-stride view
-    (sum's gradient) refuses. Under ``create_graph`` the rule stays as PyTorch's."""
+    (sum's gradient) refuses. Under ``create_graph`` the rule stays as PyTorch's. (The
+    engine's fused step may take ``_mean_view_rule``'s view instead, for a child that
+    only reads it: Note [Mean's gradient as a view] in autograd/execute.py.)"""
     n = _count(shape, dim)
     if m.tensor_mode:
         return _expand_back(m, g, dim, keepdim, shape) / n
