@@ -40,8 +40,8 @@ def _fresh(a) -> bool:
     return bool(a.flags.writeable and a.flags.owndata and 0 not in a.strides)
 
 
-async def _square_mean_grads(dim):
-    a0, w0 = _data(seed=1), _data((SHAPE[1], SHAPE[1]), seed=2) / 20
+async def _square_mean_grads(dim, shape=SHAPE):
+    a0, w0 = _data(shape, seed=1), _data((shape[1], shape[1]), seed=2) / 20
     a = ag.from_numpy(a0.copy()).requires_grad_()
     w = ag.from_numpy(w0.copy()).requires_grad_()
     h = a @ w
@@ -50,13 +50,14 @@ async def _square_mean_grads(dim):
     return a.grad.numpy(), w.grad.numpy()
 
 
+@pytest.mark.parametrize("shape", [SHAPE, (256, 1024)], ids=["300x400", "mlp-loss"])
 @pytest.mark.parametrize("dim", [None, 1, 0], ids=["all", "dim1", "dim0"])
-async def test_the_fused_route_takes_the_view_with_the_old_bits(views, dim):
-    new = await _square_mean_grads(dim)
+async def test_the_fused_route_takes_the_view_with_the_old_bits(views, dim, shape):
+    new = await _square_mean_grads(dim, shape)
     assert views and all(0 in s for s in views)  # the view (strides 0) was routed
     for spec in (reductions.mean, reductions.mean_all):
         object.__setattr__(spec, "view_vjp", None)
-    old = await _square_mean_grads(dim)
+    old = await _square_mean_grads(dim, shape)
     for n, o in zip(new, old):
         np.testing.assert_array_equal(n, o)
         assert _fresh(n)
