@@ -237,7 +237,12 @@ async def backward(tensors: Any, grad_tensors: Any = None, *, retain_graph: bool
     tensors that ``retain_grad()``), committing only if the whole backward succeeds."""
     held = admission()  # (Note [Admission] in scheduler.py)
     if held is UNHELD:  # it starts at once: nothing to enter or leave (the common case)
-        await _execute(_prepare_backward(tensors, grad_tensors, retain_graph, create_graph, inputs))
+        task = _prepare_backward(tensors, grad_tensors, retain_graph, create_graph, inputs)
+        token = _saved_hooks.set(_saved_hooks.get())  # (``_execute`` inlined: one coroutine less)
+        try:
+            await task.engine.execute(task)
+        finally:
+            _saved_hooks.reset(token)
         return
     async with held:
         task = _prepare_backward(tensors, grad_tensors, retain_graph, create_graph, inputs)

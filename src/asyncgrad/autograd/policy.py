@@ -103,7 +103,7 @@ class Policy:
         self.tune_malloc = tune_malloc
         self.ready = threading.Event()  # set once the one-time set-up finished
         self._setup_lock = threading.Lock()
-        self._setup_started = False
+        self.setup_started = False
         self._blas_limits: Any = None  # threadpoolctl's limiter, kept alive
 
     @property
@@ -179,12 +179,12 @@ class Policy:
     def start_setup(self, warm: Any) -> None:
         """Start the one-time set-up on a background thread (idempotent); ``warm`` is
         called there too (it starts a first worker thread)."""
-        if self._setup_started:
+        if self.setup_started:
             return
         with self._setup_lock:
-            if self._setup_started:
+            if self.setup_started:
                 return
-            self._setup_started = True
+            self.setup_started = True
         threading.Thread(target=self._setup, args=(warm,), name="asyncgrad-setup", daemon=True).start()
 
     def _setup(self, warm: Any) -> None:
@@ -227,7 +227,10 @@ class BlasThreads:
 
     def __init__(self, cores: int) -> None:
         self.cores = cores
-        self._cond = threading.Condition()
+        # ``with self._mutex`` is ``with self._cond`` without the Condition's Python-level
+        # __enter__/__exit__: the per-call counters below take it twice per backward
+        self._mutex = threading.RLock()
+        self._cond = threading.Condition(self._mutex)
         self._free = cores  # BLAS threads not taken by a running engine BLAS kernel
         self._backwards = 0  # backward calls in flight, process-wide
         self._libs: list[Any] = []  # threadpoolctl controllers of numpy's BLAS
@@ -317,15 +320,17 @@ class BlasThreads:
         return self._backwards <= 1 and self.per_call > 1 and self._free == self.cores
 
     def backward_started(self) -> None:
-        with self._cond:
+        with self._mutex:
             self._backwards += 1
             self._alone = self._alone + 1 if self._backwards == 1 else 0
-            self._adapt()
+            if self._libs and not self._fixed:  # (else nothing to adapt)
+                self._adapt()
 
     def backward_ended(self) -> None:
-        with self._cond:
+        with self._mutex:
             self._backwards -= 1
-            self._adapt()
+            if self._libs and not self._fixed:
+                self._adapt()
 
     def _adapt(self) -> None:
         single = self._backwards > 1 or (self._single and self._alone < RELAX_AFTER)

@@ -140,7 +140,7 @@ def _back_end_checkpoints() -> tuple[Callable[[], Awaitable[None]], Callable[[],
 def loop_scheduler() -> LoopScheduler:
     """The scheduler of the running event loop (created on first use; kept in a RunVar
     so it lives as long as the loop, and cached per thread for the per-call lookup)."""
-    loop = _running_loop()
+    loop = asyncio._get_running_loop() or _running_loop()  # (asyncio's without a call of ours)
     last = getattr(_last, "pair", None)
     if last is not None and last[0] is loop:
         cached: LoopScheduler = last[1]
@@ -267,8 +267,8 @@ class LoopScheduler:
         if task not in self.queued:
             self.queued.add(task)
             self.queue.append(task)
-        if self.runner is None:
-            wake(task)
+        if self.runner is None and task.wakeup is not None:  # (``wake`` inlined)
+            task.wakeup.set()
 
     def discard(self, task: GraphTask) -> None:
         if task in self.queued:
@@ -363,7 +363,7 @@ class LoopScheduler:
             self.runner = None
             if self.queue:
                 wake(self.queue[0])
-            else:
+            elif self.admission:
                 self.pass_baton()
 
     def _run_slice(self, owner: object, threshold: float, deadline: float) -> None:
