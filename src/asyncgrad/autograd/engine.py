@@ -313,7 +313,7 @@ class Engine:
         if len(task.executed) > commit.RELEASE_STEP or not (
                 task.create_graph or commit.staged_size(task) < self.policy.inline_threshold):
             return False
-        task.aborts = None  # (lifecycle.disarm)
+        lifecycle.disarm(task)
         commit.commit_inline(task)
         try:
             commit.after_commit(task)
