@@ -57,7 +57,7 @@ import anyio.abc
 import anyio.lowlevel
 
 from . import commit, lifecycle
-from .completion import check_complete
+from .completion import check_complete, commit_and_release
 from .errors import EngineInternalError
 from .graph_task import GraphTask
 from .lifecycle import START_HOOKS
@@ -313,12 +313,7 @@ class Engine:
         if len(task.executed) > commit.RELEASE_STEP or not (
                 task.create_graph or commit.staged_size(task) < self.policy.inline_threshold):
             return False
-        lifecycle.disarm(task)
-        commit.commit_inline(task)
-        try:
-            commit.after_commit(task)
-        finally:
-            commit.release_all(task)
+        commit_and_release(task)
         return True
 
     async def _commit(self, task: GraphTask) -> None:
