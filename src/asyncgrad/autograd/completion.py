@@ -29,12 +29,17 @@ def check_complete(task: GraphTask) -> None:
                                   "nodes that never became ready")
 
 
+def commits_in_one_step(task: GraphTask, threshold: float) -> bool:
+    """Whether ``task`` commits with nothing to await: a commit small enough to add up
+    on the loop, and saved tensors freed in one step."""
+    return len(task.executed) <= commit.RELEASE_STEP and (
+        task.create_graph or commit.staged_size(task) < threshold)
+
+
 def can_complete_inline(task: GraphTask, threshold: float) -> bool:
     """Whether the runner may complete ``task`` within its slice: no pre-commit
-    function (they may await), a commit small enough to add up on the loop, and saved
-    tensors freed in one step."""
-    return (not task.pre_commits and len(task.executed) <= commit.RELEASE_STEP
-            and (task.create_graph or commit.staged_size(task) < threshold))
+    function (they may await), and a commit in one step."""
+    return not task.pre_commits and commits_in_one_step(task, threshold)
 
 
 def commit_and_release(task: GraphTask) -> None:
