@@ -57,7 +57,7 @@ import anyio.abc
 import anyio.lowlevel
 
 from . import commit, lifecycle
-from .completion import check_complete, commit_and_release
+from .completion import check_complete, commit_and_release, commits_in_one_step
 from .errors import EngineInternalError
 from .graph_task import GraphTask
 from .lifecycle import START_HOOKS
@@ -310,8 +310,7 @@ class Engine:
         """``_commit`` without a coroutine when it has nothing to await: a commit small
         enough for the loop and saved tensors released in one step. False (nothing
         done) otherwise."""
-        if len(task.executed) > commit.RELEASE_STEP or not (
-                task.create_graph or commit.staged_size(task) < self.policy.inline_threshold):
+        if not commits_in_one_step(task, self.policy.inline_threshold):
             return False
         commit_and_release(task)
         return True
