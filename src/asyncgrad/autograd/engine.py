@@ -141,6 +141,7 @@ class Engine:
             setup = task.setup_steps()
             try:
                 if not self._steps_within_slice(setup):
+                    await anyio.lowlevel.checkpoint()  # (the slice ran out: the loop's turn first)
                     await self._run_steps(setup)
             finally:
                 if START_HOOKS:
