@@ -8,6 +8,8 @@ import pytest
 
 import asyncgrad as ag
 from asyncgrad.autograd import Engine
+from asyncgrad.autograd import graph_task as graph_task_module
+from asyncgrad.autograd.graph_task import GraphTask
 from asyncgrad.autograd.policy import BLAS
 
 
@@ -54,10 +56,12 @@ async def test_no_callback_queued_commits_and_releases():
     np.testing.assert_allclose(w.grad.numpy(), [6.0, 24.0])
 
 
-async def test_setup_longer_than_a_slice_lets_the_loop_run_and_completes():
-    """With a zero yield interval the set-up steps leave the slice at once: the rest runs
-    in ``_run_steps``, which gives the loop turns (a task started before the call runs
-    before the call returns), and the gradients are those of the whole graph."""
+async def test_setup_longer_than_a_slice_lets_the_loop_run_and_completes(monkeypatch):
+    """With a zero yield interval and a step per node, the set-up steps leave the slice
+    at once: the rest runs in ``_run_steps``, which gives the loop turns (a task started
+    before the call runs before the call returns), and the gradients are those of the
+    whole graph."""
+    monkeypatch.setattr(graph_task_module, "SETUP_STEP", 1)
     engine = Engine(yield_interval=0.0)
     old = ag.autograd.get_engine()
     ag.autograd.set_engine(engine)
@@ -112,3 +116,35 @@ async def test_first_call_starts_the_setup_once():
     finally:
         ag.autograd.set_engine(old)
     np.testing.assert_allclose(w.grad.numpy(), [4.0])
+
+
+async def test_setup_that_outruns_its_slice_gives_the_loop_its_turn_before_the_next_step(monkeypatch):
+    """With a zero yield interval and a step per node, the slice ends after the first
+    set-up step: the loop's turn (another task) comes before the second step, not after
+    one more step of a fresh interval in ``_run_steps``."""
+    monkeypatch.setattr(graph_task_module, "SETUP_STEP", 1)
+    events: list[str] = []
+    real_setup = GraphTask.setup_steps
+
+    def counted_setup(self):
+        for step in real_setup(self):
+            events.append("step")
+            yield step
+
+    monkeypatch.setattr(GraphTask, "setup_steps", counted_setup)
+    engine = Engine(yield_interval=0.0)
+    old = ag.autograd.get_engine()
+    ag.autograd.set_engine(engine)
+    try:
+        w = ag.tensor(np.arange(4.0), dtype=ag.float64, requires_grad=True)
+        h = w
+        for _ in range(30):
+            h = h * 1.0 + 0.0
+        loss = h.sum()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: _note(events))
+            await ag.backward(loss)
+    finally:
+        ag.autograd.set_engine(old)
+    assert events.count("step") >= 2, events  # (a set-up of more than one step)
+    assert events[:2] == ["step", "other task"], events
