@@ -43,12 +43,25 @@ def clock(monkeypatch):
     return fake
 
 
-def _run(clock, monkeypatch, *, stale_arrival: bool) -> list[str]:
+@pytest.fixture
+def events(monkeypatch):
+    """The order of events; each loop turn the scheduler gives is recorded as "turn"."""
+    events: list[str] = []
+    real_turn = scheduler_module.LoopScheduler.loop_turn
+
+    async def counted_turn(self):
+        events.append("turn")
+        await real_turn(self)
+
+    monkeypatch.setattr(scheduler_module.LoopScheduler, "loop_turn", counted_turn)
+    return events
+
+
+def _run(clock, monkeypatch, events, *, stale_arrival: bool) -> list[str]:
     """One backward whose nodes run on a worker, each taking (on the fake clock) longer
     than the yield interval; the leaf is staged inline after the last one. Returns the
     order of events: kernels, the last one's arrival (a post-hook on its node, run on
     the loop as its result arrives), loop turns."""
-    events: list[str] = []
     real_boxed = offload_module.boxed_call
 
     def long_kernel(fn, *args):
@@ -58,13 +71,6 @@ def _run(clock, monkeypatch, *, stale_arrival: bool) -> list[str]:
         return result
 
     monkeypatch.setattr(offload_module, "boxed_call", long_kernel)
-    real_turn = scheduler_module.LoopScheduler.loop_turn
-
-    async def counted_turn(self):
-        events.append("turn")
-        await real_turn(self)
-
-    monkeypatch.setattr(scheduler_module.LoopScheduler, "loop_turn", counted_turn)
     w = ag.tensor(np.arange(4.0), requires_grad=True)
 
     def post_hook(grad_inputs, grad_outputs):
@@ -89,37 +95,29 @@ def _run(clock, monkeypatch, *, stale_arrival: bool) -> list[str]:
     return events
 
 
-def test_a_driver_resuming_right_after_its_kernel_arrived_takes_no_extra_loop_turn(clock, monkeypatch):
-    events = _run(clock, monkeypatch, stale_arrival=False)
+def test_a_driver_resuming_right_after_its_kernel_arrived_takes_no_extra_loop_turn(clock, monkeypatch, events):
+    events = _run(clock, monkeypatch, events, stale_arrival=False)
     after = events[events.index("arrival"):]
     assert "turn" not in after, events  # the slice was renewed from the arrival's turn
     assert events[0] == "call" and events[-1] == "returned"
 
 
-def test_an_arrival_older_than_the_interval_renews_nothing(clock, monkeypatch):
-    events = _run(clock, monkeypatch, stale_arrival=True)
+def test_an_arrival_older_than_the_interval_renews_nothing(clock, monkeypatch, events):
+    events = _run(clock, monkeypatch, events, stale_arrival=True)
     after = events[events.index("arrival"):]
     assert after.count("turn") >= 1, events  # the loop gets its turn first
 
 
-def test_a_node_for_a_worker_is_submitted_before_the_loop_turn(monkeypatch):
+def test_a_node_for_a_worker_is_submitted_before_the_loop_turn(monkeypatch, events):
     """With a zero yield interval every slice has ended when the runner starts; the
     root goes to a worker as it is, so it is submitted first, and the turn follows."""
-    events: list[str] = []
     real_submit = offload_module.WorkerKernels.submit
 
     def submit(self, run, fn, args, arrive):
         events.append("submit")
         return real_submit(self, run, fn, args, arrive)
 
-    real_turn = scheduler_module.LoopScheduler.loop_turn
-
-    async def counted_turn(self):
-        events.append("turn")
-        await real_turn(self)
-
     monkeypatch.setattr(offload_module.WorkerKernels, "submit", submit)
-    monkeypatch.setattr(scheduler_module.LoopScheduler, "loop_turn", counted_turn)
     w = ag.tensor(np.arange(4.0), requires_grad=True)
 
     async def main() -> None:
@@ -135,17 +133,9 @@ def test_a_node_for_a_worker_is_submitted_before_the_loop_turn(monkeypatch):
     assert events and events[0] == "submit", events
 
 
-def test_a_hooked_node_for_a_worker_waits_for_the_loop_turn(monkeypatch):
+def test_a_hooked_node_for_a_worker_waits_for_the_loop_turn(events):
     """A node with a hook is prepared by ``run_inline`` (its hooks run there), so it is
     not handed over ahead of the turn."""
-    events: list[str] = []
-    real_turn = scheduler_module.LoopScheduler.loop_turn
-
-    async def counted_turn(self):
-        events.append("turn")
-        await real_turn(self)
-
-    monkeypatch.setattr(scheduler_module.LoopScheduler, "loop_turn", counted_turn)
     w = ag.tensor(np.arange(4.0), requires_grad=True)
 
     async def main() -> None:
