@@ -18,10 +18,17 @@ from .kernels import compiled
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
-def _fits(*arrays: np.ndarray) -> bool:
-    first = arrays[0]
-    return (first.dtype in _FLOATS and first.ndim > 0 and first.size > 0
-            and all(a.dtype == first.dtype and a.shape == first.shape for a in arrays[1:]))
+def _fits(first: np.ndarray, *others: np.ndarray) -> bool:
+    """Whether the kernels apply: one float dtype and shape for all, at least one
+    dimension and one element. (A plain loop: a generator in ``all()`` was a
+    measurable part of a small node's kernel call.)"""
+    dt = first.dtype
+    if dt not in _FLOATS or not first.ndim or not first.size:
+        return False
+    for a in others:
+        if a.dtype != dt or a.shape != first.shape:
+            return False
+    return True
 
 
 def _c(a: np.ndarray) -> np.ndarray:
@@ -70,19 +77,16 @@ def _binary(name: str, g: np.ndarray, x: np.ndarray) -> np.ndarray | None:
     value broadcast (all strides 0, as a sum's gradient) goes to the kernel's ``_scalar``
     variant, where there is one, rather than being copied out in full.
 
-    The usual arguments (both C-contiguous and writeable, one float dtype and shape)
-    are checked once here and passed as flat views directly: ``_fits``'s generator and
-    ``_flat``'s copies-if-needed were half of the ~2.5 us this adds to the kernel on a
-    small array (a ReLU of 32 x 128, on every pass of the concurrent benchmark)."""
+    Arguments that are both C-contiguous and writeable (the usual case) are passed as
+    flat views directly: ``_flat``'s copies-if-needed were part of the ~2.5 us this adds
+    to the kernel on a small array (a ReLU of 32 x 128, on every pass of the concurrent
+    benchmark)."""
     if x.size < ELEMENTWISE_MIN:
         return None
     k = compiled()
-    if k is None:
+    if k is None or not _fits(x, g):
         return None
-    dt = x.dtype
-    if g.dtype != dt or g.shape != x.shape or dt not in _FLOATS or not x.ndim or not x.size:
-        return None  # (what ``_fits`` refuses)
-    out = np.empty(x.shape, dtype=dt)
+    out = np.empty(x.shape, dtype=x.dtype)
     gf = g.flags
     xf = x.flags
     if gf.c_contiguous and gf.writeable and xf.c_contiguous and xf.writeable:
