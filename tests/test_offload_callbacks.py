@@ -129,8 +129,14 @@ def test_cancellation_withdraws_the_kernels_no_worker_started(use_engine):
     async def main() -> None:
         task = asyncio.create_task(ag.backward(loss))
         assert await asyncio.to_thread(Gate.started.wait, WAIT)
-        while len(executor.futures) < 5:  # the add, two sums, both Gates' kernels
+        # the add's two parts (a split node: one future per input), the two sums and
+        # both Gates' kernels. (Waiting for 5 raced: the second Gate could still be
+        # unsubmitted when the task was cancelled, and then nothing was withdrawn.)
+        for _ in range(int(WAIT / 0.001)):
+            if len(executor.futures) >= 6:
+                break
             await asyncio.sleep(0.001)
+        assert len(executor.futures) == 6
         task.cancel()
         for _ in range(int(WAIT / 0.001)):  # until the backward withdrew the queued kernel
             if any(f.cancelled() for f in executor.futures):
