@@ -45,6 +45,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 ENV_VAR = "ASYNCGRAD_INTRA_OP"
 
 # elements from which a kernel goes parallel (``python -m bench.intraop --parallel-kernels``,
@@ -53,21 +55,59 @@ ENV_VAR = "ASYNCGRAD_INTRA_OP"
 # 0.42-0.71 at 131k); the light ones (a select, a multiply-add or two per element) only
 # from 262,144 (0.89-1.32 at 131k, 0.33-0.68 at 262k).
 MIN_HEAVY = 65536  # gelu (both forms) and its backward, sigmoid, softmax, log_softmax, layer_norm, Adam
+MIN_PRODUCT = 1 << 22  # multiply-adds from which a product splits over the pool (Note [One pool])
 MIN_LIGHT = 262144  # tanh's, sigmoid's, relu's, softmax's, log_softmax's and layer_norm's backward, masks
 
 available = False  # set by _numba_kernels at import when it compiled the parallel forms (TBB)
 _setting = os.environ.get(ENV_VAR, "").strip().lower()
 load_forms = _setting not in ("0", "off", "false", "no")  # read by _numba_kernels at import
-_enabled = _setting in ("1", "on", "true", "yes")  # off unless asked for: Note [Intra-op threads]
+_enabled = _setting in ("1", "on", "true", "yes", "pool")  # off unless asked for: Note [Intra-op threads]
 launches = 0  # parallel kernel calls so far (tests observe the switch through it)
+one_pool = _setting == "pool"  # Note [One pool]: BLAS at one thread, products in TBB's pool too
+# a 2-D product ``(a, b, out) -> out`` or None (numpy's then), set by _numba_kernels when it
+# compiled the parallel forms and found numpy's BLAS; ``linalg._mm`` calls it
+product: Callable[[Any, Any, Any], Any] | None = None
+_pin: Any = None  # the BLAS.pinned(1) block one pool holds open
 
 
 def set_enabled(on: bool) -> None:
-    """Allow or forbid (the default) parallel kernels from now on, process-wide."""
+    """Allow or forbid (the default) parallel kernels from now on, process-wide. Off
+    also ends one pool (:func:`set_one_pool`)."""
     global _enabled
     _enabled = bool(on)
+    if not on and one_pool:
+        set_one_pool(False)
     if on_switch is not None:
         on_switch(_enabled)
+
+
+def set_one_pool(on: bool) -> None:
+    """Note [One pool]: on, numpy's BLAS runs at one thread per call (``BLAS.pinned(1)``,
+    held until this is turned off), and the parallel kernels (:func:`set_enabled`) and
+    large 2-D products split over TBB's pool; off, BLAS's threads adapt again and the
+    parallel kernels stay as :func:`set_enabled` left them."""
+    global one_pool, _pin
+    from . import linalg
+
+    if on:
+        set_enabled(True)
+        _pin_blas()
+    elif _pin is not None:
+        pin, _pin = _pin, None
+        pin.__exit__(None, None, None)
+    one_pool = bool(on)
+    linalg._mm = linalg._mm_pool if one_pool else np.matmul
+
+
+def _pin_blas() -> None:
+    """Hold BLAS at one thread per call for one pool (once)."""
+    global _pin, _blas
+    if _pin is None:
+        from ..autograd.policy import BLAS
+
+        _blas = BLAS
+        _pin = BLAS.pinned(1)
+        _pin.__enter__()
 
 
 on_switch: Callable[[bool], None] | None = None  # set by _numba_kernels: installs or removes its dispatchers
@@ -88,7 +128,9 @@ def allowed() -> bool:
         from ..autograd.policy import BLAS
 
         _blas = BLAS
-    if not _blas.intra_op_ok():
+    if one_pool and _pin is None:  # ASYNCGRAD_INTRA_OP=pool: pinned at the first kernel
+        _pin_blas()
+    if not _blas.intra_op_ok(one_pool):
         return False
     launches += 1
     return True
