@@ -18,6 +18,9 @@ ratio to ``main``:
 * ``one pool``: BLAS at one thread, the parallel kernels on and the 2-D products split
   in row blocks over TBB's pool too (Note [One pool] in ``asyncgrad/ops/_intra.py``).
 
+    python -m bench.onepool --forward   # the no-grad forward pass in main, blas1, one pool
+    python -m bench.onepool --product   # one 1024 x 128 by 128 x 384 float32 product
+
 ``OPENBLAS_THREAD_TIMEOUT`` (set before the run) changes how long OpenBLAS's helper
 thread spins after a product in ``main`` and ``kernels``. Needs numba's TBB layer (``pip
 install tbb``) for all but ``main`` and ``blas1``.
@@ -43,7 +46,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--steps", type=int, default=3, help="steps per timed round")
     p.add_argument("--only", action="append", help="configurations to run (default: all)")
+    p.add_argument("--forward", action="store_true", help="the forward pass alone (no grad), 5 per round")
+    p.add_argument("--product", action="store_true", help="one product: numpy 1 thread, split over TBB")
     args = p.parse_args(argv)
+    if args.product:
+        one_product(args.rounds)
+        return
 
     import asyncgrad as ag
     from asyncgrad.autograd.policy import BLAS
@@ -80,6 +88,14 @@ def main(argv: list[str] | None = None) -> None:
             await ag.backward(loss)
             opt.step()
 
+    if args.forward:
+        async def ag_forwards() -> None:  # (the same configurations; an async def for ag_config)
+            with ag.no_grad():
+                for _ in range(5):
+                    model(idx, targets)
+        ag_steps = ag_forwards  # noqa: F811
+        args.steps = 5
+
     def ag_config(kernels: bool, blas1: bool, products: bool) -> Callable[[], None]:
         def run() -> None:
             with setting(kernels, blas1, products):
@@ -110,6 +126,8 @@ def main(argv: list[str] | None = None) -> None:
         configs["torch sdpa"] = t_steps
     except ImportError:
         pass
+    if args.forward:
+        configs = {k: v for k, v in configs.items() if k in ("main", "blas1", "one pool")}
     if args.only:
         configs = {k: v for k, v in configs.items() if k in args.only or k == "main"}
     for fn in configs.values():  # warm-up (and the engine's one-time set-up)
@@ -125,7 +143,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"# GPT step ({cfg.describe()}), {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}, "
           f"OPENBLAS_THREAD_TIMEOUT={os.environ.get('OPENBLAS_THREAD_TIMEOUT', '(default)')}, "
           f"parallel launches {(_intra.launches - launches) / args.rounds / args.steps:.0f} per step; "
-          f"command: python -m bench.onepool --rounds {args.rounds} --steps {args.steps}")
+          f"command: python -m bench.onepool --rounds {args.rounds} "
+          + ("--forward" if args.forward else f"--steps {args.steps}"))
     print("| configuration | median ms per step | min | / main (per round, median) | / torch sdpa |")
     print("|---|---:|---:|---:|---:|")
     tmed = statistics.median(times["torch sdpa"]) if "torch sdpa" in times else None
@@ -133,6 +152,38 @@ def main(argv: list[str] | None = None) -> None:
         ratio = statistics.median(a / b for a, b in zip(t, times["main"]))
         vs_torch = f"{statistics.median(t) / tmed:.2f}" if tmed else "-"
         print(f"| {name} | {statistics.median(t) * 1e3:.1f} | {min(t) * 1e3:.1f} | {ratio:.3f} | {vs_torch} |")
+
+
+def one_product(rounds: int) -> None:
+    """numpy's product at one thread against the split one (``_intra.product``), interleaved."""
+    import numpy as np
+
+    from asyncgrad.ops import _intra
+    from asyncgrad.ops import kernels as compiled_kernels
+
+    compiled_kernels.wait()
+    if _intra.product is None:
+        print("no split product: numba's TBB layer or numpy's CBLAS gemm not found")
+        return
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((1024, 128)).astype(np.float32)
+    b = rng.standard_normal((384, 128)).astype(np.float32).T
+    out = np.empty((1024, 384), np.float32)
+    _intra.set_one_pool(True)
+    cases = {"numpy, 1 thread": lambda: np.matmul(a, b, out=out), "split over TBB": lambda: _intra.product(a, b, out)}
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(rounds):
+        for name, fn in cases.items():
+            t0 = time.perf_counter()
+            for _ in range(20):
+                fn()
+            times[name].append((time.perf_counter() - t0) / 20)
+    _intra.set_one_pool(False)
+    _intra.set_enabled(False)
+    print(f"# 1024 x 128 @ 128 x 384 float32 (BLAS at one thread), load {os.getloadavg()[0]:.2f}; "
+          f"command: python -m bench.onepool --product --rounds {rounds}")
+    for name, t in times.items():
+        print(f"{name}: median {statistics.median(t) * 1e3:.3f} ms")
 
 
 if __name__ == "__main__":

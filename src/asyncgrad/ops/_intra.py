@@ -37,6 +37,31 @@ and other processes take that core too. PyTorch's intra-op parallelism pays beca
 products and its elementwise kernels share one thread pool; here they are two pools on
 two cores. TBB is not a dependency for the same reason; it is in the ``test`` extra so CI
 checks the parallel forms.
+
+Note [One pool]: the opt-in answer to "two pools on two cores" (``ASYNCGRAD_INTRA_OP=pool``
+at start-up, or :func:`set_one_pool`): numpy's BLAS is pinned at one thread per call (no
+OpenBLAS helper thread left spinning), the parallel kernels are on, and the large 2-D
+products (the linear layers' forward and both gradients, a stack times a matrix: every
+``linalg._mm``) split their rows into one block per core in a numba ``prange`` on TBB,
+each block one single-threaded GEMM of numpy's own OpenBLAS (its CBLAS ``?gemm``, found
+through threadpoolctl), so products and elementwise kernels share TBB's pool as in
+PyTorch. The same conditions hold as above, except that BLAS must be at one thread; a
+product goes parallel from ``MIN_PRODUCT`` multiply-adds, in a BLAS layout (one unit
+stride per operand), float32 or float64. Off, ``linalg._mm`` is ``np.matmul`` itself, so
+the default path pays nothing for it. The stacked attention products stay numpy's.
+
+Measured (``python -m bench.onepool``, the transformer step, configurations interleaved
+round by round, 2 shared cores): the split product halves in isolation (1024 x 128 by
+128 x 384 float32: 0.85 ms at one thread, 0.46 split) and the no-grad forward pass gains
+12% (45.7 ms with main's defaults, 40.4 one pool), but the whole step does not pay here:
+one pool / main per round 0.97, 0.88, 0.99, 0.97 in four runs (load 1.3-2.3), the
+parallel kernels alone 0.91, 0.96, 0.96, 1.11, BLAS at one thread alone 1.05-1.16, while
+PyTorch's step in the same runs stood at 0.64-0.76 of main's. A low
+``OPENBLAS_THREAD_TIMEOUT`` (4: the helper thread sleeps at once) did not make the
+parallel kernels pay either (1.11 in ``bench.onepool``; 1.005 and 1.024 on / off in
+``python -m bench.intraop --step``, against 1.013 and 1.058 with the default spin), though
+it sped up PyTorch's single steps interleaved with asyncgrad's there (60-70 ms against
+150: OpenBLAS's spinning helper had taken torch's second core). So it stays opt-in.
 """
 
 from __future__ import annotations
