@@ -136,11 +136,8 @@ def test_only_with_one_pool_on_and_the_process_idle(pool) -> None:
     finally:
         BLAS.backward_ended()
         BLAS.backward_ended()
-    BLAS.run(lambda: BLAS.run(L._mm, a, b))  # another engine BLAS kernel running: numpy's
+    BLAS.run(L._mm, a, b)  # an engine BLAS kernel running (itself): numpy's
     assert _intra.launches == before
-    BLAS.run(L._mm, a, b)  # on a worker, the only BLAS kernel running: it splits
-    assert _intra.launches == before + 1
-    before += 1
     _intra.set_one_pool(False)
     L._mm(a, b)
     assert _intra.launches == before
@@ -213,27 +210,3 @@ def test_the_environment_variable_turns_one_pool_on_at_start_up(k) -> None:
     r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["True", "True", "True", "1", "1"], (r.stdout, r.stderr)
-
-
-def test_one_pool_keeps_a_product_node_one_kernel_that_splits_itself(k) -> None:
-    """Policy.splits: with BLAS at one thread a linear node's gradients would go to two
-    workers as separate kernels; with one pool each product splits itself instead."""
-    from types import SimpleNamespace
-
-    from asyncgrad.autograd.policy import Policy
-
-    x = ag.from_numpy(np.ones((4, 3))).requires_grad_()
-    w = ag.from_numpy(np.ones((2, 3))).requires_grad_()
-    node = AF.linear(x, w).grad_fn
-    task = SimpleNamespace(plain_kernels=lambda: True)
-    policy = Policy(2, 0, None, False)
-    was = _intra.enabled()
-    with BLAS.pinned(1):
-        assert policy.splits(task, node)  # type: ignore[arg-type]
-        try:
-            _intra.set_one_pool(True)
-            assert not policy.splits(task, node)  # type: ignore[arg-type]
-        finally:
-            _intra.set_one_pool(False)
-            _intra.set_enabled(was)
-        assert policy.splits(task, node)  # type: ignore[arg-type]

@@ -79,7 +79,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from ..ops import _intra
 from .graph import AccumulateGrad
 from .recording import OpNode
 
@@ -117,11 +116,10 @@ class Policy:
         """Whether to compute a node's input gradients as separate parallel kernels: a
         large built-in node with several needed gradients, and no tool wrapping kernels.
         Not for a joint rule, nor for BLAS kernels while BLAS runs threads of its own (it
-        parallelises them) or one pool is on (each product splits itself: Note [One pool]
-        in ops/_intra.py)."""
+        parallelises them)."""
         if self.max_workers < 2 or type(node) is not OpNode or not task.plain_kernels():
             return False
-        if (node.spec.blas and (self.blas_threads_per_call > 1 or _intra.one_pool)) or node.spec.variadic:
+        if (node.spec.blas and self.blas_threads_per_call > 1) or node.spec.variadic:
             return False
         if node.spec.joint is not None:  # one kernel for all (ops/_spec.py, Note [Joint rules])
             return False
@@ -319,10 +317,8 @@ class BlasThreads:
         threads] in ops/_intra.py): at most one backward call in flight, BLAS has threads
         of its own (Note [BLAS hysteresis]; not pinned at one) and no engine BLAS kernel
         is running. Read without the lock: a hint, as a kernel may start just after."""
-        if one_pool:  # Note [One pool] there: BLAS at one thread, and a product on a
-            # worker (the caller itself) may split too, not two at once
-            return self._backwards <= 1 and self.per_call == 1 and self._free >= self.cores - 1
-        return self._backwards <= 1 and self.per_call > 1 and self._free == self.cores
+        threads_ok = self.per_call == 1 if one_pool else self.per_call > 1  # (Note [One pool] there)
+        return self._backwards <= 1 and threads_ok and self._free == self.cores
 
     def backward_started(self) -> None:
         with self._mutex:
