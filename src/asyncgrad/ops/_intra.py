@@ -48,7 +48,12 @@ through threadpoolctl), so products and elementwise kernels share TBB's pool as 
 PyTorch. The same conditions hold as above, except that BLAS must be at one thread; a
 product goes parallel from ``MIN_PRODUCT`` multiply-adds, in a BLAS layout (one unit
 stride per operand), float32 or float64. Off, ``linalg._mm`` is ``np.matmul`` itself, so
-the default path pays nothing for it. The stacked attention products stay numpy's.
+the default path pays nothing for it. The stacked attention products stay numpy's, and
+so do the backward's products on the engine's workers (each runs inside ``BLAS.run``,
+which takes a BLAS slot, so ``intra_op_ok`` says no): letting that one kernel split too,
+and keeping a product node one kernel instead of the workers' split, made the step
+slower (one pool / main 1.09 twice), as the backward already keeps both cores busy with
+the engine's workers and the loop.
 
 Measured (``python -m bench.onepool``, the transformer step, configurations interleaved
 round by round, 2 shared cores): the split product halves in isolation (1024 x 128 by
