@@ -59,9 +59,9 @@ Measured (``python -m bench.onepool``, the transformer step, configurations inte
 round by round, 2 shared cores): the split product halves in isolation (1024 x 128 by
 128 x 384 float32: 0.85 ms at one thread, 0.46 split) and the no-grad forward pass gains
 12% (45.7 ms with main's defaults, 40.4 one pool), but the whole step does not pay here:
-one pool / main per round 0.97, 0.88, 0.99, 0.97 in four runs (load 1.3-2.3), the
-parallel kernels alone 0.91, 0.96, 0.96, 1.11, BLAS at one thread alone 1.05-1.16, while
-PyTorch's step in the same runs stood at 0.64-0.76 of main's. A low
+one pool / main per round 0.97, 0.88, 0.99, 0.97, 0.98, 1.10 in six runs (load 1.3-2.3),
+the parallel kernels alone 0.91, 0.96, 0.96, 1.11, 0.91, 1.00, BLAS at one thread alone
+1.05-1.16, while PyTorch's step in the same runs stood at 0.65-0.76 of main's. A low
 ``OPENBLAS_THREAD_TIMEOUT`` (4: the helper thread sleeps at once) did not make the
 parallel kernels pay either (1.11 in ``bench.onepool``; 1.005 and 1.024 on / off in
 ``python -m bench.intraop --step``, against 1.013 and 1.058 with the default spin), though
