@@ -312,12 +312,13 @@ class BlasThreads:
                 for lib in self._libs:
                     lib.set_num_threads(self.per_call)
 
-    def intra_op_ok(self) -> bool:
+    def intra_op_ok(self, one_pool: bool = False) -> bool:
         """Whether a compiled kernel may split itself over the cores now (Note [Intra-op
         threads] in ops/_intra.py): at most one backward call in flight, BLAS has threads
         of its own (Note [BLAS hysteresis]; not pinned at one) and no engine BLAS kernel
         is running. Read without the lock: a hint, as a kernel may start just after."""
-        return self._backwards <= 1 and self.per_call > 1 and self._free == self.cores
+        threads_ok = self.per_call == 1 if one_pool else self.per_call > 1  # (Note [One pool] there)
+        return self._backwards <= 1 and threads_ok and self._free == self.cores
 
     def backward_started(self) -> None:
         with self._mutex:

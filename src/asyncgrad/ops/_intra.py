@@ -37,6 +37,36 @@ and other processes take that core too. PyTorch's intra-op parallelism pays beca
 products and its elementwise kernels share one thread pool; here they are two pools on
 two cores. TBB is not a dependency for the same reason; it is in the ``test`` extra so CI
 checks the parallel forms.
+
+Note [One pool]: the opt-in answer to "two pools on two cores" (``ASYNCGRAD_INTRA_OP=pool``
+at start-up, or :func:`set_one_pool`): numpy's BLAS is pinned at one thread per call (no
+OpenBLAS helper thread left spinning), the parallel kernels are on, and the large 2-D
+products (the linear layers' forward and both gradients, a stack times a matrix: every
+``linalg._mm``) split their rows into one block per core in a numba ``prange`` on TBB,
+each block one single-threaded GEMM of numpy's own OpenBLAS (its CBLAS ``?gemm``, found
+through threadpoolctl), so products and elementwise kernels share TBB's pool as in
+PyTorch. The same conditions hold as above, except that BLAS must be at one thread; a
+product goes parallel from ``MIN_PRODUCT`` multiply-adds, in a BLAS layout (one unit
+stride per operand), float32 or float64. Off, ``linalg._mm`` is ``np.matmul`` itself, so
+the default path pays nothing for it. The stacked attention products stay numpy's, and
+so do the backward's products on the engine's workers (each runs inside ``BLAS.run``,
+which takes a BLAS slot, so ``intra_op_ok`` says no): letting that one kernel split too,
+and keeping a product node one kernel instead of the workers' split, made the step
+slower (one pool / main 1.09 twice), as the backward already keeps both cores busy with
+the engine's workers and the loop.
+
+Measured (``python -m bench.onepool``, the transformer step, configurations interleaved
+round by round, 2 shared cores): the split product halves in isolation (1024 x 128 by
+128 x 384 float32: 0.85 ms at one thread, 0.46 split) and the no-grad forward pass gains
+12% (45.7 ms with main's defaults, 40.4 one pool), but the whole step does not pay here:
+one pool / main per round 0.97, 0.88, 0.99, 0.97, 0.98, 1.10 in six runs (load 1.3-2.3),
+the parallel kernels alone 0.91, 0.96, 0.96, 1.11, 0.91, 1.00, BLAS at one thread alone
+1.05-1.16, while PyTorch's step in the same runs stood at 0.65-0.76 of main's. A low
+``OPENBLAS_THREAD_TIMEOUT`` (4: the helper thread sleeps at once) did not make the
+parallel kernels pay either (1.11 in ``bench.onepool``; 1.005 and 1.024 on / off in
+``python -m bench.intraop --step``, against 1.013 and 1.058 with the default spin), though
+it sped up PyTorch's single steps interleaved with asyncgrad's there (60-70 ms against
+150: OpenBLAS's spinning helper had taken torch's second core). So it stays opt-in.
 """
 
 from __future__ import annotations
@@ -44,6 +74,8 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from typing import Any
+
+import numpy as np
 
 ENV_VAR = "ASYNCGRAD_INTRA_OP"
 
@@ -53,21 +85,59 @@ ENV_VAR = "ASYNCGRAD_INTRA_OP"
 # 0.42-0.71 at 131k); the light ones (a select, a multiply-add or two per element) only
 # from 262,144 (0.89-1.32 at 131k, 0.33-0.68 at 262k).
 MIN_HEAVY = 65536  # gelu (both forms) and its backward, sigmoid, softmax, log_softmax, layer_norm, Adam
+MIN_PRODUCT = 1 << 22  # multiply-adds from which a product splits (Note [One pool]; untuned: the step's least is 8.5 M)
 MIN_LIGHT = 262144  # tanh's, sigmoid's, relu's, softmax's, log_softmax's and layer_norm's backward, masks
 
 available = False  # set by _numba_kernels at import when it compiled the parallel forms (TBB)
 _setting = os.environ.get(ENV_VAR, "").strip().lower()
 load_forms = _setting not in ("0", "off", "false", "no")  # read by _numba_kernels at import
-_enabled = _setting in ("1", "on", "true", "yes")  # off unless asked for: Note [Intra-op threads]
+_enabled = _setting in ("1", "on", "true", "yes", "pool")  # off unless asked for: Note [Intra-op threads]
 launches = 0  # parallel kernel calls so far (tests observe the switch through it)
+one_pool = _setting == "pool"  # Note [One pool]: BLAS at one thread, products in TBB's pool too
+# a 2-D product ``(a, b, out) -> out`` or None (numpy's then), set by _numba_kernels when it
+# compiled the parallel forms and found numpy's BLAS; ``linalg._mm`` calls it
+product: Callable[[Any, Any, Any], Any] | None = None
+_pin: Any = None  # the BLAS.pinned(1) block one pool holds open
 
 
 def set_enabled(on: bool) -> None:
-    """Allow or forbid (the default) parallel kernels from now on, process-wide."""
+    """Allow or forbid (the default) parallel kernels from now on, process-wide. Off
+    also ends one pool (:func:`set_one_pool`)."""
     global _enabled
     _enabled = bool(on)
+    if not on and one_pool:
+        set_one_pool(False)
     if on_switch is not None:
         on_switch(_enabled)
+
+
+def set_one_pool(on: bool) -> None:
+    """Note [One pool]: on, numpy's BLAS runs at one thread per call (``BLAS.pinned(1)``,
+    held until this is turned off), and the parallel kernels (:func:`set_enabled`) and
+    large 2-D products split over TBB's pool; off, BLAS's threads adapt again and the
+    parallel kernels stay as :func:`set_enabled` left them."""
+    global one_pool, _pin
+    from . import linalg
+
+    if on:
+        set_enabled(True)
+        _pin_blas()
+    elif _pin is not None:
+        pin, _pin = _pin, None
+        pin.__exit__(None, None, None)
+    one_pool = bool(on)
+    linalg._mm = linalg._mm_pool if one_pool else np.matmul
+
+
+def _pin_blas() -> None:
+    """Hold BLAS at one thread per call for one pool (once)."""
+    global _pin, _blas
+    if _pin is None:
+        from ..autograd.policy import BLAS
+
+        _blas = BLAS
+        _pin = BLAS.pinned(1)
+        _pin.__enter__()
 
 
 on_switch: Callable[[bool], None] | None = None  # set by _numba_kernels: installs or removes its dispatchers
@@ -88,7 +158,9 @@ def allowed() -> bool:
         from ..autograd.policy import BLAS
 
         _blas = BLAS
-    if not _blas.intra_op_ok():
+    if one_pool and _pin is None:  # ASYNCGRAD_INTRA_OP=pool: pinned at the first kernel
+        _pin_blas()
+    if not _blas.intra_op_ok(one_pool):
         return False
     launches += 1
     return True

@@ -776,3 +776,96 @@ if PARALLEL:
     _intra.available = True
     _intra.on_switch = _install
     _install(_intra.enabled())
+
+
+# --- products over the same pool (Note [One pool] in _intra.py) --------------------------------
+def _numpy_gemm() -> tuple[object, object] | None:
+    """numpy's own BLAS ``cblas_sgemm`` and ``cblas_dgemm`` as ctypes functions, or None
+    (a BLAS whose symbols are not found: products stay numpy's). The symbols of numpy's
+    wheels (``scipy_cblas_?gemm64_``, 64-bit integers) first, then a plain CBLAS."""
+    import ctypes
+
+    try:
+        from threadpoolctl import ThreadpoolController
+
+        paths = [lib.filepath for lib in ThreadpoolController().select(user_api="blas").lib_controllers
+                 if "numpy" in lib.filepath]
+        if not paths:
+            return None
+        lib = ctypes.CDLL(paths[0])
+    except Exception:  # noqa: BLE001 - no threadpoolctl or no loadable BLAS: numpy's products
+        return None
+    for prefix, suffix, index in (("scipy_cblas_", "64_", ctypes.c_int64), ("cblas_", "64_", ctypes.c_int64),
+                                  ("cblas_", "", ctypes.c_int)):
+        fns = []
+        for letter, real in (("s", ctypes.c_float), ("d", ctypes.c_double)):
+            fn = getattr(lib, f"{prefix}{letter}gemm{suffix}", None)
+            if fn is None:
+                break
+            fn.restype = None
+            fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, index, index, index, real,
+                           ctypes.c_void_p, index, ctypes.c_void_p, index, real, ctypes.c_void_p, index]
+            fns.append(fn)
+        if len(fns) == 2:
+            return fns[0], fns[1]
+    return None
+
+
+_GEMM = _numpy_gemm() if PARALLEL else None
+_PRODUCT_PARTS = 2  # row blocks per product: one per core here; more blocks thin each GEMM
+
+if _GEMM is not None:
+    _sgemm, _dgemm = _GEMM
+    _ROW, _NOTRANS, _TRANS = 101, 111, 112  # CBLAS's enums
+
+    def _product_rows(gemm):  # type: ignore[no-untyped-def]
+        def product(a, b, out):  # type: ignore[no-untyped-def]
+            # out (n, m) = a (n, k) @ b (k, m), the rows of ``out`` cut into blocks, one
+            # single-threaded GEMM per block; a and b each have one unit stride
+            n, k = a.shape
+            m = b.shape[1]
+            size = a.itemsize
+            ta, lda = (_NOTRANS, a.strides[0] // size) if a.strides[1] == size else (_TRANS, a.strides[1] // size)
+            tb, ldb = (_NOTRANS, b.strides[0] // size) if b.strides[1] == size else (_TRANS, b.strides[1] // size)
+            parts = _PRODUCT_PARTS
+            for c in prange(parts):
+                lo, hi = c * n // parts, (c + 1) * n // parts
+                gemm(_ROW, ta, tb, hi - lo, m, k, 1.0, a[lo:].ctypes.data, lda, b.ctypes.data, ldb, 0.0,
+                     out[lo:].ctypes.data, m)
+        return product
+
+    _P32 = (types.float32[:, :], types.float32[:, :], M32)
+    _P64 = (types.float64[:, :], types.float64[:, :], M64)
+    # not cached: the BLAS functions' addresses are compiled in (~1 s once, on the loader thread)
+    product_rows_f32 = njit([_P32], nogil=True, parallel=True)(_product_rows(_sgemm))
+    product_rows_f64 = njit([_P64], nogil=True, parallel=True)(_product_rows(_dgemm))
+
+    _PRODUCT_ROWS = {np.dtype(np.float32): product_rows_f32, np.dtype(np.float64): product_rows_f64}
+
+    def product(a, b, out):  # type: ignore[no-untyped-def]
+        """``a @ b`` of 2-D float arrays split over the pool into ``out`` (or a new array),
+        or None when Note [One pool] does not apply (then ``linalg._mm`` runs numpy's)."""
+        if not _intra.one_pool:
+            return None
+        kernel = _PRODUCT_ROWS.get(a.dtype)
+        if kernel is None or b.dtype != a.dtype or a.ndim != 2 or b.ndim != 2:
+            return None
+        n, k = a.shape
+        m = b.shape[1]
+        if n < _PRODUCT_PARTS or n * k * m < _intra.MIN_PRODUCT or b.shape[0] != k:
+            return None
+        size = a.itemsize
+        for x in (a, b):  # one unit stride (a BLAS layout), the other a positive multiple
+            s0, s1 = x.strides
+            if not ((s1 == size and s0 >= x.shape[1] * size) or (s0 == size and s1 >= x.shape[0] * size)):
+                return None
+        if out is None:
+            out = np.empty((n, m), a.dtype)
+        elif out.dtype != a.dtype or out.shape != (n, m) or not out.flags.c_contiguous:
+            return None
+        if not _intra.allowed():
+            return None
+        kernel(a, b, out)
+        return out
+
+    _intra.product = product

@@ -7,8 +7,11 @@ hand-written numpy backward.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
+from . import _intra
 from ._spec import defop
 
 
@@ -32,6 +35,23 @@ def _row_major(b: np.ndarray) -> np.ndarray:
     return b
 
 
+def _mm_pool(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """``_mm`` while one pool is on: a 2-D float product split over TBB's pool when Note
+    [One pool] in ``_intra.py`` allows it (``_intra.product``), else numpy's ``matmul``."""
+    product = _intra.product
+    if product is not None:
+        res = product(a, b, out)
+        if res is not None:
+            return res  # type: ignore[no-any-return]
+    return np.matmul(a, b, out=out)  # type: ignore[no-any-return]
+
+
+# the linear layers' and flat products (``_mm(a, b[, out])``): numpy's ``matmul``, or
+# ``_mm_pool`` while one pool is on (``_intra.set_one_pool`` swaps it), so the default
+# path costs what it did before
+_mm: Callable[..., np.ndarray] = _mm_pool if _intra.one_pool else np.matmul
+
+
 def _stacked(a: np.ndarray, b: np.ndarray) -> bool:
     """Whether ``a @ b`` is a product of stacks of one shape and float type, no broadcasting."""
     return (a.ndim >= 3 and a.ndim == b.ndim and a.shape[:-2] == b.shape[:-2] and a.dtype in _FLOATS
@@ -49,7 +69,7 @@ def _flat_product(a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
     stack of products summed afterwards, 0.23 -> 0.15 as one GEMM. (As ``_linear``.)"""
     if (a.ndim >= 3 and b.ndim == 2 and a.dtype in _FLOATS and b.dtype == a.dtype and a.flags.c_contiguous
             and a.shape[-1] == b.shape[0] and a.size and b.size):  # (reshape(-1, 0) cannot infer -1)
-        return (a.reshape(-1, a.shape[-1]) @ b).reshape(*a.shape[:-1], b.shape[-1])
+        return _mm(a.reshape(-1, a.shape[-1]), b).reshape(*a.shape[:-1], b.shape[-1])
     return None
 
 
@@ -118,7 +138,7 @@ def _matmul_rule_y(m, g, ans, x, y):  # type: ignore[no-untyped-def]
             and x.size and g.size):
         # the stack of products x^T g summed over the leading dims, as one GEMM over all
         # rows (Note [A stack times a matrix])
-        return x.reshape(-1, x.shape[-1]).T @ g.reshape(-1, g.shape[-1])
+        return _mm(x.reshape(-1, x.shape[-1]).T, g.reshape(-1, g.shape[-1]))
     return m.matmul(m.transpose(x, -1, -2), g)
 
 
@@ -137,13 +157,15 @@ def _linear_rule_x(m, g, ans, x, w, b=None):  # type: ignore[no-untyped-def]
     if m.tensor_mode:
         return m.reshape(m.matmul(_flat(m, g), w), shape)
     out = np.empty(shape, dtype=np.result_type(g.dtype, w.dtype))  # a base array, not a view:
-    np.matmul(_flat(m, g), w, out=out.reshape(-1, shape[-1]))  # it can become .grad as it is
+    _mm(_flat(m, g), w, out.reshape(-1, shape[-1]))  # it can become .grad as it is
     return out
 
 
 def _linear(x, w, b=None):  # type: ignore[no-untyped-def]
     if x.ndim > 2:  # one GEMM over all rows, not numpy's loop of one per leading index
-        out = (x.reshape(-1, x.shape[-1]) @ w.T).reshape(*x.shape[:-1], w.shape[0])
+        out = _mm(x.reshape(-1, x.shape[-1]), w.T).reshape(*x.shape[:-1], w.shape[0])
+    elif x.ndim == 2 and w.ndim == 2:
+        out = _mm(x, w.T)
     else:
         out = x @ w.T
     if b is not None:
@@ -156,7 +178,9 @@ def _linear_rule_w(m, g, ans, x, w, b=None):  # type: ignore[no-untyped-def]
     and GEMM as ``m.transpose``): ``np.swapaxes`` and ``_flat`` are Python-level calls,
     a third of this rule's ~16 us on a small layer (batch 32, width 128)."""
     if not m.tensor_mode and len(g.shape) == 2 and len(x.shape) == 2:
-        return g.T @ x
+        return _mm(g.T, x)
+    if not m.tensor_mode:
+        return _mm(_flat(m, g).T, _flat(m, x))
     return m.matmul(m.transpose(_flat(m, g), 0, 1), _flat(m, x))
 
 
