@@ -94,9 +94,12 @@ load_forms = _setting not in ("0", "off", "false", "no")  # read by _numba_kerne
 _enabled = _setting in ("1", "on", "true", "yes", "pool")  # off unless asked for: Note [Intra-op threads]
 launches = 0  # parallel kernel calls so far (tests observe the switch through it)
 one_pool = _setting == "pool"  # Note [One pool]: BLAS at one thread, products in TBB's pool too
-# a 2-D product ``(a, b, out) -> out`` or None (numpy's then), set by _numba_kernels when it
-# compiled the parallel forms and found numpy's BLAS; ``linalg._mm`` calls it
+# a 2-D product ``(a, b, out) -> out`` or None (numpy's then), set by ``build_product`` once
+# it compiled the split product over numpy's BLAS; ``linalg._mm`` calls it
 product: Callable[[Any, Any, Any], Any] | None = None
+# compiles ``product`` (once; whether it could), set by _numba_kernels with the parallel
+# forms: the split product is built the first time one pool is turned on
+build_product: Callable[[], bool] | None = None
 _pin: Any = None  # the BLAS.pinned(1) block one pool holds open
 
 
@@ -120,6 +123,8 @@ def set_one_pool(on: bool) -> None:
     from . import linalg
 
     if on:
+        if build_product is not None:
+            build_product()
         set_enabled(True)
         _pin_blas()
     elif _pin is not None:

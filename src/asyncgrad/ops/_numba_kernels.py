@@ -811,61 +811,75 @@ def _numpy_gemm() -> tuple[object, object] | None:
     return None
 
 
-_GEMM = _numpy_gemm() if PARALLEL else None
 _PRODUCT_PARTS = 2  # row blocks per product: one per core here; more blocks thin each GEMM
+_ROW, _NOTRANS, _TRANS = 101, 111, 112  # CBLAS's enums
+_PRODUCT_ROWS: dict[np.dtype, object] = {}  # dtype -> compiled split product, once built
 
-if _GEMM is not None:
-    _sgemm, _dgemm = _GEMM
-    _ROW, _NOTRANS, _TRANS = 101, 111, 112  # CBLAS's enums
 
-    def _product_rows(gemm):  # type: ignore[no-untyped-def]
-        def product(a, b, out):  # type: ignore[no-untyped-def]
-            # out (n, m) = a (n, k) @ b (k, m), the rows of ``out`` cut into blocks, one
-            # single-threaded GEMM per block; a and b each have one unit stride
-            n, k = a.shape
-            m = b.shape[1]
-            size = a.itemsize
-            ta, lda = (_NOTRANS, a.strides[0] // size) if a.strides[1] == size else (_TRANS, a.strides[1] // size)
-            tb, ldb = (_NOTRANS, b.strides[0] // size) if b.strides[1] == size else (_TRANS, b.strides[1] // size)
-            parts = _PRODUCT_PARTS
-            for c in prange(parts):
-                lo, hi = c * n // parts, (c + 1) * n // parts
-                gemm(_ROW, ta, tb, hi - lo, m, k, 1.0, a[lo:].ctypes.data, lda, b.ctypes.data, ldb, 0.0,
-                     out[lo:].ctypes.data, m)
-        return product
-
-    _P32 = (types.float32[:, :], types.float32[:, :], M32)
-    _P64 = (types.float64[:, :], types.float64[:, :], M64)
-    # not cached: the BLAS functions' addresses are compiled in (~1 s once, on the loader thread)
-    product_rows_f32 = njit([_P32], nogil=True, parallel=True)(_product_rows(_sgemm))
-    product_rows_f64 = njit([_P64], nogil=True, parallel=True)(_product_rows(_dgemm))
-
-    _PRODUCT_ROWS = {np.dtype(np.float32): product_rows_f32, np.dtype(np.float64): product_rows_f64}
-
+def _product_rows(gemm):  # type: ignore[no-untyped-def]
     def product(a, b, out):  # type: ignore[no-untyped-def]
-        """``a @ b`` of 2-D float arrays split over the pool into ``out`` (or a new array),
-        or None when Note [One pool] does not apply (then ``linalg._mm`` runs numpy's)."""
-        if not _intra.one_pool:
-            return None
-        kernel = _PRODUCT_ROWS.get(a.dtype)
-        if kernel is None or b.dtype != a.dtype or a.ndim != 2 or b.ndim != 2:
-            return None
+        # out (n, m) = a (n, k) @ b (k, m), the rows of ``out`` cut into blocks, one
+        # single-threaded GEMM per block; a and b each have one unit stride
         n, k = a.shape
         m = b.shape[1]
-        if n < _PRODUCT_PARTS or n * k * m < _intra.MIN_PRODUCT or b.shape[0] != k:
-            return None
         size = a.itemsize
-        for x in (a, b):  # one unit stride (a BLAS layout), the other a positive multiple
-            s0, s1 = x.strides
-            if not ((s1 == size and s0 >= x.shape[1] * size) or (s0 == size and s1 >= x.shape[0] * size)):
-                return None
-        if out is None:
-            out = np.empty((n, m), a.dtype)
-        elif out.dtype != a.dtype or out.shape != (n, m) or not out.flags.c_contiguous:
-            return None
-        if not _intra.allowed():
-            return None
-        kernel(a, b, out)
-        return out
+        ta, lda = (_NOTRANS, a.strides[0] // size) if a.strides[1] == size else (_TRANS, a.strides[1] // size)
+        tb, ldb = (_NOTRANS, b.strides[0] // size) if b.strides[1] == size else (_TRANS, b.strides[1] // size)
+        parts = _PRODUCT_PARTS
+        for c in prange(parts):
+            lo, hi = c * n // parts, (c + 1) * n // parts
+            gemm(_ROW, ta, tb, hi - lo, m, k, 1.0, a[lo:].ctypes.data, lda, b.ctypes.data, ldb, 0.0,
+                 out[lo:].ctypes.data, m)
+    return product
 
-    _intra.product = product
+
+def _split_product(a, b, out):  # type: ignore[no-untyped-def]
+    """``a @ b`` of 2-D float arrays split over the pool into ``out`` (or a new array),
+    or None when Note [One pool] does not apply (then ``linalg._mm`` runs numpy's)."""
+    if not _intra.one_pool:
+        return None
+    kernel = _PRODUCT_ROWS.get(a.dtype)
+    if kernel is None or b.dtype != a.dtype or a.ndim != 2 or b.ndim != 2:
+        return None
+    n, k = a.shape
+    m = b.shape[1]
+    if n < _PRODUCT_PARTS or n * k * m < _intra.MIN_PRODUCT or b.shape[0] != k:
+        return None
+    size = a.itemsize
+    for x in (a, b):  # one unit stride (a BLAS layout), the other a positive multiple
+        s0, s1 = x.strides
+        if not ((s1 == size and s0 >= x.shape[1] * size) or (s0 == size and s1 >= x.shape[0] * size)):
+            return None
+    if out is None:
+        out = np.empty((n, m), a.dtype)
+    elif out.dtype != a.dtype or out.shape != (n, m) or not out.flags.c_contiguous:
+        return None
+    if not _intra.allowed():
+        return None
+    kernel(a, b, out)  # type: ignore[operator]
+    return out
+
+
+def _build_product() -> bool:
+    """Compile the split product the first time one pool is turned on (Note [One pool]);
+    whether numpy's BLAS gemm was found. Not cached, as the BLAS functions' addresses are
+    compiled in (~1 s): built lazily, so a process that never turns one pool on never
+    pays it, with TBB installed or not."""
+    if _intra.product is not None:
+        return True
+    gemm = _numpy_gemm()
+    if gemm is None:
+        return False
+    sgemm, dgemm = gemm
+    _PRODUCT_ROWS[np.dtype(np.float64)] = njit([(types.float64[:, :], types.float64[:, :], M64)],
+                                               nogil=True, parallel=True)(_product_rows(dgemm))
+    _PRODUCT_ROWS[np.dtype(np.float32)] = njit([(types.float32[:, :], types.float32[:, :], M32)],
+                                               nogil=True, parallel=True)(_product_rows(sgemm))
+    _intra.product = _split_product
+    return True
+
+
+if PARALLEL:
+    _intra.build_product = _build_product
+    if _intra.one_pool:  # (ASYNCGRAD_INTRA_OP=pool: built now, on the loader thread)
+        _build_product()
