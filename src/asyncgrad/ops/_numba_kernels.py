@@ -27,7 +27,9 @@ import os
 import numpy as np
 
 from . import _intra
+from llvmlite import ir
 from numba import njit, prange, types
+from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 _FLAGS = {"reassoc", "contract", "arcp"}  # Note [Fast-math flags]
@@ -430,6 +432,134 @@ def column_dots(a, b, out):  # type: ignore[no-untyped-def]
         ai, bi = a[i], b[i]
         for j in range(a.shape[1]):
             out[j] += ai[j] * bi[j]
+
+
+# --- row sums in numpy's order ------------------------------------------------------------------
+# Note [Row sums in numpy's order]: ``np.add.reduce`` over the last axis of a C-contiguous
+# float array sums each row by numpy's pairwise summation (``pairwise_sum`` in numpy's
+# ``loops_utils.h.src``): a row of at most 128 elements is summed in eight lanes (lane k
+# adds elements k, k + 8, ...), the lanes are added as ((0+1)+(2+3))+((4+5)+(6+7)) and the
+# last ``n % 8`` elements one by one; fewer than 8 elements from -0.0, one by one; a longer
+# row is split at ``n2 = n // 2 - (n // 2) % 8`` and its halves summed so, then added; and
+# the reduction adds that to its initial 0.0. numpy's build does not vectorise those lanes
+# well, and numba's does not at all without reassociation, which would change the order.
+# So ``_lanes`` writes the lanes as one LLVM vector of eight (a vector add is eight IEEE
+# adds, lane by lane: the same bits), for four rows at a time (four independent chains, so
+# the adds' latency does not bound the loop): ``row_sums`` gives numpy's bits, NaN, inf
+# and -0.0 included (tests/test_row_sums.py). One thread, warm cache, median of 30: 1024
+# rows of 512 float32 in 0.11 ms (numpy 0.23, PyTorch 0.10, one vector chain per row
+# 0.08-0.11 warm but 1.3 ms against PyTorch's 0.8 on 4096 rows of 1024), 4096 x 1024 in
+# 0.85 ms (numpy 1.57, PyTorch 0.82); float64 at or below numpy and PyTorch.
+_ROWS = 4  # rows summed together by row_sums
+
+
+def _lanes_intrinsic(count: int):  # type: ignore[no-untyped-def]
+    """An intrinsic ``(x, r, lo, n) -> tuple of count sums``: for rows ``r .. r + count - 1``
+    of the 2-D C-contiguous ``x``, numpy's eight-lane sum of ``x[row, lo:lo + m]``,
+    ``m = n - n % 8 >= 8``, lanes combined as numpy combines them (the tail is the caller's)."""
+
+    @intrinsic
+    def lanes(typingctx, x, r, lo, n):  # type: ignore[no-untyped-def]
+        dt = x.dtype
+        sig = types.UniTuple(dt, count)(x, types.intp, types.intp, types.intp)
+
+        def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+            ary = context.make_array(sig.args[0])(context, builder, args[0])
+            r, lo, n = args[1], args[2], args[3]
+            vec = ir.VectorType(context.get_value_type(dt), 8).as_pointer()
+            align = dt.bitwidth // 8
+            ncols = builder.extract_value(ary.shape, 1)
+            bases, accs = [], []
+            for k in range(count):
+                row = builder.add(r, ir.Constant(r.type, k))
+                base = builder.gep(ary.data, [builder.add(builder.mul(row, ncols), lo)])
+                bases.append(base)
+                first = builder.load(builder.bitcast(base, vec), align=align)
+                accs.append(cgutils.alloca_once_value(builder, first))
+            eight = ir.Constant(n.type, 8)
+            m = builder.sub(n, builder.srem(n, eight))
+            with cgutils.for_range_slice(builder, eight, m, eight) as (i, _):
+                for base, acc in zip(bases, accs):
+                    v = builder.load(builder.bitcast(builder.gep(base, [i]), vec), align=align)
+                    builder.store(builder.fadd(builder.load(acc), v), acc)
+            sums = []
+            for acc in accs:
+                v = builder.load(acc)
+                e = [builder.extract_element(v, ir.Constant(ir.IntType(32), j)) for j in range(8)]
+                sums.append(builder.fadd(builder.fadd(builder.fadd(e[0], e[1]), builder.fadd(e[2], e[3])),
+                                         builder.fadd(builder.fadd(e[4], e[5]), builder.fadd(e[6], e[7]))))
+            return context.make_tuple(builder, sig.return_type, sums)
+        return sig, codegen
+    return lanes
+
+
+_lanes4 = _lanes_intrinsic(_ROWS)
+_lanes1 = _lanes_intrinsic(1)
+_I = types.intp
+
+
+@_jit_exact(types.UniTuple(F32, _ROWS)(M32, _I, _I, _I), types.UniTuple(F64, _ROWS)(M64, _I, _I, _I))
+def _pairwise4(x, r, lo, n):  # type: ignore[no-untyped-def]
+    """numpy's pairwise sums of ``x[r + k, lo:lo + n]`` for k < 4 (Note [Row sums in numpy's order])."""
+    if n < 8:
+        s0 = s1 = s2 = s3 = _c(x[r, 0], -0.0)
+        for j in range(lo, lo + n):
+            s0 += x[r, j]
+            s1 += x[r + 1, j]
+            s2 += x[r + 2, j]
+            s3 += x[r + 3, j]
+        return s0, s1, s2, s3
+    if n <= 128:
+        s0, s1, s2, s3 = _lanes4(x, r, lo, n)
+        for j in range(lo + n - n % 8, lo + n):
+            s0 += x[r, j]
+            s1 += x[r + 1, j]
+            s2 += x[r + 2, j]
+            s3 += x[r + 3, j]
+        return s0, s1, s2, s3
+    n2 = n // 2
+    n2 -= n2 % 8
+    a = _pairwise4(x, r, lo, n2)
+    b = _pairwise4(x, r, lo + n2, n - n2)
+    return a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3]
+
+
+@_jit_exact(F32(M32, _I, _I, _I), F64(M64, _I, _I, _I))
+def _pairwise1(x, r, lo, n):  # type: ignore[no-untyped-def]
+    """numpy's pairwise sum of ``x[r, lo:lo + n]``."""
+    if n < 8:
+        s = _c(x[r, 0], -0.0)
+        for j in range(lo, lo + n):
+            s += x[r, j]
+        return s
+    if n <= 128:
+        s = _lanes1(x, r, lo, n)[0]
+        for j in range(lo + n - n % 8, lo + n):
+            s += x[r, j]
+        return s
+    n2 = n // 2
+    n2 -= n2 % 8
+    return _pairwise1(x, r, lo, n2) + _pairwise1(x, r, lo + n2, n - n2)
+
+
+@_jit_exact((M32, A32), (M64, A64))
+def row_sums(x, out):  # type: ignore[no-untyped-def]
+    """``out[i] = np.add.reduce(x[i])`` for each row of the 2-D ``x`` (at least one column),
+    bit for bit (Note [Row sums in numpy's order])."""
+    rows, n = x.shape
+    if x.size == 0:
+        out[:] = 0
+        return
+    zero = _c(x[0, 0], 0.0)
+    full = rows - rows % _ROWS
+    for i in range(0, full, _ROWS):
+        s = _pairwise4(x, i, 0, n)
+        out[i] = zero + s[0]
+        out[i + 1] = zero + s[1]
+        out[i + 2] = zero + s[2]
+        out[i + 3] = zero + s[3]
+    for i in range(full, rows):
+        out[i] = zero + _pairwise1(x, i, 0, n)
 
 
 # --- embedding backward ----------------------------------------------------------------------

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from ._spec import defop
+from .kernels import compiled
 
 
 def _expand_back(m: Any, g: Any, dim: tuple[int, ...] | None, keepdim: bool,
@@ -33,20 +34,50 @@ def _count(shape: tuple[int, ...], dim: tuple[int, ...] | None) -> int:
     return math.prod([shape[d] for d in dim])
 
 
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+# Below this many elements a sum over the last axis keeps numpy's reduction: a call into a
+# compiled kernel costs ~1-2 us more (as ``_fast.ELEMENTWISE_MIN``).
+ROW_SUMS_MIN = 4096
+
+
+def _row_sums(x: np.ndarray, dim: tuple[int, ...] | None, keepdim: bool) -> np.ndarray | None:
+    """``np.add.reduce(x, axis=dim, keepdims=keepdim)`` by the compiled ``row_sums``, the
+    same bits (Note [Row sums in numpy's order] in _numba_kernels.py), when ``dim`` is the
+    last axis of a C-contiguous, writeable float32/float64 ``x`` of at least
+    ``ROW_SUMS_MIN`` elements (and one) and the compiled kernels are in use; else None."""
+    if (x.size < ROW_SUMS_MIN or not x.size or x.dtype not in _FLOATS or dim is None or len(dim) != 1
+            or dim[0] != x.ndim - 1):
+        return None
+    k = compiled()
+    if k is None or not x.flags.c_contiguous or not x.flags.writeable:
+        return None
+    n = x.shape[-1]
+    out = np.empty(x.shape[:-1] + ((1,) if keepdim else ()), dtype=x.dtype)
+    k.row_sums(x.reshape(-1, n), out.reshape(-1))
+    return out
+
+
 def _sum(x, *, dim, keepdim):  # type: ignore[no-untyped-def]
+    out = _row_sums(x, dim, keepdim)
+    if out is not None:
+        return out
     return np.asarray(np.sum(x, axis=dim, keepdims=keepdim))
 
 
-_MEAN_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+_MEAN_FLOATS = _FLOATS
 
 
 def _mean(x, *, dim, keepdim):  # type: ignore[no-untyped-def]
     """``np.mean``. For float32/float64 it is numpy's own ``_mean`` written out (the
     sum with ``np.add.reduce``, then the division by the count as an ``intp``, so the
     same bits), without its Python-level wrappers: about half of its ~7 us on a small
-    array, once per loss of every forward."""
+    array, once per loss of every forward. Over the last axis the sum is ``_row_sums``'s
+    (the same bits)."""
     if x.dtype in _MEAN_FLOATS and x.size:
-        total = np.add.reduce(x, axis=dim, keepdims=keepdim)
+        total = _row_sums(x, dim, keepdim)
+        if total is None:
+            total = np.add.reduce(x, axis=dim, keepdims=keepdim)
         count = np.intp(_count(x.shape, dim))
         if type(total) is np.ndarray:
             return np.true_divide(total, count, out=total, casting="unsafe")
