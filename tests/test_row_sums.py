@@ -111,6 +111,8 @@ def test_ops_take_the_kernel_where_it_applies_and_numpy_elsewhere(compiled_rows,
     calls: list[tuple[int, ...]] = []
 
     class Spy:
+        ROW_SUMS_MATCH_NUMPY = True
+
         def row_sums(self, x: np.ndarray, out: np.ndarray) -> None:
             calls.append(x.shape)
             compiled_rows.row_sums(x, out)
@@ -160,3 +162,22 @@ def test_gradcheck_through_the_kernel(compiled_rows, name: str) -> None:
     x = ag.from_numpy(np.random.default_rng(5).standard_normal((3, 2, 9))).requires_grad_()
     assert gradcheck(lambda t: getattr(t, name)(-1), (x,))
     assert gradcheck(lambda t: getattr(t, name)(-1, keepdim=True) * 2.0, (x,))
+
+
+def test_a_numpy_that_sums_otherwise_keeps_its_own_reduction(compiled_rows, monkeypatch) -> None:
+    """The kernel is checked against numpy's bits at load; where it differs (another
+    numpy's order), the ops take numpy's reduction."""
+    assert compiled_rows.ROW_SUMS_MATCH_NUMPY  # this numpy: the kernel's bits are its
+    calls: list[tuple[int, ...]] = []
+
+    class Differs:
+        ROW_SUMS_MATCH_NUMPY = False
+
+        def row_sums(self, x: np.ndarray, out: np.ndarray) -> None:
+            calls.append(x.shape)
+
+    monkeypatch.setattr(reductions, "compiled", lambda: Differs())
+    x = _spread(np.random.default_rng(5), (8, 700), np.float32)
+    got = [ag.from_numpy(x).sum(-1).numpy(), ag.from_numpy(x).mean(-1).numpy()]
+    assert calls == []
+    assert _bits_equal(got[0], np.sum(x, axis=-1)) and _bits_equal(got[1], np.mean(x, axis=-1))

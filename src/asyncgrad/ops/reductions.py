@@ -45,12 +45,13 @@ def _row_sums(x: np.ndarray, dim: tuple[int, ...] | None, keepdim: bool) -> np.n
     """``np.add.reduce(x, axis=dim, keepdims=keepdim)`` by the compiled ``row_sums``, the
     same bits (Note [Row sums in numpy's order] in _numba_kernels.py), when ``dim`` is the
     last axis of a C-contiguous, writeable float32/float64 ``x`` of at least
-    ``ROW_SUMS_MIN`` elements (and one) and the compiled kernels are in use; else None."""
+    ``ROW_SUMS_MIN`` elements (and one) and the compiled kernels are in use and sum as
+    this numpy does (checked at their load); else None."""
     if (x.size < ROW_SUMS_MIN or not x.size or x.dtype not in _FLOATS or dim is None or len(dim) != 1
             or dim[0] != x.ndim - 1):
         return None
     k = compiled()
-    if k is None or not x.flags.c_contiguous or not x.flags.writeable:
+    if k is None or not k.ROW_SUMS_MATCH_NUMPY or not x.flags.c_contiguous or not x.flags.writeable:
         return None
     n = x.shape[-1]
     out = np.empty(x.shape[:-1] + ((1,) if keepdim else ()), dtype=x.dtype)
