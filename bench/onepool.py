@@ -60,6 +60,8 @@ def main(argv: list[str] | None = None) -> None:
     from bench import gpt
 
     compiled_kernels.wait()
+    if _intra.build_product is not None:  # (built on first use: Note [One pool])
+        _intra.build_product()
     product = _intra.product
     cfg = gpt.GPTConfig(block=64, layers=4, heads=4, dims=128, batch=16)
     idx, targets = gpt.make_batch(cfg)
@@ -162,6 +164,8 @@ def one_product(rounds: int) -> None:
     from asyncgrad.ops import kernels as compiled_kernels
 
     compiled_kernels.wait()
+    if _intra.build_product is not None:
+        _intra.build_product()
     if _intra.product is None:
         print("no split product: numba's TBB layer or numpy's CBLAS gemm not found")
         return
