@@ -508,7 +508,6 @@ def _lanes_intrinsic(count: int):  # type: ignore[no-untyped-def]
 
 
 _lanes4 = _lanes_intrinsic(_ROWS)
-_lanes1 = _lanes_intrinsic(1)
 _I = types.intp
 
 
@@ -538,24 +537,6 @@ def _pairwise4(x, r, lo, n):  # type: ignore[no-untyped-def]
     return a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3]
 
 
-@_jit_exact(F32(M32, _I, _I, _I), F64(M64, _I, _I, _I))
-def _pairwise1(x, r, lo, n):  # type: ignore[no-untyped-def]
-    """numpy's pairwise sum of ``x[r, lo:lo + n]``."""
-    if n < 8:
-        s = _c(x[r, 0], -0.0)
-        for j in range(lo, lo + n):
-            s += x[r, j]
-        return s
-    if n <= 128:
-        s = _lanes1(x, r, lo, n)[0]
-        for j in range(lo + n - n % 8, lo + n):
-            s += x[r, j]
-        return s
-    n2 = n // 2
-    n2 -= n2 % 8
-    return _pairwise1(x, r, lo, n2) + _pairwise1(x, r, lo + n2, n - n2)
-
-
 @_jit_exact((M32, A32), (M64, A64))
 def row_sums(x, out):  # type: ignore[no-untyped-def]
     """``out[i] = np.add.reduce(x[i])`` for each row of the 2-D ``x`` (at least one column),
@@ -572,8 +553,12 @@ def row_sums(x, out):  # type: ignore[no-untyped-def]
         out[i + 1] = zero + s[1]
         out[i + 2] = zero + s[2]
         out[i + 3] = zero + s[3]
-    for i in range(full, rows):
-        out[i] = zero + _pairwise1(x, i, 0, n)
+    if full < rows:  # the last rows, fewer than four: summed as four, padded with zero rows
+        tail = np.zeros((_ROWS, n), dtype=x.dtype)
+        tail[:rows - full] = x[full:]
+        s = _pairwise4(tail, 0, 0, n)
+        for k in range(rows - full):
+            out[full + k] = zero + s[k]
 
 
 def _row_sums_match_numpy() -> bool:

@@ -66,8 +66,6 @@ def _sum(x, *, dim, keepdim):  # type: ignore[no-untyped-def]
     return np.asarray(np.sum(x, axis=dim, keepdims=keepdim))
 
 
-_MEAN_FLOATS = _FLOATS
-
 
 def _mean(x, *, dim, keepdim):  # type: ignore[no-untyped-def]
     """``np.mean``. For float32/float64 it is numpy's own ``_mean`` written out (the
@@ -75,7 +73,7 @@ def _mean(x, *, dim, keepdim):  # type: ignore[no-untyped-def]
     same bits), without its Python-level wrappers: about half of its ~7 us on a small
     array, once per loss of every forward. Over the last axis the sum is ``_row_sums``'s
     (the same bits)."""
-    if x.dtype in _MEAN_FLOATS and x.size:
+    if x.dtype in _FLOATS and x.size:
         total = _row_sums(x, dim, keepdim)
         if total is None:
             total = np.add.reduce(x, axis=dim, keepdims=keepdim)
