@@ -31,12 +31,12 @@ import math
 import os
 
 import numpy as np
-
-from . import _intra
-from llvmlite import ir
+from llvmlite import ir  # (numba's own dependency; the row sums' vector intrinsic writes IR)
 from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
+
+from . import _intra
 
 _FLAGS = {"reassoc", "contract", "arcp"}  # Note [Fast-math flags]
 _CACHE = os.environ.get("ASYNCGRAD_KERNELS_CACHE", "1") != "0"  # set by the loader
