@@ -62,10 +62,19 @@ async def test_setup_longer_than_a_slice_lets_the_loop_run_and_completes(monkeyp
     before the call runs before the call returns), and the gradients are those of the
     whole graph."""
     monkeypatch.setattr(graph_task_module, "SETUP_STEP", 1)
+    ran: list[str] = []
+    w = await _long_chain_backward_beside_another_task(ran)
+    assert ran == ["other task", "backward returned"]
+    np.testing.assert_allclose(w.grad.numpy(), np.ones(4))
+
+
+async def _long_chain_backward_beside_another_task(events: list[str]) -> ag.Tensor:
+    """The backward of a 60-node chain on an engine with a zero yield interval, in a task
+    group where another task was started just before; "other task" and "backward
+    returned" go to ``events`` as they happen. Returns the chain's leaf."""
     engine = Engine(yield_interval=0.0)
     old = ag.autograd.get_engine()
     ag.autograd.set_engine(engine)
-    ran = []
     try:
         w = ag.tensor(np.arange(4.0), dtype=ag.float64, requires_grad=True)
         h = w
@@ -73,13 +82,12 @@ async def test_setup_longer_than_a_slice_lets_the_loop_run_and_completes(monkeyp
             h = h * 1.0 + 0.0
         loss = h.sum()
         async with anyio.create_task_group() as tg:
-            tg.start_soon(lambda: _note(ran))
+            tg.start_soon(lambda: _note(events))
             await ag.backward(loss)
-            ran.append("backward returned")
+            events.append("backward returned")
     finally:
         ag.autograd.set_engine(old)
-    assert ran == ["other task", "backward returned"]
-    np.testing.assert_allclose(w.grad.numpy(), np.ones(4))
+    return w
 
 
 async def _note(ran):
@@ -132,19 +140,6 @@ async def test_setup_that_outruns_its_slice_gives_the_loop_its_turn_before_the_n
             yield step
 
     monkeypatch.setattr(GraphTask, "setup_steps", counted_setup)
-    engine = Engine(yield_interval=0.0)
-    old = ag.autograd.get_engine()
-    ag.autograd.set_engine(engine)
-    try:
-        w = ag.tensor(np.arange(4.0), dtype=ag.float64, requires_grad=True)
-        h = w
-        for _ in range(30):
-            h = h * 1.0 + 0.0
-        loss = h.sum()
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(lambda: _note(events))
-            await ag.backward(loss)
-    finally:
-        ag.autograd.set_engine(old)
+    await _long_chain_backward_beside_another_task(events)
     assert events.count("step") >= 2, events  # (a set-up of more than one step)
     assert events[:2] == ["step", "other task"], events
