@@ -10,6 +10,7 @@ both start from the same weights.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -195,3 +196,23 @@ def copy_weights(torch_gpt: Any, ag_gpt: Any) -> None:
 
     state = {k: ag.from_numpy(v.detach().numpy().copy()) for k, v in torch_gpt.state_dict().items()}
     ag_gpt.load_state_dict(state)
+
+
+def torch_sdpa_steps(cfg: GPTConfig, idx: Any, targets: Any, steps: int = 1) -> Callable[[], None] | None:
+    """``steps`` training steps (zero_grad, forward, backward, AdamW) of torch's model
+    with SDPA attention on ``idx``/``targets`` (numpy arrays), seeded 0; None without torch."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    torch.manual_seed(0)
+    model = torch_model(cfg, "sdpa")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ti, tt = torch.from_numpy(idx), torch.from_numpy(targets)
+
+    def run() -> None:
+        for _ in range(steps):
+            opt.zero_grad()
+            model(ti, tt).backward()
+            opt.step()
+    return run

@@ -202,21 +202,9 @@ def step(rounds: int) -> None:
         "intra-op on": lambda: loop.run_until_complete(ag_step(True)),
         "intra-op off": lambda: loop.run_until_complete(ag_step(False)),
     }
-    try:
-        import torch
-
-        torch.manual_seed(0)
-        tm = gpt.torch_model(cfg, "sdpa")
-        topt = torch.optim.AdamW(tm.parameters(), lr=1e-3)
-        ti, tt = torch.from_numpy(idx), torch.from_numpy(targets)
-
-        def t_step() -> None:
-            topt.zero_grad()
-            tm(ti, tt).backward()
-            topt.step()
-        steps["torch sdpa"] = t_step
-    except ImportError:
-        pass
+    torch_step = gpt.torch_sdpa_steps(cfg, idx, targets)
+    if torch_step is not None:
+        steps["torch sdpa"] = torch_step
     for fn in steps.values():  # warm-up (and the engine's one-time set-up)
         for _ in range(3):
             fn()

@@ -112,22 +112,9 @@ def main(argv: list[str] | None = None) -> None:
         configs["blas1+kernels"] = ag_config(True, True, False)
         if product is not None:
             configs["one pool"] = ag_config(True, True, True)
-    try:
-        import torch
-
-        torch.manual_seed(0)
-        tm = gpt.torch_model(cfg, "sdpa")
-        topt = torch.optim.AdamW(tm.parameters(), lr=1e-3)
-        ti, tt = torch.from_numpy(idx), torch.from_numpy(targets)
-
-        def t_steps() -> None:
-            for _ in range(args.steps):
-                topt.zero_grad()
-                tm(ti, tt).backward()
-                topt.step()
-        configs["torch sdpa"] = t_steps
-    except ImportError:
-        pass
+    torch_steps = gpt.torch_sdpa_steps(cfg, idx, targets, args.steps)
+    if torch_steps is not None:
+        configs["torch sdpa"] = torch_steps
     if args.forward:
         configs = {k: v for k, v in configs.items() if k in ("main", "blas1", "one pool")}
     if args.only:
