@@ -1,10 +1,13 @@
 """The GPT used by the transformer workload and the op profile: nanoGPT's architecture
-(pre-norm blocks, manual causal attention, exact GELU MLP, tied input/output embedding),
+(pre-norm blocks, causal attention, exact GELU MLP, tied input/output embedding),
 written once with ``ag.nn`` and once with ``torch.nn`` under the same parameter names so
 both start from the same weights.
 
     asyncgrad: loss = model(idx, targets); await ag.backward(loss); opt.step()
-    torch:     the same model; ``attention="sdpa"`` uses F.scaled_dot_product_attention
+    torch:     the same model
+
+Both take ``attention="manual"`` (the scores, mask and softmax as separate ops, nanoGPT's
+fallback) or ``"sdpa"`` (``F.scaled_dot_product_attention``, what nanoGPT calls).
 """
 
 from __future__ import annotations
@@ -39,8 +42,9 @@ def make_batch(cfg: GPTConfig, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
 
 
 # --- asyncgrad -------------------------------------------------------------------------------
-def ag_model(cfg: GPTConfig) -> Any:
-    """nanoGPT with ``ag.nn`` layers."""
+def ag_model(cfg: GPTConfig, attention: str = "manual") -> Any:
+    """nanoGPT with ``ag.nn`` layers; ``attention`` is ``"manual"`` (scores, mask, softmax
+    as separate ops) or ``"sdpa"`` (``F.scaled_dot_product_attention``, one fused node)."""
     import asyncgrad as ag
     from asyncgrad import nn
     from asyncgrad.nn import functional as F
@@ -60,10 +64,14 @@ def ag_model(cfg: GPTConfig) -> Any:
             # three gradients into qkv's, where three slices' backward would each write a
             # zero-filled qkv-sized array, then summed (3-5 ms per step)
             q, k, v = (t.reshape((B, T, h, hs)).transpose(1, 2) for t in self.c_attn(x).split(C, dim=2))
-            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
-            att = ag.where(causal[:T, :T], att, -math.inf)
-            att = F.softmax(att, -1)
-            y = (att @ v).transpose(1, 2).reshape((B, T, C))
+            if attention == "sdpa":
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            else:
+                att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
+                att = ag.where(causal[:T, :T], att, -math.inf)
+                att = F.softmax(att, -1)
+                y = att @ v
+            y = y.transpose(1, 2).reshape((B, T, C))
             return self.c_proj(y)
 
     class MLP(nn.Module):

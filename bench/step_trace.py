@@ -74,6 +74,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--one", action="store_true", help="numpy's BLAS at one thread")
     p.add_argument("--timeline", action="store_true", help="print the median step's events")
     p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--attention", choices=("manual", "sdpa"), default="sdpa",
+                   help="the model's attention (bench/gpt.py)")
     a = p.parse_args(argv)
     import asyncgrad as ag
     from asyncgrad.ops import kernels
@@ -84,7 +86,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg = gpt.GPTConfig()
     idx, targets = gpt.make_batch(cfg)
     ag.manual_seed(0)
-    model = gpt.ag_model(cfg)
+    model = gpt.ag_model(cfg, a.attention)
     opt = ag.optim.AdamW(model.parameters(), lr=1e-3)
     clock = time.perf_counter
 

@@ -113,8 +113,8 @@ class CausalSelfAttention(nn.Module):
         self.heads = heads
         self.c_attn = nn.Linear(dims, 3 * dims)  # query, key and value in one product
         self.c_proj = nn.Linear(dims, dims)
+        self.dropout = dropout
         self.drop = nn.Dropout(dropout)
-        self.causal = np.tril(np.ones((block, block), dtype=bool))  # position t sees 0..t
 
     def forward(self, x: ag.Tensor) -> ag.Tensor:
         B, T, C = x.shape
@@ -122,10 +122,10 @@ class CausalSelfAttention(nn.Module):
         # split, as nanoGPT: one SplitBackward0 node writes the three gradients into one
         # qkv-sized array, where three slices would each fill one with zeros to be summed
         q, k, v = (t.reshape(B, T, self.heads, hs).transpose(1, 2) for t in self.c_attn(x).split(C, dim=2))
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
-        att = ag.where(self.causal[:T, :T], att, -math.inf)
-        att = self.drop(F.softmax(att, -1))
-        y = (att @ v).transpose(1, 2).reshape(B, T, C)
+        # position t attends to 0..t; one fused node (without dropout), as nanoGPT's flash path
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0,
+                                           is_causal=True)
+        y = y.transpose(1, 2).reshape(B, T, C)
         return self.drop(self.c_proj(y))
 
 

@@ -25,7 +25,8 @@ def test_ops_workload_runs_tiny():
 
 def test_transformer_workload_runs_tiny():
     r = run_workload("transformer", ["asyncgrad"], rounds=1, layers=1, heads=2, dims=16, block=8, batch=2)
-    assert [row["impl"] for row in r.rows] == ["asyncgrad", "asyncgrad (1 thread)"]
+    assert [row["impl"] for row in r.rows] == ["asyncgrad manual", "asyncgrad sdpa", "asyncgrad manual (1 thread)",
+                                               "asyncgrad sdpa (1 thread)"]
     for row in r.rows:
         assert row["step_ms"] > 0
         assert 3.0 < row["loss"] < 6.0  # cross-entropy over 65 characters starts near log(65) = 4.17

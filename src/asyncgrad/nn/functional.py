@@ -2,8 +2,9 @@
 
 ``relu``, ``gelu``, ``softmax``, ``log_softmax``, ``cross_entropy``, ``nll_loss``,
 ``mse_loss``, ``linear`` and ``layer_norm`` are asyncgrad's primitives (one node each);
-``dropout``, ``embedding`` and ``scaled_dot_product_attention`` are composites of
-primitives.
+``scaled_dot_product_attention`` is one where PyTorch's fused kernel applies (Note [Fused
+attention] in ops/attention.py) and a composite otherwise; ``dropout`` and ``embedding``
+are composites of primitives.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from ..functional import (
     cross_entropy, gelu, linear, log_softmax, mse_loss, nll_loss, sigmoid, softmax, tanh,
 )
 from ..autograd.recording import record
+from ..ops import attention as _A
 from ..ops import nn as _N
 from ..random import Generator, default_generator
 from ..tensor import Tensor
@@ -119,6 +121,10 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     drops attention weights with asyncgrad's default generator (always, as PyTorch: pass
     0.0 in eval). ``enable_gqa`` lets ``key``/``value`` have fewer heads (dim -3) than
     ``query``, each shared by a group of query heads.
+
+    Without dropout, a float mask or broadcast batch dims, float32/float64 attention is
+    one node (``ScaledDotProductFlashAttentionForCpuBackward0``, PyTorch's name for its
+    CPU kernel); otherwise it is recorded as the primitives above.
     """
     if not (query.dtype == key.dtype == value.dtype):
         raise RuntimeError(
@@ -143,6 +149,9 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
         value = _F.getitem(value, (Ellipsis, groups, slice(None), slice(None)))
     length, source = query.shape[-2], key.shape[-2]
     factor = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
+    fused = _fused_attention(query, key, value, attn_mask, dropout_p, is_causal, factor)
+    if fused is not None:
+        return fused
     scores = _F.mul(_F.matmul(query, _F.transpose(key, -2, -1)), factor)
     allowed: np.ndarray | None = None
     if is_causal:
@@ -165,6 +174,30 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     if dropout_p > 0.0:
         weights = dropout(weights, dropout_p, training=True)
     return _F.matmul(weights, value)
+
+
+def _fused_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Any, dropout_p: float,
+                     is_causal: bool, scale: float) -> Tensor | None:
+    """Attention as one node (Note [Fused attention] in ops/attention.py) where it
+    applies: no dropout, no mask, a causal mask or a bool mask that broadcasts to the
+    scores; else None (the composite)."""
+    if dropout_p > 0.0 or not _A.fusable(query.data, key.data, value.data):
+        return None
+    allowed = None
+    if attn_mask is not None:
+        allowed = np.asarray(attn_mask.data if isinstance(attn_mask, Tensor) else attn_mask)
+        scores = (*query.shape[:-1], key.shape[-2])
+        if allowed.dtype != np.bool_ or allowed.ndim > len(scores):
+            return None
+        try:
+            if np.broadcast_shapes(allowed.shape, scores) != scores:
+                return None
+        except ValueError:
+            return None
+        allowed = allowed.copy()  # the node keeps it: later changes to the caller's mask do not reach it
+    params = {"scale": scale, "causal": is_causal, "allowed": allowed}
+    out, weights = _A._attention(query.data, key.data, value.data, **params)
+    return record(_A.attention, (query, key, value), out, aux=weights, params=params)
 
 
 __all__ = [

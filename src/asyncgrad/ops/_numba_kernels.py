@@ -614,6 +614,111 @@ def select_rows(x, mask, keep, fill, out):  # type: ignore[no-untyped-def]
             o[j] = xi[j] if mask[j] == keep else fill
 
 
+# --- attention (Note [Fused attention] in ops/attention.py) -----------------------------------
+# The scores of a (..., L, S) attention come as rows (..., L) x S: row ``r`` is query
+# ``r % L``. A bool mask (True: may attend) has ``Q`` rows, read at ``r % Q`` (Q = L: one
+# (L, S) mask for every head; Q = all rows: a mask per row). Masked and unmasked forms are
+# separate kernels: numba's SSA pass warns about two inlined copies of ``_exp`` in one.
+_MASK = types.boolean[:, ::1]
+
+
+@_jit((M32, F32, types.int64, types.boolean), (M64, F64, types.int64, types.boolean))
+def attention_softmax(s, scale, length, causal):  # type: ignore[no-untyped-def]
+    """In place: each row of scores becomes ``softmax(scale * row)`` over its keys
+    (``causal``: keys ``j <= r % length`` only) and 0 at the others. A row of only -inf
+    scores becomes zeros (PyTorch's safe softmax); a NaN score makes its row NaN, as
+    numpy's softmax. The scale, max, exp and sum in the order of ``softmax`` above."""
+    n = s.shape[1]
+    for r in range(s.shape[0]):
+        row = s[r]
+        lim = min(r % length + 1, n) if causal else n
+        for j in range(lim):
+            row[j] = row[j] * scale
+        m = _row_max(row[:lim])
+        if m == _c(m, -np.inf):  # nothing to attend to, unless max() passed over a NaN
+            for j in range(lim):
+                if row[j] != row[j]:
+                    m = row[j]
+            if m == _c(m, -np.inf):
+                row[:] = _c(m, 0.0)
+                continue
+        total = _c(m, 0.0)
+        for j in range(lim):
+            e = _exp(row[j] - m)
+            row[j] = e
+            total += e
+        inv = _c(m, 1.0) / total
+        for j in range(lim):
+            row[j] *= inv
+        for j in range(lim, n):
+            row[j] = _c(m, 0.0)
+
+
+@_jit((M32, F32, _MASK), (M64, F64, _MASK))
+def attention_softmax_masked(s, scale, allowed):  # type: ignore[no-untyped-def]
+    """``attention_softmax`` over the keys a bool mask allows; 0 at the others, also in a
+    row of NaN; zeros for a row with no allowed key."""
+    n = s.shape[1]
+    for r in range(s.shape[0]):
+        row = s[r]
+        a = allowed[r % allowed.shape[0]]
+        m = _c(scale, -np.inf)
+        for j in range(n):
+            if a[j]:
+                v = row[j] * scale
+                row[j] = v
+                m = max(m, v)
+        if m == _c(m, -np.inf):  # as above
+            for j in range(n):
+                if a[j] and row[j] != row[j]:
+                    m = row[j]
+            if m == _c(m, -np.inf):
+                row[:] = _c(m, 0.0)
+                continue
+        total = _c(m, 0.0)
+        for j in range(n):  # (exp of -inf is 0)
+            e = _exp(row[j] - m if a[j] else _c(m, -np.inf))
+            row[j] = e
+            total += e
+        inv = _c(m, 1.0) / total
+        for j in range(n):
+            if a[j]:  # (a NaN total leaves the masked keys at 0)
+                row[j] *= inv
+
+
+@_jit((M32, M32, F32, types.int64, types.boolean), (M64, M64, F64, types.int64, types.boolean))
+def attention_softmax_backward(dp, p, scale, length, causal):  # type: ignore[no-untyped-def]
+    """In place: the gradient of the weights ``dp`` becomes the scores' gradient
+    ``p * (dp - sum(dp * p)) * scale`` per row (softmax's backward, then the scale's), 0 at
+    the keys the forward masked."""
+    n = dp.shape[1]
+    for r in range(dp.shape[0]):
+        d, pr = dp[r], p[r]
+        lim = min(r % length + 1, n) if causal else n
+        dot = _c(scale, 0.0)
+        for j in range(lim):
+            dot += d[j] * pr[j]
+        for j in range(lim):
+            d[j] = pr[j] * (d[j] - dot) * scale
+        for j in range(lim, n):
+            d[j] = _c(scale, 0.0)
+
+
+@_jit((M32, M32, F32, _MASK), (M64, M64, F64, _MASK))
+def attention_softmax_backward_masked(dp, p, scale, allowed):  # type: ignore[no-untyped-def]
+    """``attention_softmax_backward`` over the keys a bool mask allows, 0 at the others."""
+    n = dp.shape[1]
+    for r in range(dp.shape[0]):
+        d, pr = dp[r], p[r]
+        a = allowed[r % allowed.shape[0]]
+        dot = _c(scale, 0.0)
+        for j in range(n):
+            if a[j]:
+                dot += d[j] * pr[j]
+        for j in range(n):
+            d[j] = pr[j] * (d[j] - dot) * scale if a[j] else _c(scale, 0.0)
+
+
 # --- optimizers ----------------------------------------------------------------------------------
 # Note [Adam in one pass]: Adam's update in numpy is ~12 passes over each parameter and
 # its state, with temporaries, and ~60 us of Python per parameter: 4 ms per step for the
