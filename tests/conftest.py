@@ -1,7 +1,14 @@
-import numpy as np
-import pytest
+import os
 
-import asyncgrad as ag
+# BLAS threads follow other processes' load (Note [Other processes' load] in
+# autograd/cpu_load.py): off in the suite, so what a test sees does not depend on what else
+# the machine runs; tests/test_cpu_load.py checks it with injected samples.
+os.environ.setdefault("ASYNCGRAD_ADAPT_TO_LOAD", "0")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+import asyncgrad as ag  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -38,10 +38,11 @@ def test_contended_workload_runs_tiny_beside_a_busy_process_it_ends():
     with busy_process() as proc:
         assert proc.poll() is None  # spinning while the block runs
     assert proc.poll() is not None  # and gone after it
-    r = run_workload("contended", ["asyncgrad", "numpy"], rounds=1, tasks=2)
+    r = run_workload("contended", ["asyncgrad", "numpy"], rounds=1, tasks=2, layers=1, heads=2, dims=16, block=8,
+                     batch=2)
     assert [row["impl"] for row in r.rows] == ["asyncgrad (awaited): concurrent"] + [
-        f"asyncgrad (awaited): many_tasks N={n}" for n in (1, 8, 64, 256)]
-    assert [row["tasks"] for row in r.rows] == [2, 1, 8, 64, 256]
+        f"asyncgrad (awaited): many_tasks N={n}" for n in (1, 8, 64, 256)] + ["asyncgrad: transformer step"]
+    assert [row["tasks"] for row in r.rows] == [2, 1, 8, 64, 256, 1]
     assert all(row["passes_per_s"] > 0 for row in r.rows)
     assert r.targets == []  # no peer measured: nothing to compare
 

@@ -1,5 +1,7 @@
 """contended: the concurrent and many_tasks workloads again, with one busy process on the
-machine the whole time: a shared server, where another program holds one of the cores.
+machine the whole time: a shared server, where another program holds one of the cores;
+and the transformer training step (one large backward at a time, each library's faster
+attention path, default threads), where BLAS's threads meet the busy core.
 
 asyncgrad (awaited) beside PyTorch through ``asyncio.to_thread``, in the same run and
 under the same contention. The busy process is a pure-Python loop in a child
@@ -18,14 +20,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from ..common import ASYNCGRAD, TORCH, About, Column, Result, Target
-from . import concurrent, many_tasks
+from . import concurrent, many_tasks, transformer
 
 ABOUT = About(
     title="Under contention: one busy process beside the service",
     measures="The two workloads above (32 tasks each running forward+backward passes; N tasks each awaiting "
              "backward of prebuilt graphs) again, while another process keeps one of the 2 cores busy the "
              "whole time: passes per second and how late a 1 ms timer on the loop fires. asyncgrad (awaited) "
-             "beside PyTorch through asyncio.to_thread.",
+             "beside PyTorch through asyncio.to_thread. Then the transformer training step (training steps "
+             "per second, each library's faster attention path, default threads).",
     reading="Higher passes/s is better. On a shared server the cores are not all yours: a library whose "
             "threads (BLAS helpers, a thread pool) expect every core waits for the one that is taken. "
             "Compare the rows with each other, and with the uncontended tables above.",
@@ -55,7 +58,9 @@ def busy_process() -> Iterator[subprocess.Popen[bytes]]:
         proc.wait()
 
 
-def run(impls: list[str], rounds: int | None = None, tasks: int = 32) -> Result:
+def run(impls: list[str], rounds: int | None = None, tasks: int = 32, transformer_step: bool = True,
+        **transformer_size: int) -> Result:
+    """``transformer_size``: the GPT's sizes (``transformer.run``'s keywords), for smoke tests."""
     rounds = rounds or DEFAULT_ROUNDS
     impls = [i for i in impls if i in (ASYNCGRAD, TORCH)]
     res = Result(
@@ -69,6 +74,7 @@ def run(impls: list[str], rounds: int | None = None, tasks: int = 32) -> Result:
     with busy_process():
         conc = concurrent.run(impls, rounds, tasks=tasks)
         many = many_tasks.run(impls, rounds)
+        step = transformer.run(impls, rounds, one_thread=False, **transformer_size) if transformer_step else None
     res.seconds = time.perf_counter() - t_start
     # rows named implementation first, as every workload's (the page and the plots
     # highlight the rows that start with "asyncgrad")
@@ -86,5 +92,14 @@ def run(impls: list[str], rounds: int | None = None, tasks: int = 32) -> Result:
         if not math.isnan(ratio):  # (both rows measured)
             res.targets.append(Target(f"contended {case}: asyncgrad passes/s >= torch to_thread's",
                                       ratio, 1.0, "x", at_least=True))
+    if step is not None:  # steps per second of each library's faster path
+        for lib in (ASYNCGRAD, TORCH):
+            times = [r["step_ms"] for r in step.rows if r["impl"].startswith(lib + " ")]
+            if times:
+                res.rows.append({"impl": f"{lib}: transformer step", "tasks": 1, "passes_per_s": 1e3 / min(times),
+                                 "p99_lag_ms": None, "max_lag_ms": None})
+        res.add_ratio("transformer step: asyncgrad / torch steps/s", res.value(f"{ASYNCGRAD}: transformer step",
+                                                                                 "passes_per_s"),
+                      res.value(f"{TORCH}: transformer step", "passes_per_s"))
     res.notes.extend(conc.notes)
     return res

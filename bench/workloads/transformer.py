@@ -45,7 +45,8 @@ STEPS_PER_ROUND = 3
 
 
 def run(impls: list[str], rounds: int | None = None, layers: int = 4, heads: int = 4, dims: int = 128,
-        block: int = 64, batch: int = 16, steps: int = STEPS_PER_ROUND) -> Result:
+        block: int = 64, batch: int = 16, steps: int = STEPS_PER_ROUND, one_thread: bool = True) -> Result:
+    """The steps at default threads, then (``one_thread``) at one thread each."""
     rounds = rounds or DEFAULT_ROUNDS
     cfg = gpt.GPTConfig(block=block, layers=layers, heads=heads, dims=dims, batch=batch)
     res = Result(
@@ -116,12 +117,12 @@ def run(impls: list[str], rounds: int | None = None, layers: int = 4, heads: int
     # slow each other down; this pair of figures compares the libraries' own work
     torch_mod = sys.modules.get("torch")
     before = torch_mod.get_num_threads() if torch_mod is not None else None
-    one_cases = [Case(f"{c.name} (1 thread)", c.setup, c.timed) for c in cases]
+    one_cases = [Case(f"{c.name} (1 thread)", c.setup, c.timed) for c in cases] if one_thread else []
     try:
         if torch_mod is not None:
             torch_mod.set_num_threads(1)
         with BLAS.limited(1):  # (asyncgrad's engine too: bench/common.py, BlasThreads)
-            times1 = measure_cases(one_cases, rounds)
+            times1 = measure_cases(one_cases, rounds) if one_cases else {}
     finally:
         if torch_mod is not None:
             torch_mod.set_num_threads(before)
@@ -129,7 +130,7 @@ def run(impls: list[str], rounds: int | None = None, layers: int = 4, heads: int
         res.rows.append({"impl": name, "step_ms": median(t) * 1e3 / steps, "rounds_s": t,
                          "loss": losses.get(name.removesuffix(" (1 thread)"))})
     res.seconds = time.perf_counter() - t_start
-    for suffix, label in (("", ""), (" (1 thread)", ", 1 thread each")):
+    for suffix, label in (("", ""), (" (1 thread)", ", 1 thread each"))[:2 if one_thread else 1]:
         fastest = _faster_path(res, TORCH, suffix)
         for r in res.rows:
             if r["impl"].endswith(" (1 thread)") == bool(suffix):

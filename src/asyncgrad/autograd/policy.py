@@ -47,9 +47,10 @@ engine BLAS kernel runs (OpenBLAS's pthreads build just stores the count; a call
 progress keeps the count it started with). On worker threads, BLAS kernels take
 ``threads-per-call`` of ``cores`` shared slots, over every loop and engine, and a BLAS
 node's input gradients are split into parallel kernels only while BLAS is
-single-threaded. ``Engine(blas_threads=n)`` fixes BLAS at ``n`` threads per call
-process-wide through threadpoolctl instead; ``BLAS.pinned(n)`` does so for a block (the
-benchmarks' one-thread rows).
+single-threaded. Other processes' load counts too: BLAS gets at most the cores
+they leave free (Note [Other processes' load] in cpu_load.py). ``Engine(blas_threads=n)``
+fixes BLAS at ``n`` threads per call process-wide through threadpoolctl instead;
+``BLAS.pinned(n)`` does so for a block (the benchmarks' one-thread rows).
 
 Note [No one-time stall]: inspecting BLAS (threadpoolctl loads and queries every
 library), applying ``blas_threads``, tuning malloc and starting the first worker thread
@@ -79,6 +80,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from .cpu_load import OtherLoad
 from .graph import AccumulateGrad
 from .recording import OpNode
 
@@ -241,10 +243,14 @@ class BlasThreads:
         self._resumes: list[list[Any]] = []
         self._single = False
         self._alone = 0  # backward calls started in a row with no other in flight
+        # the cores other processes leave free (Note [Other processes' load] in cpu_load.py)
+        self.load = OtherLoad()
+        self._cap = cores
+        self._applied: int | None = None  # the count last given to BLAS, if any
 
     @property
     def per_call(self) -> int:
-        return 1 if self._single else self._default
+        return 1 if self._single else min(self._default, self._cap)
 
     @property
     def chosen(self) -> int | None:
@@ -277,6 +283,7 @@ class BlasThreads:
         if self._fixed:
             for lib in libs:
                 lib.set_num_threads(self._default)
+            self._applied = self._default
             return
         self._default = default
         self._adapt()
@@ -303,6 +310,7 @@ class BlasThreads:
             self._fixed, self._default, self._single = True, n, False
             for lib in self._libs:
                 lib.set_num_threads(n)
+            self._applied = n
         try:
             yield
         finally:
@@ -311,6 +319,7 @@ class BlasThreads:
                 self._fixed, self._default, self._single = bool(saved[0]), int(saved[1]), bool(saved[2])
                 for lib in self._libs:
                     lib.set_num_threads(self.per_call)
+                self._applied = self.per_call
 
     def intra_op_ok(self, one_pool: bool = False) -> bool:
         """Whether a compiled kernel may split itself over the cores now (Note [Intra-op
@@ -325,6 +334,8 @@ class BlasThreads:
             self._backwards += 1
             self._alone = self._alone + 1 if self._backwards == 1 else 0
             if self._libs and not self._fixed:  # (else nothing to adapt)
+                if self.load.sample():  # (at most every cpu_load.INTERVAL: ~20 us then)
+                    self._cap = self.load.free_cores()
                 self._adapt()
 
     def backward_ended(self) -> None:
@@ -335,11 +346,15 @@ class BlasThreads:
 
     def _adapt(self) -> None:
         single = self._backwards > 1 or (self._single and self._alone < RELAX_AFTER)
-        if self._fixed or not self._libs or single == self._single or self._free != self.cores:
+        threads = 1 if single else min(self._default, self._cap)
+        if self._fixed or not self._libs or self._free != self.cores:
             return  # (a BLAS kernel running: the next start or end adapts)
-        for lib in self._libs:
-            lib.set_num_threads(1 if single else self._default)
         self._single = single
+        if threads == (self._default if self._applied is None else self._applied):
+            return  # (before any change BLAS runs the default the inspection found)
+        for lib in self._libs:
+            lib.set_num_threads(threads)
+        self._applied = threads
 
     def run(self, fn: Any, *args: Any) -> Any:
         with self._cond:

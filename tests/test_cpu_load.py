@@ -1,0 +1,145 @@
+"""Note [Other processes' load] (autograd/cpu_load.py): BLAS gets the cores other
+processes leave free. Samples are injected (a fake /proc/stat, process CPU time and
+clock), so these tests check the order of events and the decisions, not timings."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from asyncgrad.autograd import cpu_load
+from asyncgrad.autograd.cpu_load import INTERVAL, OtherLoad, read_busy_seconds
+from asyncgrad.autograd.policy import BlasThreads
+
+
+class FakeMachine:
+    """Busy seconds of the cores, this process's CPU seconds and a clock, moved by hand."""
+
+    def __init__(self) -> None:
+        self.busy = 100.0
+        self.own = 5.0
+        self.now = 1000.0
+
+    def advance(self, seconds: float, others_cores: float, own_cores: float = 0.0) -> None:
+        self.now += seconds
+        self.own += own_cores * seconds
+        self.busy += (others_cores + own_cores) * seconds
+
+    def load(self, cpus: int = 2) -> OtherLoad:
+        return OtherLoad(read=lambda _: self.busy, own=lambda: self.own, clock=lambda: self.now,
+                         cpus=set(range(cpus)), enabled=True)
+
+
+def test_the_first_sample_is_a_baseline_and_samples_come_at_most_every_interval() -> None:
+    m = FakeMachine()
+    load = m.load()
+    assert not load.sample() and load.free_cores() == 2  # a baseline only
+    m.advance(INTERVAL / 2, others_cores=1.0)
+    assert not load.sample()  # too soon
+    m.advance(INTERVAL, others_cores=1.0)
+    assert load.sample() and load.free_cores() == 1
+
+
+def test_own_cpu_time_is_not_others_load() -> None:
+    m = FakeMachine()
+    load = m.load()
+    load.sample()
+    m.advance(0.2, others_cores=0.0, own_cores=2.0)  # this process keeps both cores busy
+    assert load.sample() and load.free_cores() == 2
+
+
+def test_cores_come_back_after_two_quiet_samples_in_a_row() -> None:
+    m = FakeMachine()
+    load = m.load()
+    load.sample()
+    frees = []
+    for others in (1.0, 0.0, 0.0, 0.2, 1.5, 0.0, 0.0):
+        m.advance(0.15, others_cores=others)
+        load.sample()
+        frees.append(load.free_cores())
+    # a third of a core's worth or less counts as free; 1.5 cores of others' work take both,
+    # but BLAS keeps one thread
+    assert frees == [1, 1, 2, 2, 1, 1, 2]
+
+
+def test_many_cores_lose_only_the_cores_taken() -> None:
+    m = FakeMachine()
+    load = m.load(cpus=16)
+    load.sample()
+    m.advance(0.2, others_cores=3.0)
+    load.sample()
+    assert load.free_cores() == 13
+
+
+def test_off_without_proc_stat_and_by_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    m = FakeMachine()
+    load = OtherLoad(read=lambda _: None, own=lambda: m.own, clock=lambda: m.now, cpus={0, 1}, enabled=True)
+    assert not load.sample() and not load.enabled
+    monkeypatch.setenv(cpu_load.ENV_VAR, "0")
+    assert not OtherLoad().enabled
+    monkeypatch.setenv(cpu_load.ENV_VAR, "1")
+    assert OtherLoad().enabled
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="Linux's /proc/stat only")
+def test_reads_this_machines_busy_time() -> None:
+    cpus = set(os.sched_getaffinity(0))
+    first = read_busy_seconds(cpus)
+    sum(i * i for i in range(300_000))  # some CPU time
+    second = read_busy_seconds(cpus)
+    assert first is not None and second is not None and second >= first > 0
+    assert read_busy_seconds({10_000}) is None  # no such CPU
+
+
+class FakeLib:
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+
+    def set_num_threads(self, n: int) -> None:
+        self.calls.append(n)
+
+
+def _blas(m: FakeMachine) -> tuple[BlasThreads, FakeLib]:
+    blas = BlasThreads(2)
+    blas.load = m.load()
+    lib = FakeLib()
+    blas._install([lib], 2)
+    return blas, lib
+
+
+def test_blas_threads_follow_the_free_cores_between_backward_calls() -> None:
+    m = FakeMachine()
+    blas, lib = _blas(m)
+    per_call = []
+    for others in (0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0):
+        m.advance(0.15, others_cores=others)
+        blas.backward_started()
+        per_call.append(blas.per_call)
+        blas.backward_ended()
+    assert per_call == [2, 2, 1, 1, 1, 2, 2]
+    assert lib.calls == [1, 2]  # only on each change
+
+
+def test_a_fixed_count_ignores_the_load() -> None:
+    m = FakeMachine()
+    blas, lib = _blas(m)
+    blas.backward_started()
+    blas.backward_ended()
+    with blas.pinned(2):
+        m.advance(0.15, others_cores=1.0)
+        blas.backward_started()
+        assert blas.per_call == 2
+        blas.backward_ended()
+    assert lib.calls[-1] == 2
+
+
+def test_a_concurrent_backward_still_makes_blas_single_threaded() -> None:
+    m = FakeMachine()
+    blas, _ = _blas(m)
+    m.advance(0.15, others_cores=0.0)
+    blas.backward_started()
+    blas.backward_started()
+    assert blas.per_call == 1
+    blas.backward_ended()
+    blas.backward_ended()
