@@ -297,6 +297,14 @@ def log_softmax_backward(g, ans, out):  # type: ignore[no-untyped-def]
             o[j] = gi[j] - _exp(ai[j]) * total
 
 
+# Note [Layer norm's forward loops]: the forward ran at ~0.55 ns per element on rows of 128
+# float32 (77 us for 1024 rows, L2-resident), against ~0.35 for PyTorch's whole call: its
+# last loop read and rewrote x-hat, wrote the output, and branched on the affine parts, and
+# LLVM compiled it to slow code (one more store stream cost it 30 us). Now x-hat is written
+# once, by a loop of its own, and the output by a second loop over x-hat, with the affine
+# cases as separate loops: 45 us (as fast as a kernel that writes no x-hat at all), 617
+# against 716 us on 4096 rows of 256. The same bits on rows of a multiple of 8 elements;
+# on others LLVM now orders the sums otherwise (a few ulps; tests/test_rowops_layer_norm.py).
 @_jit((M32, A32, A32, F64, M32, M32, M32), (M64, A64, A64, F64, M64, M64, M64))
 def layer_norm(x, w, b, eps, out, xhat, rstd):  # type: ignore[no-untyped-def]
     """Rows normalised: ``xhat = (x - mean) * rstd`` and ``out = xhat * w + b`` (``w``/``b``
@@ -312,18 +320,23 @@ def layer_norm(x, w, b, eps, out, xhat, rstd):  # type: ignore[no-untyped-def]
         sq = _c(row[0], 0.0)
         for j in range(n):
             d = row[j] - mean
-            h[j] = d
             sq += d * d
         r = _c(sq, 1.0) / math.sqrt(sq / _c(sq, n) + _c(sq, eps))
         rstd[i, 0] = r
         for j in range(n):
-            v = h[j] * r
-            h[j] = v
-            if affine:
-                v = v * w[j]
-            if bias:
-                v = v + b[j]
-            o[j] = v
+            h[j] = (row[j] - mean) * r
+        if affine and bias:
+            for j in range(n):
+                o[j] = h[j] * w[j] + b[j]
+        elif affine:
+            for j in range(n):
+                o[j] = h[j] * w[j]
+        elif bias:
+            for j in range(n):
+                o[j] = h[j] + b[j]
+        else:
+            for j in range(n):
+                o[j] = h[j]
 
 
 @_jit((M32, M32, M32, A32, M32), (M64, M64, M64, A64, M64))
