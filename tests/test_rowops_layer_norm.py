@@ -188,3 +188,24 @@ def test_log_softmax_compiled_matches_torch(on_path, dtype: type) -> None:
     want = torch.log_softmax(torch.from_numpy(x), -1).numpy()
     np.testing.assert_allclose(got, want, **({"rtol": 1e-6, "atol": 2e-6} if dtype == np.float32
                                              else {"rtol": 1e-13, "atol": 1e-13}))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_row_max_is_numpys_max_on_tricky_rows(on_path, dtype: type) -> None:
+    numba = pytest.importorskip("numba")
+    on_path("compiled")
+    inner = kernels.compiled()._row_max
+    row_max = numba.njit(lambda r: inner(r))  # noqa: PLW0108
+    big = float(np.finfo(dtype).max)
+    tiny = float(np.finfo(dtype).smallest_subnormal)
+    pool = [0.0, -0.0, math.inf, -math.inf, big, -big, tiny, -tiny, 1.0, -1.0, 2.5, -1e-3]
+    rng = np.random.default_rng(27)
+    for n in [1, 2, 3, 7, 8, 9, 15, 16, 17, 65, 130]:
+        for _ in range(40):
+            row = np.asarray(rng.choice(pool, n), dtype=dtype)
+            got = row_max(row)
+            assert got == row.max(), (row, got)
+            if dtype == np.float32 and got == 0:  # integer keys: +0.0 wherever +0.0 is in the row
+                assert np.signbit(got) == np.all(np.signbit(row[row == 0])), (row, got)
+    assert row_max(np.array([-0.0, -1.0], dtype)) == 0 and np.signbit(row_max(np.array([-0.0, -1.0], dtype)))
+    assert row_max(np.array([-math.inf] * 9, dtype)) == -math.inf

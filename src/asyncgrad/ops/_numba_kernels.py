@@ -216,27 +216,52 @@ def tanh_backward(g, ans, out):  # type: ignore[no-untyped-def]
 
 
 # --- rows: softmax, log_softmax, layer_norm ----------------------------------------------------
-@njit(inline="always", fastmath=_FLAGS)
 def _row_max(row):  # type: ignore[no-untyped-def]
-    """The largest element of a non-empty row. Eight independent running maxima: one
-    running maximum is a chain of dependent compare-selects that LLVM does not vectorise
-    without ``nnan`` (Note [Fast-math flags]), 4 cycles per element."""
-    n = row.size
-    m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = row[0]
-    j = 0
-    while j + 8 <= n:
-        m0 = max(m0, row[j])
-        m1 = max(m1, row[j + 1])
-        m2 = max(m2, row[j + 2])
-        m3 = max(m3, row[j + 3])
-        m4 = max(m4, row[j + 4])
-        m5 = max(m5, row[j + 5])
-        m6 = max(m6, row[j + 6])
-        m7 = max(m7, row[j + 7])
-        j += 8
-    for k in range(j, n):
-        m0 = max(m0, row[k])
-    return max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7)))
+    """The largest element of a non-empty row (Note [Row maximum by integer keys])."""
+
+
+# Note [Row maximum by integer keys]: a running maximum of floats is a chain of dependent
+# compare-selects that LLVM does not vectorise without ``nnan`` (Note [Fast-math flags]).
+# For float32, each element's bits ``b`` become the integer key ``b ^ ((b >> 31) &
+# 0x7fffffff)``, which orders as the floats do (-0.0 just below +0.0), and a maximum of
+# integers LLVM vectorises; the key of the maximum is turned back into its float (the map
+# is its own inverse). 1024 rows of 65: 7 us against 16 for eight scalar running maxima.
+# The softmaxes' results keep their bits: a row's max is the same float (+0.0 where -0.0
+# and +0.0 tie, and subtracting either zero gives the same exponent), and a NaN in a row
+# makes its whole output NaN either way. float64 keeps the eight scalar maxima.
+@overload(_row_max, inline="always", jit_options={"fastmath": _FLAGS})
+def _row_max_impl(row):  # type: ignore[no-untyped-def]
+    if row.dtype == F32:
+        i32 = np.int32
+
+        def keys_max(row):  # type: ignore[no-untyped-def]
+            b = _f32_bits_as_int(row[0])
+            m = i32(b ^ i32(i32(b >> i32(31)) & i32(0x7FFFFFFF)))
+            for j in range(1, row.size):
+                b = _f32_bits_as_int(row[j])
+                m = max(m, i32(b ^ i32(i32(b >> i32(31)) & i32(0x7FFFFFFF))))
+            return _int_bits_as_f32(i32(m ^ i32(i32(m >> i32(31)) & i32(0x7FFFFFFF))))
+        return keys_max
+
+    def eight_maxima(row):  # type: ignore[no-untyped-def]
+        # eight independent running maxima (one is a dependent chain, 4 cycles per element)
+        n = row.size
+        m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = row[0]
+        j = 0
+        while j + 8 <= n:
+            m0 = max(m0, row[j])
+            m1 = max(m1, row[j + 1])
+            m2 = max(m2, row[j + 2])
+            m3 = max(m3, row[j + 3])
+            m4 = max(m4, row[j + 4])
+            m5 = max(m5, row[j + 5])
+            m6 = max(m6, row[j + 6])
+            m7 = max(m7, row[j + 7])
+            j += 8
+        for k in range(j, n):
+            m0 = max(m0, row[k])
+        return max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7)))
+    return eight_maxima
 
 
 @_jit((M32, M32), (M64, M64))
