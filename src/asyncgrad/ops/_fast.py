@@ -270,6 +270,27 @@ def layer_norm_backward_joint(g: np.ndarray, xhat: np.ndarray, rstd: np.ndarray,
     return dx if mask[0] else None, dw if mask[1] else None, db if mask[2] else None
 
 
+def nll_loss(logp: np.ndarray, target: np.ndarray, ignore_index: int,
+             mean: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, int] | None:
+    """``(picked, safe targets, coefficients, count)`` of nll_loss's forward in one pass
+    (Note [NLL in one pass] in ``_numba_kernels.py``), or None: ``logp`` a non-empty 2-D
+    float32/64 array, ``target`` int64. Raises PyTorch's IndexError for a target out of
+    range that is not ``ignore_index``."""
+    k = compiled()
+    if (k is None or logp.ndim != 2 or logp.dtype not in _FLOATS or not logp.size
+            or target.dtype != np.int64 or not -2**63 <= ignore_index < 2**63):
+        return None
+    n = logp.shape[0]
+    picked = np.empty(n, dtype=logp.dtype)
+    safe = np.empty(n, dtype=np.int64)
+    coef = np.empty(n, dtype=logp.dtype)
+    target = _c(target)
+    count, bad = k.nll_pick(_c(logp), target, ignore_index, mean, picked, safe, coef)
+    if bad >= 0:
+        raise IndexError(f"Target {int(target[bad])} is out of bounds.")
+    return picked, safe, coef, count
+
+
 def column_dots(a: np.ndarray, b: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
     """``(a * b).sum(axis=0)`` of two 2-D arrays of one shape, as a fresh array of
     ``shape`` (``a.shape[1]`` elements), or None."""

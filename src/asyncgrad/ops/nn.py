@@ -147,26 +147,36 @@ def _gelu_rule_composite(m, g, ans, x, *, approximate):  # type: ignore[no-untyp
 
 def _nll_loss(logp, *, target, reduction, ignore_index):  # type: ignore[no-untyped-def]
     """The loss and, as aux, ``(safe targets, coefficient per row, logp's shape)``: the
-    gradient is ``g * coef`` at ``(i, target[i])`` and zero elsewhere.
+    gradient is ``g * coef`` at ``(i, target[i])`` and zero elsewhere. ``target`` is an
+    integer array; one out of range (and not ``ignore_index``) raises PyTorch's IndexError.
+    An ignored row adds +0.0 to the loss whatever its log-probabilities (PyTorch does not
+    read them).
 
     Note [NLL keeps its targets]: the aux used to be the dense ``(N, C)`` weight array,
     zero but for one entry per row; building it cost the forward a full ``(N, C)``
     allocation and the backward a full multiply. The backward now writes its zeros and
     the ``N`` entries itself."""
-    n = logp.shape[0]
-    valid = target != ignore_index
-    safe = np.where(valid, target, 0)
-    picked = -logp[np.arange(n), safe] * valid
-    coef = -valid.astype(logp.dtype)
-    if reduction == "mean":
-        count = max(int(valid.sum()), 0)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            out = np.asarray(picked.sum() / count, dtype=logp.dtype)
-        coef /= count if count else 1
+    picks = fast.nll_loss(logp, target, ignore_index, reduction == "mean")
+    if picks is not None:
+        picked, safe, coef, count = picks
+    else:
+        n, c = logp.shape
+        valid = target != ignore_index
+        bad = valid & ((target < 0) | (target >= c))
+        if bad.any():
+            raise IndexError(f"Target {int(target[bad][0])} is out of bounds.")
+        safe = np.where(valid, target, 0)
+        picked = np.where(valid, -logp[np.arange(n), safe], 0).astype(logp.dtype, copy=False)
+        coef = -valid.astype(logp.dtype)
+        count = int(valid.sum())
+        if reduction == "mean":
+            coef /= count if count else 1
+    if reduction == "mean":  # (no valid row: NaN, as PyTorch)
+        out = np.asarray(picked.sum() / count if count else np.nan, dtype=logp.dtype)
     elif reduction == "sum":
         out = np.asarray(picked.sum(), dtype=logp.dtype)
     else:
-        out = picked.astype(logp.dtype, copy=False)
+        out = picked
     return out, (safe, coef, logp.shape)
 
 
