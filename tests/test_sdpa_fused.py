@@ -267,3 +267,66 @@ def test_compiled_equals_numpy_path_on_large_scores(on_path, dtype: type, kind: 
     np.testing.assert_allclose(fast[0], plain[0], rtol=tol, atol=tol)
     for a, b in zip(fast[1], plain[1]):
         np.testing.assert_allclose(a, b, rtol=tol, atol=tol * 10)
+
+
+# lengths around the compiled kernels' structure: one key, fewer than and not a multiple
+# of 8 lanes, S != L either way, and rows beyond the causal kernels' full-width length (128)
+SIZES = [(1, 1), (1, 6), (6, 1), (7, 7), (9, 13), (13, 9), (33, 33), (130, 130), (131, 140), (140, 131)]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("size", SIZES)
+def test_compiled_passes_equal_numpy_at_every_length(on_path, dtype: type, causal: bool,
+                                                     size: tuple[int, int]) -> None:
+    """The compiled passes (Note [Causal rows at full width]) equal their numpy forms at
+    lengths that exercise the lanes, the remainders and the full-width rounding."""
+    from asyncgrad.ops import attention as A
+
+    length, source = size
+    q, k, v = (a.astype(dtype) for a in _qkv((2, length, 4), source, np.float64, seed=length + source))
+    g = np.random.default_rng(1).standard_normal(q.shape[:-1] + (4,)).astype(dtype)
+
+    def passes() -> list[np.ndarray]:
+        out, p = A._attention(q, k, v, scale=0.6, causal=causal, allowed=None)
+        return [out, p, A._scores_grad(g, v, p, 0.6, causal, None)]
+
+    on_path("numpy")
+    plain = passes()
+    on_path("compiled")
+    fast = passes()
+    tol = 2e-5 if dtype == np.float32 else 1e-12
+    for a, b in zip(fast, plain):
+        assert a.dtype == dtype
+        np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
+    if causal:
+        blocked = ~np.tri(length, source, 0, dtype=bool)
+        assert np.all(fast[1][..., blocked] == 0) and np.all(fast[2][..., blocked] == 0)
+
+
+@pytest.mark.parametrize("path", ["numpy", "compiled"])
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf, -1e30])
+@pytest.mark.parametrize("length", [5, 40, 135])
+def test_causal_scores_of_future_keys_never_reach_the_result(on_path, path: str, bad: float, length: int) -> None:
+    """The causal kernels read the scores of masked keys (Note [Causal rows at full
+    width]): NaN, inf or huge values there change nothing in the rows that cannot see
+    them: the weights on both paths, the compiled scores' gradient too."""
+    from asyncgrad.ops import attention as A
+
+    on_path(path)
+    q, k, v = (a.astype(np.float32) for a in _qkv((3, length, 8), length, np.float64, seed=length))
+    g = np.random.default_rng(2).standard_normal(q.shape).astype(np.float32)
+    last = length - 1
+    bad_k, bad_v = k.copy(), v.copy()
+    bad_k[:, last] = bad
+    bad_v[:, last] = bad
+    with np.errstate(invalid="ignore", over="ignore"):
+        _, p_ref = A._attention(q, k, v, scale=0.4, causal=True, allowed=None)
+        ds_ref = A._scores_grad(g, v, p_ref, 0.4, True, None)
+        _, p = A._attention(q, bad_k, bad_v, scale=0.4, causal=True, allowed=None)
+        ds = A._scores_grad(g, bad_v, p, 0.4, True, None)
+    np.testing.assert_array_equal(p[:, :last], p_ref[:, :last])
+    assert np.all(p[:, :last, last] == 0)
+    if path == "compiled":  # (numpy's pass sums dp * p over every key, as the written-out ops: NaN * 0)
+        np.testing.assert_array_equal(ds[:, :last], ds_ref[:, :last])
+        assert np.all(ds[:, :last, last] == 0)

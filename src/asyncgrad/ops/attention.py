@@ -30,6 +30,8 @@ the rest.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from .kernels import compiled
@@ -60,6 +62,13 @@ def _mask_rows(allowed: np.ndarray, scores_shape: tuple[int, ...]) -> np.ndarray
     return np.array(rows, dtype=bool, order="C")
 
 
+@functools.lru_cache(maxsize=16)
+def _causal_mask(length: int, source: int) -> np.ndarray:
+    """The (L, S) causal mask as the causal kernels read it (True: may attend; shared,
+    never written)."""
+    return np.tri(length, source, 0, dtype=bool)
+
+
 def _blocked(length: int, source: int, causal: bool, allowed: np.ndarray | None) -> np.ndarray | None:
     """Where the scores are masked out (broadcastable to the scores), or None."""
     if causal:
@@ -73,8 +82,10 @@ def _weights_(s: np.ndarray, scale: float, causal: bool, allowed: np.ndarray | N
     k = compiled()
     if k is not None:
         rows, scale_ = s.reshape(-1, source), s.dtype.type(scale)
-        if allowed is None:
-            k.attention_softmax(rows, scale_, length, causal)
+        if causal:
+            k.attention_softmax_causal(rows, scale_, _causal_mask(length, source))
+        elif allowed is None:
+            k.attention_softmax(rows, scale_)
         else:
             k.attention_softmax_masked(rows, scale_, _mask_rows(allowed, s.shape))
         return
@@ -103,8 +114,10 @@ def _scores_grad(g: np.ndarray, v: np.ndarray, p: np.ndarray, scale: float, caus
     k = compiled()
     if k is not None and p.flags.c_contiguous and p.dtype == dp.dtype:
         rows, weights, scale_ = dp.reshape(-1, source), p.reshape(-1, source), dp.dtype.type(scale)
-        if allowed is None:
-            k.attention_softmax_backward(rows, weights, scale_, length, causal)
+        if causal:
+            k.attention_softmax_backward_causal(rows, weights, scale_, _causal_mask(length, source))
+        elif allowed is None:
+            k.attention_softmax_backward(rows, weights, scale_)
         else:
             k.attention_softmax_backward_masked(rows, weights, scale_, _mask_rows(allowed, dp.shape))
         return dp
