@@ -330,3 +330,27 @@ def test_causal_scores_of_future_keys_never_reach_the_result(on_path, path: str,
     if path == "compiled":  # (numpy's pass sums dp * p over every key, as the written-out ops: NaN * 0)
         np.testing.assert_array_equal(ds[:, :last], ds_ref[:, :last])
         assert np.all(ds[:, :last, last] == 0)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("causal", [True, False])
+def test_compiled_row_maximum_found_in_every_lane(on_path, dtype: type, causal: bool) -> None:
+    """The compiled row maximum runs eight lanes and a tail: with one score far above
+    the others (exp overflows unless the shift is that score), in every position of
+    rows of 1 to 24 keys, the weights equal numpy's."""
+    from asyncgrad.ops import attention as A
+
+    on_path("compiled")
+    for n in range(1, 25):
+        base = np.random.default_rng(n).standard_normal((n, n)).astype(dtype)
+        s = np.repeat(base[None], n, axis=0)  # (n heads, n, n): in head h, key h is huge
+        for h in range(n):
+            s[h, :, h] = 500.0
+        on_path("numpy")
+        plain = s.copy()
+        A._weights_(plain, 0.5, causal, None)
+        on_path("compiled")
+        fast = s.copy()
+        A._weights_(fast, 0.5, causal, None)
+        assert np.all(np.isfinite(fast))
+        np.testing.assert_allclose(fast, plain, rtol=1e-5 if dtype == np.float32 else 1e-12, atol=1e-30)
