@@ -8,11 +8,12 @@ fused CPU kernel (``ScaledDotProductFlashAttentionForCpuBackward0``), the node a
 nanoGPT records. So the node is one, as PyTorch's, and between its products there is one
 compiled pass each way:
 
-* forward: ``s = q @ k^T`` (BLAS), then ``attention_softmax`` in place: scale, mask
-  (causal, or a bool mask), max, exp, sum and normalise per row; the causal rows only
-  touch their first ``i + 1`` keys. ``out = p @ v``. The weights ``p`` are kept (aux), as
+* forward: ``s = q @ k^T`` (BLAS), then ``attention_softmax`` (``_causal``,
+  ``_masked``) in place: scale, mask, max, exp, sum and normalise per row, the scale
+  applied within the max and exp passes; causal rows run at full width with a select
+  (Note [Causal rows at full width] in ``_numba_kernels.py``). ``out = p @ v``. The weights ``p`` are kept (aux), as
   the composite kept its softmax's output;
-* backward: ``dv = p^T @ g``, ``dp = g @ v^T``, then ``attention_softmax_backward`` in
+* backward: ``dv = p^T @ g``, ``dp = g @ v^T``, then ``attention_softmax_backward`` (as above) in
   place (``ds = p * (dp - rowsum(dp * p)) * scale``, 0 where masked), ``dq = ds @ k``,
   ``dk = ds^T @ q``; each gradient laid out as its input (Note [Gradients in their
   input's layout] in linalg.py), so the heads' transposes back are views.
