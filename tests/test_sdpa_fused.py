@@ -354,3 +354,29 @@ def test_compiled_row_maximum_found_in_every_lane(on_path, dtype: type, causal: 
         A._weights_(fast, 0.5, causal, None)
         assert np.all(np.isfinite(fast))
         np.testing.assert_allclose(fast, plain, rtol=1e-5 if dtype == np.float32 else 1e-12, atol=1e-30)
+
+
+@pytest.mark.parametrize("path", ["numpy", "compiled"])
+@pytest.mark.parametrize("size", [(2, 2), (3, 5), (9, 4), (16, 16), (17, 30), (130, 130)])
+def test_causal_halves_equal_the_whole_products(on_path, monkeypatch, path: str, size: tuple[int, int]) -> None:
+    """Note [Causal halves]: the causal forward in two halves of query rows (from any
+    length here) gives the weights, output and gradients of the whole products, with
+    zeros in the quarter of the weights no product wrote."""
+    from asyncgrad.ops import attention as A
+
+    on_path(path)
+    length, source = size
+    arrays = [a.astype(np.float32) for a in _qkv((2, 3, length, 8), source, seed=length)]
+    f = lambda q, k, v: NF.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
+    monkeypatch.setattr(A, "CAUSAL_HALVES_MIN", 1 << 30)
+    whole = _run(f, arrays)
+    _, p_whole = A._attention(*arrays, scale=0.3, causal=True, allowed=None)
+    monkeypatch.setattr(A, "CAUSAL_HALVES_MIN", 1)
+    halves = _run(f, arrays)
+    out, p = A._attention(*arrays, scale=0.3, causal=True, allowed=None)
+    assert halves[2] == FUSED
+    np.testing.assert_allclose(p, p_whole, rtol=1e-6, atol=1e-7)
+    assert np.all(p[..., ~np.tri(length, source, 0, dtype=bool)] == 0)
+    np.testing.assert_allclose(halves[0], whole[0], rtol=1e-5, atol=1e-6)
+    for a, b in zip(halves[1], whole[1]):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
