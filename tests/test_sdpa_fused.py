@@ -380,3 +380,38 @@ def test_causal_halves_equal_the_whole_products(on_path, monkeypatch, path: str,
     np.testing.assert_allclose(halves[0], whole[0], rtol=1e-5, atol=1e-6)
     for a, b in zip(halves[1], whole[1]):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("path", ["numpy", "compiled"])
+@pytest.mark.parametrize("layout", ["contiguous", "heads_of_a_projection", "keys_transposed"])
+@pytest.mark.parametrize("size", [(5, 5), (9, 4), (12, 20), (130, 130)])
+def test_joint_backward_in_halves_equals_the_whole(on_path, monkeypatch, path: str, layout: str,
+                                                   size: tuple[int, int]) -> None:
+    """Note [Causal halves]: the joint backward in halves gives the whole products'
+    gradients for every subset of needed inputs, each in its input's layout (row-major,
+    heads as transposed views, a column-major key matrix)."""
+    from asyncgrad.ops import attention as A
+
+    on_path(path)
+    length, source = size
+    rng = np.random.default_rng(length * source)
+    if layout == "heads_of_a_projection" and length == source:
+        base = rng.standard_normal((2, length, 3 * 12)).astype(np.float32)
+        q, k, v = (t.reshape(2, length, 3, 4).transpose(0, 2, 1, 3) for t in np.split(base, 3, axis=2))
+    else:
+        q, k, v = (a.astype(np.float32) for a in _qkv((2, 3, length, 4), source, seed=length))
+        if layout == "keys_transposed":
+            k = np.ascontiguousarray(np.swapaxes(k, -1, -2)).swapaxes(-1, -2)
+    g = rng.standard_normal(q.shape).astype(np.float32)
+    _, p = A._attention(q, k, v, scale=0.4, causal=True, allowed=None)
+    for mask in [(True, True, True), (True, False, False), (False, True, False), (False, False, True)]:
+        monkeypatch.setattr(A, "CAUSAL_HALVES_MIN", 1 << 30)
+        whole = A._joint(g, None, q, k, v, mask=mask, scale=0.4, causal=True, allowed=None, aux=p)
+        monkeypatch.setattr(A, "CAUSAL_HALVES_MIN", 1)
+        halves = A._joint(g, None, q, k, v, mask=mask, scale=0.4, causal=True, allowed=None, aux=p)
+        for need, a, b, x in zip(mask, halves, whole, (q, k, v)):
+            if not need:
+                assert a is None and b is None
+                continue
+            assert a.shape == x.shape and a.strides == np.empty_like(x).strides
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)

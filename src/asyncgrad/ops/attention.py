@@ -110,7 +110,12 @@ def _scores_grad(g: np.ndarray, v: np.ndarray, p: np.ndarray, scale: float, caus
                  allowed: np.ndarray | None) -> np.ndarray:
     """The gradient of the scores ``q @ k^T`` (plain backward): ``dp = g @ v^T`` (a
     fresh array), made the scores' gradient in place."""
-    dp = _matmul(g, np.swapaxes(v, -1, -2))
+    return _scores_grad_(_matmul(g, np.swapaxes(v, -1, -2)), p, scale, causal, allowed)
+
+
+def _scores_grad_(dp: np.ndarray, p: np.ndarray, scale: float, causal: bool,
+                  allowed: np.ndarray | None) -> np.ndarray:
+    """``dp``, the weights' gradient (a fresh array), made the scores' gradient in place."""
     length, source = dp.shape[-2:]
     k = compiled()
     if k is not None and p.flags.c_contiguous and p.dtype == dp.dtype:
@@ -132,7 +137,7 @@ def _scores_grad(g: np.ndarray, v: np.ndarray, p: np.ndarray, scale: float, caus
     return dp
 
 
-CAUSAL_HALVES_MIN = 128  # query rows from which a causal forward skips its masked quarter
+CAUSAL_HALVES_MIN = 64  # query rows from which a causal attention skips its masked quarter
 
 
 def _causal_halves(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) -> tuple[np.ndarray, np.ndarray]:
@@ -141,12 +146,18 @@ def _causal_halves(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) ->
     Note [Causal halves]: query ``i`` attends keys ``j <= i``, so the first half of the
     rows needs only the first half of the keys: ``q[:h] @ k[:h]^T`` and ``p[:h, :h] @
     v[:h]`` skip the (h, S - h) quarter of both products, which is all masked. At the op
-    table's large size (32, 8, 128, 32) the forward took 16.4 -> 15.2 ms so (medians of
-    30, interleaved; minima 14.5 -> 12.8); four blocks were no faster, and at GPT-small's
-    64 rows the halves only add GEMM calls (1.12 / 1.09 ms), so they start at
-    ``CAUSAL_HALVES_MIN`` rows. The skipped quarter of the scores is never written by a
-    product: the causal kernel reads it only under its select (Note [Causal rows at full
-    width] in ``_numba_kernels.py``) and writes its zeros; numpy's pass gets it zeroed."""
+    table's large size (32, 8, 128, 32) the forward took 13.3 -> 12.8 and 16.5 -> 15.7
+    ms so, the joint backward 21.1 -> 19.1 and 26.1 -> 24.0 (two runs, medians of 30,
+    interleaved in one process; the machine's load moves the levels); at GPT-small's
+    (16, 4, 64, 32) forward 1.07 -> 1.05, 0.96 -> 0.91, 1.13 -> 1.10 and joint 1.42 ->
+    1.38, 1.25 -> 1.21, 1.47 -> 1.45 (three runs, medians of 300): the products' saving
+    is still a little more than the extra GEMM calls, so the halves start at
+    ``CAUSAL_HALVES_MIN`` = 64 rows (four blocks were no faster at 128). The skipped
+    quarter of the scores is never written by a product: the causal kernel reads it only
+    under its select (Note [Causal rows at full width] in ``_numba_kernels.py``) and
+    writes its zeros; numpy's pass gets it zeroed. The joint backward does the same
+    (``_joint_halves``): ``dp = g @ v^T``, ``dq = ds @ k``, and the keys' halves of ``dk =
+    ds^T @ q`` and ``dv = p^T @ g``, each gradient in its input's layout."""
     length, source = q.shape[-2], k.shape[-2]
     h = length // 2
     kh = min(h, source)
@@ -218,9 +229,54 @@ def _rule_v(m, g, ans, q, k, v, *, scale, causal, allowed, aux):  # type: ignore
     return _product_like(np.swapaxes(p, -1, -2), g, v)
 
 
+def _into(out: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+    """``out[...] = a @ b`` for ``out`` a block of an array made by ``np.empty_like`` of an
+    input (``_product_like``'s layouts): GEMM writes it row-major, or its transpose."""
+    if out.strides[-1] == out.itemsize:
+        np.matmul(a, _row_major(b), out=out)
+    elif out.strides[-2] == out.itemsize:
+        np.matmul(b.swapaxes(-1, -2), _row_major(a.swapaxes(-1, -2)), out=out.swapaxes(-1, -2))
+    else:
+        out[...] = np.matmul(a, b)
+
+
+def _joint_halves(g, q, k, v, p, scale, mask):  # type: ignore[no-untyped-def]
+    """``_joint`` of a causal forward made in halves (Note [Causal halves]): each product
+    skips the masked quarter, ``dp``'s and the gradients' blocks as the forward's."""
+    length, source = q.shape[-2], k.shape[-2]
+    h = length // 2
+    kh = min(h, source)
+    dq = dk = dv = None
+    if mask[0] or mask[1]:
+        vt = _row_major(np.swapaxes(v, -1, -2))
+        dp = np.empty(p.shape, dtype=p.dtype)
+        np.matmul(g[..., :h, :], vt[..., :kh], out=dp[..., :h, :kh])
+        np.matmul(g[..., h:, :], vt, out=dp[..., h:, :])
+        if compiled() is None or not p.flags.c_contiguous:  # (numpy's pass sums dp * p over every key)
+            dp[..., :h, kh:] = 0
+        ds = _scores_grad_(dp, p, scale, True, None)
+        if mask[0]:
+            dq = np.empty_like(q)
+            _into(dq[..., :h, :], ds[..., :h, :kh], k[..., :kh, :])
+            _into(dq[..., h:, :], ds[..., h:, :], k)
+        if mask[1]:
+            dk = np.empty_like(k)
+            dst = np.swapaxes(ds, -1, -2)
+            _into(dk[..., :kh, :], dst[..., :kh, :], q)
+            _into(dk[..., kh:, :], dst[..., kh:, h:], q[..., h:, :])
+    if mask[2]:
+        dv = np.empty_like(v)
+        pt = np.swapaxes(p, -1, -2)
+        _into(dv[..., :kh, :], pt[..., :kh, :], g)
+        _into(dv[..., kh:, :], pt[..., kh:, h:], g[..., h:, :])
+    return dq, dk, dv
+
+
 def _joint(g, ans, q, k, v, *, mask, scale, causal, allowed, aux):  # type: ignore[no-untyped-def]
     """The needed gradients of q, k and v, the scores' gradient computed once (a plain
     backward; ``mask`` says which are needed)."""
+    if causal and q.shape[-2] >= CAUSAL_HALVES_MIN:
+        return _joint_halves(g, q, k, v, aux, scale, mask)
     dq = dk = dv = None
     if mask[0] or mask[1]:
         ds = _scores_grad(g, v, aux, scale, causal, allowed)
