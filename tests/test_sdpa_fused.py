@@ -267,3 +267,151 @@ def test_compiled_equals_numpy_path_on_large_scores(on_path, dtype: type, kind: 
     np.testing.assert_allclose(fast[0], plain[0], rtol=tol, atol=tol)
     for a, b in zip(fast[1], plain[1]):
         np.testing.assert_allclose(a, b, rtol=tol, atol=tol * 10)
+
+
+# lengths around the compiled kernels' structure: one key, fewer than and not a multiple
+# of 8 lanes, S != L either way, and rows beyond the causal kernels' full-width length (128)
+SIZES = [(1, 1), (1, 6), (6, 1), (7, 7), (9, 13), (13, 9), (33, 33), (130, 130), (131, 140), (140, 131)]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("size", SIZES)
+def test_compiled_passes_equal_numpy_at_every_length(on_path, dtype: type, causal: bool,
+                                                     size: tuple[int, int]) -> None:
+    """The compiled passes (Note [Causal rows at full width]) equal their numpy forms at
+    lengths that exercise the lanes, the remainders and the full-width rounding."""
+    from asyncgrad.ops import attention as A
+
+    length, source = size
+    q, k, v = (a.astype(dtype) for a in _qkv((2, length, 4), source, np.float64, seed=length + source))
+    g = np.random.default_rng(1).standard_normal(q.shape[:-1] + (4,)).astype(dtype)
+
+    def passes() -> list[np.ndarray]:
+        out, p = A._attention(q, k, v, scale=0.6, causal=causal, allowed=None)
+        return [out, p, A._scores_grad(g, v, p, 0.6, causal, None)]
+
+    on_path("numpy")
+    plain = passes()
+    on_path("compiled")
+    fast = passes()
+    tol = 2e-5 if dtype == np.float32 else 1e-12
+    for a, b in zip(fast, plain):
+        assert a.dtype == dtype
+        np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
+    if causal:
+        blocked = ~np.tri(length, source, 0, dtype=bool)
+        assert np.all(fast[1][..., blocked] == 0) and np.all(fast[2][..., blocked] == 0)
+
+
+@pytest.mark.parametrize("path", ["numpy", "compiled"])
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf, -1e30])
+@pytest.mark.parametrize("length", [5, 40, 135])
+def test_causal_scores_of_future_keys_never_reach_the_result(on_path, path: str, bad: float, length: int) -> None:
+    """The causal kernels read the scores of masked keys (Note [Causal rows at full
+    width]): NaN, inf or huge values there change nothing in the rows that cannot see
+    them: the weights on both paths, the compiled scores' gradient too."""
+    from asyncgrad.ops import attention as A
+
+    on_path(path)
+    q, k, v = (a.astype(np.float32) for a in _qkv((3, length, 8), length, np.float64, seed=length))
+    g = np.random.default_rng(2).standard_normal(q.shape).astype(np.float32)
+    last = length - 1
+    bad_k, bad_v = k.copy(), v.copy()
+    bad_k[:, last] = bad
+    bad_v[:, last] = bad
+    with np.errstate(invalid="ignore", over="ignore"):
+        _, p_ref = A._attention(q, k, v, scale=0.4, causal=True, allowed=None)
+        ds_ref = A._scores_grad(g, v, p_ref, 0.4, True, None)
+        _, p = A._attention(q, bad_k, bad_v, scale=0.4, causal=True, allowed=None)
+        ds = A._scores_grad(g, bad_v, p, 0.4, True, None)
+    np.testing.assert_array_equal(p[:, :last], p_ref[:, :last])
+    assert np.all(p[:, :last, last] == 0)
+    if path == "compiled":  # (numpy's pass sums dp * p over every key, as the written-out ops: NaN * 0)
+        np.testing.assert_array_equal(ds[:, :last], ds_ref[:, :last])
+        assert np.all(ds[:, :last, last] == 0)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("causal", [True, False])
+def test_compiled_row_maximum_found_in_every_lane(on_path, dtype: type, causal: bool) -> None:
+    """The compiled row maximum runs eight lanes and a tail: with one score far above
+    the others (exp overflows unless the shift is that score), in every position of
+    rows of 1 to 24 keys, the weights equal numpy's."""
+    from asyncgrad.ops import attention as A
+
+    on_path("compiled")
+    for n in range(1, 25):
+        base = np.random.default_rng(n).standard_normal((n, n)).astype(dtype)
+        s = np.repeat(base[None], n, axis=0)  # (n heads, n, n): in head h, key h is huge
+        for h in range(n):
+            s[h, :, h] = 500.0
+        on_path("numpy")
+        plain = s.copy()
+        A._weights_(plain, 0.5, causal, None)
+        on_path("compiled")
+        fast = s.copy()
+        A._weights_(fast, 0.5, causal, None)
+        assert np.all(np.isfinite(fast))
+        np.testing.assert_allclose(fast, plain, rtol=1e-5 if dtype == np.float32 else 1e-12, atol=1e-30)
+
+
+@pytest.mark.parametrize("path", ["numpy", "compiled"])
+@pytest.mark.parametrize("size", [(2, 2), (3, 5), (9, 4), (16, 16), (17, 30), (130, 130)])
+def test_causal_halves_equal_the_whole_products(on_path, monkeypatch, path: str, size: tuple[int, int]) -> None:
+    """Note [Causal halves]: the causal forward in two halves of query rows (from any
+    length here) gives the weights, output and gradients of the whole products, with
+    zeros in the quarter of the weights no product wrote."""
+    from asyncgrad.ops import attention as A
+
+    on_path(path)
+    length, source = size
+    arrays = [a.astype(np.float32) for a in _qkv((2, 3, length, 8), source, seed=length)]
+    f = lambda q, k, v: NF.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
+    monkeypatch.setattr(A, "CAUSAL_HALVES_MIN", 1 << 30)
+    whole = _run(f, arrays)
+    _, p_whole = A._attention(*arrays, scale=0.3, causal=True, allowed=None)
+    monkeypatch.setattr(A, "CAUSAL_HALVES_MIN", 1)
+    halves = _run(f, arrays)
+    out, p = A._attention(*arrays, scale=0.3, causal=True, allowed=None)
+    assert halves[2] == FUSED
+    np.testing.assert_allclose(p, p_whole, rtol=1e-6, atol=1e-7)
+    assert np.all(p[..., ~np.tri(length, source, 0, dtype=bool)] == 0)
+    np.testing.assert_allclose(halves[0], whole[0], rtol=1e-5, atol=1e-6)
+    for a, b in zip(halves[1], whole[1]):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("path", ["numpy", "compiled"])
+@pytest.mark.parametrize("layout", ["contiguous", "heads_of_a_projection", "keys_transposed"])
+@pytest.mark.parametrize("size", [(5, 5), (9, 4), (12, 20), (130, 130)])
+def test_joint_backward_in_halves_equals_the_whole(on_path, monkeypatch, path: str, layout: str,
+                                                   size: tuple[int, int]) -> None:
+    """Note [Causal halves]: the joint backward in halves gives the whole products'
+    gradients for every subset of needed inputs, each in its input's layout (row-major,
+    heads as transposed views, a column-major key matrix)."""
+    from asyncgrad.ops import attention as A
+
+    on_path(path)
+    length, source = size
+    rng = np.random.default_rng(length * source)
+    if layout == "heads_of_a_projection" and length == source:
+        base = rng.standard_normal((2, length, 3 * 12)).astype(np.float32)
+        q, k, v = (t.reshape(2, length, 3, 4).transpose(0, 2, 1, 3) for t in np.split(base, 3, axis=2))
+    else:
+        q, k, v = (a.astype(np.float32) for a in _qkv((2, 3, length, 4), source, seed=length))
+        if layout == "keys_transposed":
+            k = np.ascontiguousarray(np.swapaxes(k, -1, -2)).swapaxes(-1, -2)
+    g = rng.standard_normal(q.shape).astype(np.float32)
+    _, p = A._attention(q, k, v, scale=0.4, causal=True, allowed=None)
+    for mask in [(True, True, True), (True, False, False), (False, True, False), (False, False, True)]:
+        monkeypatch.setattr(A, "CAUSAL_HALVES_MIN", 1 << 30)
+        whole = A._joint(g, None, q, k, v, mask=mask, scale=0.4, causal=True, allowed=None, aux=p)
+        monkeypatch.setattr(A, "CAUSAL_HALVES_MIN", 1)
+        halves = A._joint(g, None, q, k, v, mask=mask, scale=0.4, causal=True, allowed=None, aux=p)
+        for need, a, b, x in zip(mask, halves, whole, (q, k, v)):
+            if not need:
+                assert a is None and b is None
+                continue
+            assert a.shape == x.shape and a.strides == np.empty_like(x).strides
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
