@@ -16,7 +16,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from .. import functional as _F
-from ..functional import gelu, linear, log_softmax, mse_loss, sigmoid, softmax, tanh
+from ..functional import (
+    cross_entropy, gelu, linear, log_softmax, mse_loss, nll_loss, sigmoid, softmax, tanh,
+)
 from ..autograd.recording import record
 from ..ops import attention as _A
 from ..ops import nn as _N
@@ -85,30 +87,6 @@ def layer_norm(input: Tensor, normalized_shape: int | Sequence[int], weight: Ten
     if bias is not None:
         out = _F.add(out, bias)
     return out
-
-
-def nll_loss(input: Tensor, target: Any, reduction: str = "mean", ignore_index: int = -100) -> Tensor:
-    """The negative log-likelihood of class indices ``target`` under log-probabilities
-    ``input`` (N x C): one node, PyTorch's NllLossBackward0. ``reduction`` is ``"mean"``
-    (over the rows not ignored), ``"sum"`` or ``"none"``; rows whose target is
-    ``ignore_index`` add nothing."""
-    tgt = np.asarray(target.data if isinstance(target, Tensor) else target)
-    if input.ndim != 2 or tgt.shape != input.shape[:1]:
-        raise ValueError(
-            f"Expected input of shape (N, C) and target of shape (N,), got {list(input.shape)} "
-            f"and {list(tgt.shape)}"
-        )
-    if tgt.dtype.kind not in "iu":
-        raise RuntimeError(f"expected scalar type Long but found {tgt.dtype}")
-    # (the bounds of the targets are checked by the kernel, in its one pass)
-    out, aux = _N._nll_loss(input.data, target=tgt, reduction=reduction, ignore_index=ignore_index)
-    return record(_N.nll_loss, (input,), out, aux=aux, params={"reduction": reduction})
-
-
-def cross_entropy(input: Tensor, target: Any, reduction: str = "mean", ignore_index: int = -100) -> Tensor:
-    """``nll_loss(log_softmax(input, 1), target)`` for class-index targets: two nodes, as
-    PyTorch (LogSoftmaxBackward0, then NllLossBackward0)."""
-    return nll_loss(log_softmax(input, 1), target, reduction, ignore_index)
 
 
 def embedding(input: Any, weight: Tensor, padding_idx: int | None = None) -> Tensor:

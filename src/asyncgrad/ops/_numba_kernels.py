@@ -329,7 +329,7 @@ def log_softmax_backward(g, ans, out):  # type: ignore[no-untyped-def]
 # once, by a loop of its own, and the output by a second loop over x-hat, with the affine
 # cases as separate loops: 45 us (as fast as a kernel that writes no x-hat at all), 617
 # against 716 us on 4096 rows of 256. The same bits on rows of a multiple of 8 elements;
-# on others LLVM now orders the sums otherwise (a few ulps; tests/test_rowops_layer_norm.py).
+# on others LLVM now orders the sums otherwise (a few ulps; tests/test_row_kernels_forward.py).
 @_jit((M32, A32, A32, F64, M32, M32, M32), (M64, A64, A64, F64, M64, M64, M64))
 def layer_norm(x, w, b, eps, out, xhat, rstd):  # type: ignore[no-untyped-def]
     """Rows normalised: ``xhat = (x - mean) * rstd`` and ``out = xhat * w + b`` (``w``/``b``

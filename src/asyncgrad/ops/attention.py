@@ -11,12 +11,14 @@ compiled pass each way:
 * forward: ``s = q @ k^T`` (BLAS), then ``attention_softmax`` (``_causal``,
   ``_masked``) in place: scale, mask, max, exp, sum and normalise per row, the scale
   applied within the max and exp passes; causal rows run at full width with a select
-  (Note [Causal rows at full width] in ``_numba_kernels.py``). ``out = p @ v``. The weights ``p`` are kept (aux), as
-  the composite kept its softmax's output;
-* backward: ``dv = p^T @ g``, ``dp = g @ v^T``, then ``attention_softmax_backward`` (as above) in
-  place (``ds = p * (dp - rowsum(dp * p)) * scale``, 0 where masked), ``dq = ds @ k``,
-  ``dk = ds^T @ q``; each gradient laid out as its input (Note [Gradients in their
-  input's layout] in linalg.py), so the heads' transposes back are views.
+  (Note [Causal rows at full width] in ``_numba_kernels.py``). ``out = p @ v``. The
+  weights ``p`` are kept (aux), as the composite kept its softmax's output;
+* backward: ``dv = p^T @ g``, ``dp = g @ v^T``, then ``attention_softmax_backward`` (as
+  above) in place (``ds = p * (dp - rowsum(dp * p)) * scale``, 0 where masked),
+  ``dq = ds @ k``, ``dk = ds^T @ q``; each gradient laid out as its input (Note
+  [Gradients in their input's layout] in linalg.py), so the heads' transposes back are
+  views. From 64 query rows a causal attention's products skip the masked quarter
+  (Note [Causal halves]).
 
 The per-input rules below are the definition: in a plain backward they compute the
 weights' gradient once per rule; under create_graph they recompute the weights from
@@ -165,8 +167,7 @@ def _causal_halves(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) ->
     s = np.empty((*q.shape[:-1], source), dtype=q.dtype)
     np.matmul(q[..., :h, :], kt[..., :kh], out=s[..., :h, :kh])
     np.matmul(q[..., h:, :], kt, out=s[..., h:, :])
-    if compiled() is None:
-        s[..., :h, kh:] = 0
+    s[..., :h, kh:] = 0  # (read by numpy's pass, should the kernels be off by then)
     _weights_(s, scale, True, None)
     out = np.empty((*q.shape[:-1], v.shape[-1]), dtype=q.dtype)
     np.matmul(s[..., :h, :kh], v[..., :kh, :], out=out[..., :h, :])
@@ -252,8 +253,7 @@ def _joint_halves(g, q, k, v, p, scale, mask):  # type: ignore[no-untyped-def]
         dp = np.empty(p.shape, dtype=p.dtype)
         np.matmul(g[..., :h, :], vt[..., :kh], out=dp[..., :h, :kh])
         np.matmul(g[..., h:, :], vt, out=dp[..., h:, :])
-        if compiled() is None or not p.flags.c_contiguous:  # (numpy's pass sums dp * p over every key)
-            dp[..., :h, kh:] = 0
+        dp[..., :h, kh:] = 0  # (numpy's pass, should it run, sums dp * p over every key)
         ds = _scores_grad_(dp, p, scale, True, None)
         if mask[0]:
             dq = np.empty_like(q)
