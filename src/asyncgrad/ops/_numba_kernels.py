@@ -774,14 +774,16 @@ def _scaled_row_max(row, lim, scale):  # type: ignore[no-untyped-def]
 
 
 @njit(inline="always", fastmath=_FLAGS)
-def _nan_or_inf_max(row, lim, scale):  # type: ignore[no-untyped-def]
-    """For a row whose maximum came out -inf: a NaN among its scaled scores (max() may
-    pass over one), else -inf: nothing to attend to."""
-    m = _c(scale, -np.inf)
-    for j in range(lim):
-        v = row[j] * scale
-        if v != v:
-            m = v
+def _row_shift(row, lim, scale):  # type: ignore[no-untyped-def]
+    """The softmax shift of ``row[j] * scale`` for ``j < lim``: their maximum, or a NaN
+    among them when the maximum came out -inf (max() may pass over one); -inf means
+    nothing to attend to."""
+    m = _scaled_row_max(row, lim, scale)
+    if m == _c(m, -np.inf):
+        for j in range(lim):
+            v = row[j] * scale
+            if v != v:
+                m = v
     return m
 
 
@@ -793,12 +795,10 @@ def attention_softmax(s, scale):  # type: ignore[no-untyped-def]
     n = s.shape[1]
     for r in range(s.shape[0]):
         row = s[r]
-        m = _scaled_row_max(row, n, scale)
+        m = _row_shift(row, n, scale)
         if m == _c(m, -np.inf):
-            m = _nan_or_inf_max(row, n, scale)
-            if m == _c(m, -np.inf):
-                row[:] = _c(m, 0.0)
-                continue
+            row[:] = _c(m, 0.0)
+            continue
         total = _c(m, 0.0)
         for j in range(n):
             e = _exp(row[j] * scale - m)
@@ -820,12 +820,10 @@ def attention_softmax_causal(s, scale, tri):  # type: ignore[no-untyped-def]
         a = tri[r % length]
         lim = min(r % length + 1, n)
         width = min((lim + _CAUSAL_WIDTH - 1) // _CAUSAL_WIDTH * _CAUSAL_WIDTH, n)
-        m = _scaled_row_max(row, lim, scale)
+        m = _row_shift(row, lim, scale)
         if m == _c(m, -np.inf):
-            m = _nan_or_inf_max(row, lim, scale)
-            if m == _c(m, -np.inf):
-                row[:] = _c(m, 0.0)
-                continue
+            row[:] = _c(m, 0.0)
+            continue
         total = _c(m, 0.0)
         for j in range(width):
             e = _exp(row[j] * scale - m)
