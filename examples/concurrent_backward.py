@@ -6,18 +6,22 @@ Every task has its own batch and loss and runs ``await ag.backward(loss)``; all 
 calls run at the same time on one event loop and accumulate into the shared parameters'
 ``.grad``. (The forward passes run first: a forward is plain synchronous numpy work on
 the loop, while the backward passes are what asyncgrad schedules, inline when small and
-on worker threads when large.) The script checks that the result equals the same calls run one
-after another, measures how responsive the event loop stayed (a 1 ms ticker), says why
-the concurrent run is faster, and prints the engine's statistics (nodes run inline vs
-offloaded to worker threads). No extra
-dependencies: numpy and anyio only.
+on worker threads when large.) The script warms up as a service would (compiled kernels
+loaded, a first round untimed), then times rounds of the calls run together and one
+after another, alternating, and prints the medians. It checks that both give the same
+gradients, measures how responsive the event loop stayed (a 1 ms ticker), says why the
+concurrent run is faster, and prints the engine's statistics for one concurrent round
+(nodes run inline vs offloaded to worker threads). No extra dependencies: numpy and
+anyio only.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import time
+from collections.abc import Awaitable, Callable
 
 import anyio
 import numpy as np
@@ -25,6 +29,7 @@ import numpy as np
 import asyncgrad as ag
 from asyncgrad import nn
 from asyncgrad.nn import functional as F
+from asyncgrad.ops import kernels
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -32,6 +37,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tasks", type=int, default=16, help="concurrent backward calls")
     p.add_argument("--batch", type=int, default=256, help="examples per task")
     p.add_argument("--hidden", type=int, default=256, help="hidden width (bigger: more work offloaded)")
+    p.add_argument("--rounds", type=int, default=5, help="timed rounds of each way (medians are shown)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio", help="anyio backend to run on")
     return p.parse_args(argv)
@@ -62,62 +68,112 @@ async def run(args: argparse.Namespace) -> bool:
     async def one(loss: ag.Tensor) -> None:
         await ag.backward(loss)  # other tasks' backward calls run meanwhile
 
+    async def together(losses: list[ag.Tensor]) -> None:
+        async with anyio.create_task_group() as tg:
+            for loss in losses:
+                tg.start_soon(one, loss)
+
+    async def one_by_one(losses: list[ag.Tensor]) -> None:
+        for loss in losses:
+            await one(loss)
+
     def grads() -> list[np.ndarray]:
         out = [p.grad.numpy().copy() for p in model.parameters()]  # type: ignore[union-attr]
         model.zero_grad()
         return out
 
-    engine = ag.autograd.get_engine()
-    lags: list[float] = []
-    stop = anyio.Event()
+    def forwards() -> list[ag.Tensor]:
+        return [forward(i) for i in range(args.tasks)]  # (never timed)
+
+    async def timed(how: Callable[[list[ag.Tensor]], Awaitable[None]], losses: list[ag.Tensor]
+                    ) -> tuple[float, list[np.ndarray]]:
+        t0 = time.perf_counter()
+        await how(losses)
+        return time.perf_counter() - t0, grads()
+
     print(f"[{args.backend}] {args.tasks} tasks x batch {args.batch}, MLP 64-{args.hidden}-{args.hidden}-10 "
           f"({sum(p.numel() for p in model.parameters()):,} parameters)")
-    async with anyio.create_task_group() as outer:
-        losses = [forward(i) for i in range(args.tasks)]
-        outer.start_soon(ticker, lags, stop)
-        await anyio.sleep(0.01)
-        t0 = time.perf_counter()
-        async with anyio.create_task_group() as tg:
-            for loss in losses:
-                tg.start_soon(one, loss)
-        concurrent_s = time.perf_counter() - t0
-        stats = engine.statistics()
-        stop.set()
-    together = grads()
+    # A service is warm when requests arrive: it loads the compiled kernels at start-up
+    # (docs/guides/kernels.md), and its first backward calls have started the engine's
+    # worker threads and inspected BLAS. A cold first round would time that one-time
+    # set-up, not concurrency. (``kernels.wait`` blocks; a thread keeps the loop free.)
+    await anyio.to_thread.run_sync(kernels.wait)
+    for how in (together, one_by_one):
+        await timed(how, forwards())
 
-    losses = [forward(i) for i in range(args.tasks)]
-    t0 = time.perf_counter()
-    for loss in losses:
-        await one(loss)
-    sequential_s = time.perf_counter() - t0
-    one_by_one = grads()
+    engine = ag.autograd.get_engine()
+    lags: list[float] = []
+    times: dict[str, list[float]] = {"together": [], "one_by_one": []}
+    equal = True
+    before = after = engine.statistics()
+    loop_busy = 0.0
+    for r in range(args.rounds):
+        # alternate which goes first, so that a change in the machine's load meets both alike
+        for name in (("together", "one_by_one") if r % 2 == 0 else ("one_by_one", "together")):
+            losses = forwards()
+            if name == "together":
+                stop = anyio.Event()
+                async with anyio.create_task_group() as outer:
+                    outer.start_soon(ticker, lags, stop)
+                    await anyio.sleep(0.01)
+                    before, cpu = engine.statistics(), time.thread_time()
+                    seconds, summed = await timed(together, losses)
+                    after, loop_busy = engine.statistics(), (time.thread_time() - cpu) / seconds
+                    stop.set()
+                concurrent_grads = summed
+            else:
+                seconds, sequential_grads = await timed(one_by_one, losses)
+            times[name].append(seconds)
+        equal = equal and all(np.allclose(a, b, rtol=1e-4, atol=1e-6)
+                              for a, b in zip(concurrent_grads, sequential_grads))
 
-    equal = all(np.allclose(a, b, rtol=1e-4, atol=1e-6) for a, b in zip(together, one_by_one))
+    concurrent_s = float(np.median(times["together"]))
+    sequential_s = float(np.median(times["one_by_one"]))
     lag_ms = np.array(lags or [0.0]) * 1e3
+    stats = counted(before, after)
     print(f"{args.tasks} backward calls: {concurrent_s * 1e3:.0f} ms concurrently, "
-          f"{sequential_s * 1e3:.0f} ms one by one ({sequential_s / concurrent_s:.2f}x)")
-    print(explain(stats, concurrent_s < sequential_s))
+          f"{sequential_s * 1e3:.0f} ms one by one ({sequential_s / concurrent_s:.2f}x; "
+          f"medians of {args.rounds} rounds, after a warm-up)")
+    print(explain(stats, concurrent_s < sequential_s, loop_busy))
     print(f"gradients equal to the sequential sum (float32 tolerance): {equal}")
-    print(f"event loop lag during the concurrent backward: p50 {np.percentile(lag_ms, 50):.2f} ms, "
+    print(f"event loop lag during the concurrent backward calls: p50 {np.percentile(lag_ms, 50):.2f} ms, "
           f"p99 {np.percentile(lag_ms, 99):.2f} ms, max {lag_ms.max():.2f} ms ({len(lags)} ticks)")
-    print("engine statistics:")
+    print("engine statistics (the last concurrent round):")
     for field in dataclasses.fields(stats):
         print(f"  {field.name:<24} {getattr(stats, field.name)}")
     return equal
 
 
-def explain(stats: ag.autograd.EngineStatistics, faster: bool) -> str:
-    """Why running the backward calls together is faster (or, on a busy machine, not)."""
+# counters that add up over calls; the others are gauges or settings, shown as they are
+_COUNTERS = ("graph_tasks_started", "graph_tasks_succeeded", "graph_tasks_failed", "graph_tasks_cancelled",
+             "nodes_inline", "nodes_offloaded", "thread_hops")
+
+
+def counted(before: ag.autograd.EngineStatistics, after: ag.autograd.EngineStatistics
+            ) -> ag.autograd.EngineStatistics:
+    """The engine's statistics over one round: counters as differences."""
+    return dataclasses.replace(after, **{k: getattr(after, k) - getattr(before, k) for k in _COUNTERS})
+
+
+def explain(stats: ag.autograd.EngineStatistics, faster: bool, loop_busy: float) -> str:
+    """Why running the backward calls together is faster, or why not here. ``loop_busy``:
+    the share of the concurrent run's time the event loop's thread spent computing."""
     nodes = stats.nodes_inline + stats.nodes_offloaded
     why = (f"why: {stats.nodes_offloaded} of {nodes} nodes ran on {stats.max_workers} worker threads "
-           f"({stats.thread_hops} hops) while the event loop ran the other calls' small nodes and "
-           "bookkeeping; with several calls in flight the engine keeps BLAS single-threaded and runs "
-           "kernels of different calls side by side, so every core stays busy. One by one, each call "
-           "waits for its own kernels and the cores take turns.")
-    if not faster:
-        why += (" Here it was not faster: other processes are probably using the cores "
-                "(concurrency only pays when there are idle cores to fill).")
-    return why
+           f"({stats.thread_hops} hops); the event loop's thread ran the other nodes and the bookkeeping, "
+           f"busy {loop_busy:.0%} of the concurrent run. ")
+    if faster:
+        return why + ("Together, the calls overlap: while some calls' large kernels run on the worker threads "
+                      "(numpy releases the GIL), the loop runs other calls' small nodes, so more than one core "
+                      "works at a time. One by one, each call waits for its own kernels and the cores take turns.")
+    if loop_busy >= 0.8:
+        return why + ("Here it was not faster: most of each call is the loop's work (small nodes and bookkeeping, "
+                      "Python that one thread runs), so the worker threads had little to overlap with it. "
+                      "Larger kernels (a wider model, bigger batches) leave more to run in parallel.")
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return why + (f"Here it was not faster though the loop had time to spare: other processes are using the "
+                  f"cores (load average {load:.2f} on {os.cpu_count()} cores), and concurrency only pays when "
+                  "there are idle cores to fill.")
 
 
 def main(argv: list[str] | None = None) -> int:
