@@ -205,3 +205,59 @@ async def test_cancelling_a_forked_chain_and_retrying_gives_the_gradient(engines
     x2 = ag.tensor(_x(), requires_grad=True)
     await _backward_with(inline, _fork_loss(x2)[0])
     np.testing.assert_array_equal(x.grad.numpy(), x2.grad.numpy())
+
+
+# --- a transformer's attention blocks (the shape of bench/gpt.py with sdpa) ---------------
+@pytest.fixture
+def blas_threaded(monkeypatch):
+    """BLAS as when one backward runs alone: threads of its own, so a linear layer is
+    not split into one kernel per gradient (Note [BLAS threads] in policy.py)."""
+    from asyncgrad.autograd.policy import BlasThreads
+
+    monkeypatch.setattr(BlasThreads, "per_call", property(lambda self: 2))
+
+
+def _attention_blocks(x, ws, blocks=3, heads=2):
+    """``blocks`` pre-norm attention blocks sharing weights: x + c_proj(sdpa(q, k, v)) with
+    q, k, v split from one c_attn product and reshaped per head (views)."""
+    from asyncgrad.nn import functional as F
+
+    B, T, C = x.shape
+    w1, b1, w2, b2, g, bb = ws
+    for _ in range(blocks):
+        qkv = F.linear(F.layer_norm(x, (C,), g, bb), w1, b1)
+        q, k, v = (t.reshape((B, T, heads, C // heads)).transpose(1, 2) for t in qkv.split(C, dim=2))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape((B, T, C))
+        x = x + F.linear(y, w2, b2)
+    return x.sin().sum()
+
+
+def _attention_inputs(B=2, T=16, C=32, seed=0):
+    rng = np.random.default_rng(seed)
+    x = ag.tensor(rng.standard_normal((B, T, C)), requires_grad=True)
+    ws = [ag.tensor(a, requires_grad=True) for a in (
+        rng.standard_normal((3 * C, C)) / 6, rng.standard_normal(3 * C) / 6, rng.standard_normal((C, C)) / 6,
+        rng.standard_normal(C) / 6, rng.uniform(0.5, 1.5, C), rng.standard_normal(C) / 6)]
+    return x, ws
+
+
+async def test_attention_blocks_backward_is_one_chain(blas_threaded):
+    """The products and the attention kernels are heavy, the views, splits, layer norms
+    and adds light: one hop from the last block's c_proj to the first block's c_attn
+    (before: two per block, the q, k, v views and the split, and the residual adds,
+    back on the loop). Gradients exactly as the all-inline engine's (float64)."""
+    prev = get_engine()
+    try:
+        offload, inline = Engine(inline_threshold=4096), Engine(inline_threshold=2**62)
+        grads = []
+        for engine in (offload, inline):
+            x, ws = _attention_inputs()
+            await _backward_with(engine, _attention_blocks(x, ws))
+            grads.append([t.grad.numpy() for t in (x, *ws)])
+        assert offload.statistics().thread_hops == 1
+        for a, b in zip(*grads):
+            np.testing.assert_array_equal(a, b)
+    finally:
+        set_engine(prev)
+    x, ws = _attention_inputs(B=1, T=4, C=8, seed=3)
+    assert gradcheck(lambda t: _attention_blocks(t, ws, heads=2), (x,))
