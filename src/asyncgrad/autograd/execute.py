@@ -171,6 +171,20 @@ def own_fresh_outputs(task: GraphTask, node: Node, inputs: list[Any], outputs: l
             own_if_fresh(task, child, gi, inputs, outputs, node.saved)
 
 
+def fresh_leaf_edges(node: Node, inputs: list[Any], outputs: list[Any]) -> tuple[int, ...]:
+    """The edges to leaves of a worker chain's node whose gradient is a new array
+    (``is_fresh`` against the inputs the node was given; Note [Owned gradients]):
+    thread-safe, so the chain judges it where it runs, before it drops the gradients
+    that stay in the chain from ``outputs`` (a pass-through sends one array on two edges)."""
+    if type(node) is not OpNode:
+        return ()
+    acc_nr = ACCUMULATE_GRAD_SEQUENCE_NR
+    saved = node.saved
+    return tuple(i for i, ((child, _), gi) in enumerate(zip(node.next_edges, outputs))
+                 if child is not None and child.sequence_nr == acc_nr and type(gi) is np.ndarray
+                 and is_fresh(gi, inputs, outputs, saved))
+
+
 def own_if_fresh(task: GraphTask, leaf: Node, gi: np.ndarray, inputs: Any, outputs: Any,
                  saved: Any) -> None:
     """Note [Owned gradients]: ``gi``, a built-in kernel's output for ``leaf``, is the

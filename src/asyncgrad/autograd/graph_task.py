@@ -215,9 +215,10 @@ class GraphTask:
             else:
                 buf.add(nr, g)
 
-    def route(self, node: Node, outputs: list[Any], skip: int = -1) -> None:
-        """Send each of ``node``'s gradients along its edge. The gradient of edge ``skip``
-        already fed the next node of a worker chain, so that dependency is settled."""
+    def route(self, node: Node, outputs: list[Any], internal: tuple[int, ...] = ()) -> None:
+        """Send each of ``node``'s gradients along its edge. The gradients of the edges
+        ``internal`` stayed in a worker chain (Note [Worker chains] in policy.py): the
+        node they feed ran in it, so its dependencies are settled."""
         deps = self.dependencies
         if not self.keep_graph:
             self.executed.append(node)
@@ -225,9 +226,9 @@ class GraphTask:
         for i, ((child, nr), g) in enumerate(zip(node.next_edges, outputs)):
             if child is None:
                 continue
-            if i == skip:
-                del deps[child]
-                self.buffers.pop(child, None)
+            if i in internal:
+                if deps.pop(child, None) is not None:
+                    self.buffers.pop(child, None)
                 continue
             d = deps.get(child)
             if d is not None:  # (None: pruned, nothing needed lies behind this edge)

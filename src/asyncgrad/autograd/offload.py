@@ -32,10 +32,11 @@ import anyio
 import anyio.abc
 
 from .. import _context
-from .execute import async_kernel_for, finish, kernel_for, own_fresh_outputs, resolved_kernel, run_kernel
+from .execute import async_kernel_for, finish, fresh_leaf_edges, kernel_for, resolved_kernel, run_kernel
 from .graph import Node
 from .graph_task import GraphTask
-from .input_buffer import InputBuffer, ReadyInputs, combine, inputs_of, slots_of, value
+from .input_buffer import InputBuffer, ReadyInputs, combine, inputs_of, value
+from .policy import ChainPlan
 from .recording import OpNode
 from .saved import SavedTensor
 from .scheduler import loop_scheduler
@@ -79,13 +80,9 @@ class WorkerKernels:
         try:
             blas = type(node) is OpNode and node.spec.blas
             if policy.chains(task, node):
-                chain, edges, partials = policy.plan_chain(task, node)
-                for k, follower in enumerate(chain):  # a node that splits ends the chain before it
-                    if split_groups(follower, policy.splits(task, follower)) is not None:
-                        del chain[k:], edges[k:], partials[k:]
-                        break
-                if chain:
-                    self._start_chain(run, [node, *chain], edges, partials)
+                plan = policy.plan_chain(task, node)
+                if plan is not None:
+                    self._start_chain(run, plan)
                     return
             groups = split_groups(node, policy.splits(task, node))
             if groups is not None:
@@ -116,30 +113,31 @@ class WorkerKernels:
 
         self.submit(run, fn, args, arrive)
 
-    def _start_chain(self, run: _NodeRun, nodes: list[Node], edges: list[int], partials: list[Any]) -> None:
+    def _start_chain(self, run: _NodeRun, plan: ChainPlan) -> None:
         """A worker chain (Note [Worker chains] in policy.py): one hop for the chain, its
         gradients routed on the loop."""
         task = self.task
         inputs = run.inputs
+        nodes = plan.nodes
 
         def arrive(outcome: Any, error: BaseException | None) -> None:
             if error is not None:  # (withdrawn)
                 run.fail(error)
                 return
-            results, raised = outcome
+            results, fresh, raised = outcome
             task.nodes_offloaded += len(results)
             if raised is not None:
                 run.fail(raised, nodes[len(results)])
                 return
             if not run.live() or len(results) < len(nodes):  # stopped: drop it all
                 return
-            external = [*slots_of(inputs), *partials]  # what the chain did not make itself
-            for k, (node, outputs) in enumerate(zip(nodes, results)):
-                own_fresh_outputs(task, node, external, outputs)  # Note [Owned gradients] in execute.py
-                task.route(node, outputs, edges[k] if k < len(edges) else -1)
+            for node, outputs, owned, internal in zip(nodes, results, fresh, plan.internal):
+                for i in owned:  # Note [Owned gradients] in execute.py
+                    task.fresh[node.next_edges[i][0]] = outputs[i]
+                task.route(node, outputs, internal)
 
         fn: Callable[..., Any] = _run_chain
-        args: tuple[Any, ...] = (task, nodes, edges, partials, inputs)
+        args: tuple[Any, ...] = (task, plan, inputs)
         if any(type(n) is OpNode and n.spec.blas for n in nodes):  # (BLAS slots: Note [BLAS threads])
             fn, args = self.engine.policy.run_blas, (fn, *args)
         self.submit(run, fn, args, arrive)
@@ -374,27 +372,37 @@ async def run_async_node(engine: Engine, task: GraphTask, tg: anyio.abc.TaskGrou
         engine.node_done(task)
 
 
-def _run_chain(task: GraphTask, nodes: list[Node], edges: list[int], partials: list[Any],
-               inputs: ReadyInputs) -> tuple[list[list[Any]], BaseException | None]:
-    """On a worker thread: run a chain of nodes, each fed the gradient its predecessor
-    computed for it (added to what its buffer already held: ``partials``). Returns the
-    outputs of the nodes that ran and the exception of the one that raised, if any (that
-    one is ``nodes[len(outputs)]``); stops early once the GraphTask stops."""
+def _run_chain(task: GraphTask, plan: ChainPlan, inputs: ReadyInputs
+               ) -> tuple[list[list[Any]], list[tuple[int, ...]], BaseException | None]:
+    """On a worker thread: run a chain of nodes (Note [Worker chains] in policy.py), each
+    fed what its buffer held plus the gradients earlier nodes of the chain computed for
+    it, added in the order the loop would add them (``plan.feeds``). Returns the outputs
+    of the nodes that ran, for each the edges to leaves whose gradient is a fresh array
+    (Note [Owned gradients] in execute.py, judged here against the node's own inputs),
+    and the exception of the one that raised, if any (that one is
+    ``plan.nodes[len(outputs)]``); stops early once the GraphTask stops."""
     math = task.math
     results: list[list[Any]] = []
-    for k, node in enumerate(nodes):
+    fresh: list[tuple[int, ...]] = []
+    for k, node in enumerate(plan.nodes):
         if k and task.stopping:
             break
         try:
-            if k:  # what the buffer held, plus the predecessor's gradient
-                prev = results[-1]
-                inputs = [value(combine(partials[k - 1], prev[edges[k - 1]]))]
-                # dropped from the results (route skips that edge), so a long chain
-                # holds one gradient at a time, not one per node
-                prev[edges[k - 1]] = None
-                del prev
-            results.append(run_kernel(node, inputs_of(inputs), math))
+            if k:
+                held = plan.buffered[k - 1]
+                grads = [None] * node.num_outputs if held is None else list(held)
+                for slot, j, i in plan.feeds[k - 1]:
+                    out = results[j]
+                    grads[slot] = combine(grads[slot], out[i])
+                    # dropped from the results (route skips that edge), so a long chain
+                    # holds only the gradients still on their way
+                    out[i] = None
+                args = [value(g) for g in grads]
+            else:
+                args = inputs_of(inputs)
+            outputs = run_kernel(node, args, math)
+            fresh.append(fresh_leaf_edges(node, args, outputs))
+            results.append(outputs)
         except Exception as e:
-            return results, e
-    return results, None
-
+            return results, fresh, e
+    return results, fresh, None

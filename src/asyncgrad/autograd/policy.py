@@ -17,21 +17,42 @@ time slices; a transformer's per-token nodes (layer norm, softmax, GELU at GPT-s
 sizes) then run inline and only its matrix products and the very large nodes hop.
 
 Note [Worker chains]: a large node takes the nodes that only it feeds along on the same
-worker hop, since a hop costs as much as a heavy elementwise kernel. A node C follows its
-predecessor P on the same worker when nothing but P can make C ready (P's edge is the
-last one C waits for: ``dependencies[C] == 1``, read before P runs, and only P can change
-it; what C's other inputs sent earlier is in its buffer, final, and is added to P's
-gradient on the worker, in the order the loop would add it), when C is a built-in node
-without hooks (hooks run on the loop), and when P makes no other node ready (a fork goes
-back to the loop, so both branches can run at once). A leaf's gradient (its
+worker hop, since a hop costs as much as a heavy elementwise kernel. ``plan_chain``
+walks the graph from the head as the loop's ready queue would run it (highest
+``sequence_nr`` first), counting for each node it reaches the gradients the chain
+itself sends it: a node C follows when every edge it still waits for
+(``dependencies[C]``, read before the head runs, and only the chain can change it) comes
+from a node of the chain. What C's other inputs sent earlier is in its buffer, final;
+the chain's gradients are held on the worker and added to it in the order the loop
+would add them (by producer, in the chain's order, then by edge), so sums are the
+loop's bit for bit. That covers a residual join: in a transformer block the add
+``x1 = x + attn(..)`` gets the residual gradient from the block's second add and ln_2's,
+both earlier in the same chain. C must be a built-in node without hooks (hooks run on
+the loop; a node with hooks ends the chain there). A fork, when a node makes several
+nodes ready, runs whole on the worker only while every branch node is light: the chain
+goes on once the branches have joined again (the walk is down to one ready node, e.g.
+the q, k, v views of a block joining in the 3-slot SplitBackward0 of ``c_attn``'s
+output); a heavy node while other branches are ready ends the chain before the fork, so
+heavy branches still run at once on separate workers. A heavy node that would split
+(``splits``) ends the chain before it; a light one never would, it runs whole (the
+adds between a block's layers have two edges each). A leaf's gradient (its
 AccumulateGrad, when no hook watches it) is no fork: it is staged on the loop when the
 chain comes back, so a linear layer chains into the ReLU and the layer below (an MLP's
 backward is one hop: 1.30x -> 1.07x the numpy floor on the MLP benchmark, hop per layer
-vs chain in one run; the ReLUs run on the worker, not the loop). A chain with a BLAS
+vs chain in one run; the ReLUs run on the worker, not the loop), and a GPT's backward
+is one hop from the head's product to the first block's ln_1 (was three per block,
+~0.3 ms each, and the views and splits between them on the loop). A chain with a BLAS
 node holds BLAS slots (``run_blas``) while it runs. Light nodes may sit between heavy
-ones, at most ``MAX_LIGHT_RUN`` in a row: a long run of light nodes is Python holding the
-GIL against the loop, so the chain ends at its last heavy node. Bookkeeping stays on the
-loop: ``GraphTask.finish_chained`` routes the rest afterwards.
+ones, at most ``MAX_LIGHT_RUN`` in a row: a long run of light nodes is Python holding
+the GIL against the loop, so the chain ends at its last heavy node. A node whose rule
+costs nothing (``work == 0``: a view's, a transpose's, an add's pass-through; 5-10 us
+each in ``bench.step_trace``) counts a quarter of a light node, so a block's six q, k,
+v views and its split are less than two. Whether a leaf's gradient is a fresh array
+(Note [Owned gradients] in execute.py) is judged on the worker against the inputs each
+node was given: an add passes one array on two edges, to a leaf and to the next node of
+the chain, which may pass it to another leaf. Bookkeeping stays on the loop:
+``GraphTask.route`` routes the rest afterwards, skipping the edges that stayed in the
+chain.
 
 Note [BLAS threads]: BLAS runs threads of its own inside each call. Several BLAS kernels
 at once multiply those threads and oversubscribe the cores, and with other work on the
@@ -78,17 +99,19 @@ import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from heapq import heappop, heappush
 from typing import TYPE_CHECKING, Any
 
 from .cpu_load import OtherLoad
 from .graph import AccumulateGrad
-from .recording import OpNode
+from .recording import MultiViewNode, OpNode
 
 if TYPE_CHECKING:
     from .graph import Node
     from .graph_task import GraphTask
 
 MAX_LIGHT_RUN = 4  # light nodes in a row inside a worker chain (Note [Worker chains])
+LIGHT_UNITS = 4  # what a light node counts in that run; a node whose rule costs nothing counts 1
 RELAX_AFTER = 8  # backward calls started alone in a row before BLAS gets its threads back (Note [BLAS hysteresis])
 CORES = os.cpu_count() or 1
 
@@ -143,39 +166,67 @@ class Policy:
         return (type(node) is OpNode and task.exec_info is None and not task.create_graph
                 and task.plain_kernels() and not self.splits(task, node))
 
-    def plan_chain(self, task: GraphTask, head: Node) -> tuple[list[Node], list[int], list[Any]]:
+    def plan_chain(self, task: GraphTask, head: Node) -> ChainPlan | None:
         """The nodes that may run on the worker right after ``head`` (Note [Worker
-        chains]): the chained nodes, for each node before them the edge that leads to the
-        next, and each chained node's buffered gradient (or None)."""
+        chains]), or None when none may. Walks the graph as the loop's ready queue would
+        run it, counting the gradients the chain itself sends each node."""
+        if head._hooks is not None and head._hooks.post:
+            return None
         deps = task.dependencies
-        buffers = task.buffers
-        nodes: list[Node] = []
-        edges: list[int] = []
-        partials: list[Any] = []
-        heavy = 0  # the chain up to its last heavy node
+        threshold = self.inline_threshold
+        nodes: list[Node] = [head]
+        feeds: dict[Node, list[tuple[int, int, int]]] = {}  # reached node -> (slot, producer, edge)
+        waiting: dict[Node, int] = {}  # reached node -> edges it has yet to hear from
+        ready: list[tuple[int, int, Node]] = []  # made ready by the chain, by -sequence_nr
+        pushed = 0  # (ties: leaves share one sequence_nr)
+        heavy = 1  # the chain up to its last heavy node
+        run = 0  # light units since it (Note [Worker chains]: a view's node is a quarter)
         node = head
-        while len(nodes) - heavy < MAX_LIGHT_RUN and (node._hooks is None or not node._hooks.post):
-            nxt = -1
-            for i, (child, _nr) in enumerate(node.next_edges):
-                if child is not None and deps.get(child) == 1 and not _quiet_leaf(child):
-                    if nxt >= 0:
-                        nxt = -1  # a fork
-                        break
-                    nxt = i
-            if nxt < 0:
+        while True:
+            k = len(nodes) - 1
+            for i, (child, nr) in enumerate(node.next_edges):
+                if child is None or _quiet_leaf(child):
+                    continue
+                d = waiting.get(child)
+                if d is None:
+                    d = deps.get(child)
+                    if d is None:  # (pruned)
+                        continue
+                    feeds[child] = []
+                waiting[child] = d - 1
+                feeds[child].append((nr, k, i))
+                if d == 1:
+                    pushed += 1
+                    heappush(ready, (-child.sequence_nr, pushed, child))
+            if not ready:
                 break
-            child, nr = node.next_edges[nxt]
-            if (type(child) is not OpNode or child._hooks is not None or nr != 0
-                    or child.num_outputs != 1):
+            child = heappop(ready)[2]
+            if type(child) not in _FOLLOWERS or child._hooks is not None:
                 break
-            edges.append(nxt)
+            if child.work >= threshold:
+                if ready or self.splits(task, child):  # a fork with a heavy branch; a split node
+                    break
+                heavy = len(nodes) + 1
+                run = 0
+            else:
+                run += LIGHT_UNITS if child.work else 1
+                if run >= MAX_LIGHT_RUN * LIGHT_UNITS:
+                    break
             nodes.append(child)
-            buf = buffers.get(child)
-            partials.append(None if buf is None else buf.grads[0])
-            if child.work >= self.inline_threshold:
-                heavy = len(nodes)
             node = child
-        return nodes[:heavy], edges[:heavy], partials[:heavy]
+        if heavy == 1:
+            return None
+        del nodes[heavy:]
+        buffers = task.buffers
+        plan = ChainPlan(nodes)
+        for n in nodes[1:]:
+            fed = feeds[n]
+            plan.feeds.append(fed)
+            for _slot, k, i in fed:
+                plan.internal[k] += (i,)
+            buf = buffers.get(n)
+            plan.buffered.append(None if buf is None else buf.grads)
+        return plan
 
     # --- the one-time set-up (Note [No one-time stall]) -------------------------------
     def start_setup(self, warm: Any) -> None:
@@ -214,6 +265,26 @@ class Policy:
         (Note [BLAS threads]), after the set-up inspected or fixed BLAS."""
         self.ready.wait()
         return BLAS.run(fn, *args)
+
+
+class ChainPlan:
+    """A worker chain (Note [Worker chains]), in the order it runs: ``nodes[0]`` is its
+    head. For each later node ``nodes[j]``: ``buffered[j - 1]``, its InputBuffer's
+    gradients when the chain was planned (None: no buffer), and ``feeds[j - 1]``, the
+    gradients the chain sends it, ``(slot, k, edge)`` for edge ``edge`` of ``nodes[k]``,
+    in the order the loop would add them. ``internal[k]``: the edges of ``nodes[k]``
+    whose gradient stays in the chain (the loop routes the others afterwards)."""
+
+    __slots__ = ("nodes", "buffered", "feeds", "internal")
+
+    def __init__(self, nodes: list[Node]) -> None:
+        self.nodes = nodes
+        self.buffered: list[list[Any] | None] = []
+        self.feeds: list[list[tuple[int, int, int]]] = []
+        self.internal: list[tuple[int, ...]] = [()] * len(nodes)
+
+
+_FOLLOWERS = (OpNode, MultiViewNode)  # built-in nodes (a custom Function's backward runs on the loop)
 
 
 def _quiet_leaf(node: Node) -> bool:
