@@ -261,3 +261,31 @@ async def test_attention_blocks_backward_is_one_chain(blas_threaded):
         set_engine(prev)
     x, ws = _attention_inputs(B=1, T=4, C=8, seed=3)
     assert gradcheck(lambda t: _attention_blocks(t, ws, heads=2), (x,))
+
+
+async def test_no_split_while_other_processes_leave_one_core(monkeypatch):
+    """BLAS single-threaded (several calls in flight) would split a linear layer into
+    one kernel per gradient, on two workers at once. With one core left by other
+    processes (Note [Other processes' load]) the parts would only take turns, and the
+    split would end the worker chain: the blocks run whole, in one chain."""
+    from asyncgrad.autograd.policy import BlasThreads
+
+    monkeypatch.setattr(BlasThreads, "per_call", property(lambda self: 1))
+    prev = get_engine()
+    try:
+        hops = {}
+        for free in (2, 1):
+            monkeypatch.setattr(BlasThreads, "free_cores", property(lambda self, free=free: free))
+            engine = Engine(inline_threshold=4096)
+            x, ws = _attention_inputs()
+            await _backward_with(engine, _attention_blocks(x, ws))
+            hops[free] = engine.statistics().thread_hops
+            got = [t.grad.numpy() for t in (x, *ws)]
+            x, ws = _attention_inputs()
+            await _backward_with(Engine(inline_threshold=2**62), _attention_blocks(x, ws))
+            for a, t in zip(got, (x, *ws)):
+                np.testing.assert_array_equal(a, t.grad.numpy())
+        assert hops[2] > 1  # split products: each part a hop, and the chains end at them
+        assert hops[1] == 1
+    finally:
+        set_engine(prev)

@@ -146,6 +146,11 @@ class Policy:
             return False
         if (node.spec.blas and self.blas_threads_per_call > 1) or node.spec.variadic:
             return False
+        if BLAS.free_cores < 2:
+            # other processes leave one core (Note [Other processes' load] in
+            # cpu_load.py): the parts would take turns on it, and a split node ends its
+            # worker chain (Note [Worker chains]), so the node runs whole, in the chain
+            return False
         if node.spec.joint is not None:  # one kernel for all (ops/_spec.py, Note [Joint rules])
             return False
         return sum(1 for child, _ in node.next_edges if child is not None) > 1
@@ -318,6 +323,12 @@ class BlasThreads:
         self.load = OtherLoad()
         self._cap = cores
         self._applied: int | None = None  # the count last given to BLAS, if any
+
+    @property
+    def free_cores(self) -> int:
+        """The cores other processes leave free, as last sampled (Note [Other
+        processes' load] in cpu_load.py; all of them while that is off)."""
+        return self._cap
 
     @property
     def per_call(self) -> int:
