@@ -134,3 +134,13 @@ def test_bench_one_thread_section_pins_the_engine_so_it_cannot_give_blas_its_thr
     if proc.stdout.strip() == "no BLAS with two or more threads":
         pytest.skip(proc.stdout.strip())
     assert proc.stdout.strip() == "ok"
+
+
+def test_loader_lag_runs_tiny(capsys):
+    """``python -m bench.loader_lag``: fresh processes per variant, a table row each."""
+    from bench import loader_lag
+
+    loader_lag.main(["--procs", "1", "--steps", "3", "--variant", "numpy:ASYNCGRAD_KERNELS=numpy"])
+    rows = capsys.readouterr().out.strip().splitlines()
+    assert rows[0].startswith("# load ") and rows[1].startswith("variant")
+    assert rows[2].split()[0] == "numpy" and len(rows) == 3

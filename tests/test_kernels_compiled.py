@@ -316,6 +316,46 @@ def test_the_loader_runs_with_the_collector_off_and_a_short_switch_interval_then
     assert res.stdout.split("\n")[:3] == ["True", "(False, 0.0005) (True, 0.004) 0", "True"]
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice is Linux's")
+def test_the_loader_runs_at_nice_19_and_threads_it_starts_get_their_priority_back() -> None:
+    """Note [The loader runs at low CPU priority]: the loader thread runs at nice 19, the
+    loop's thread keeps its priority, and a thread started during the load (inheriting
+    19) gets the old value back afterwards where the process may raise priorities (root),
+    else keeps 19; the kernels load all the same."""
+    res = _python("""
+        import os, threading
+        from asyncgrad.ops import kernels
+
+        seen = {}
+        started = threading.Event()
+        stop = threading.Event()
+        def helper():
+            seen["helper"] = threading.get_native_id()
+            seen["helper during"] = os.getpriority(os.PRIO_PROCESS, seen["helper"])
+            started.set()
+            stop.wait()
+        load = kernels._import_kernels
+        def observed_load():
+            seen["loader"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+            seen["main"] = os.getpriority(os.PRIO_PROCESS, threading.main_thread().native_id)
+            threading.Thread(target=helper, daemon=True).start()
+            started.wait()
+            load()
+        kernels._import_kernels = observed_load
+        print(kernels.wait(300))
+        print(seen["loader"], seen["main"], seen["helper during"],
+              os.getpriority(os.PRIO_PROCESS, seen["helper"]), os.getpriority(os.PRIO_PROCESS, 0))
+        stop.set()
+    """)
+    assert res.returncode == 0, res.stderr
+    ready, nices = res.stdout.split("\n")[:2]
+    assert ready == "True"
+    before = os.getpriority(os.PRIO_PROCESS, 0)  # the child inherits the test process's nice
+    after = before if os.geteuid() == 0 else max(before, kernels.LOADER_NICE)
+    assert nices.split() == [str(max(before, kernels.LOADER_NICE)), str(before),
+                             str(max(before, kernels.LOADER_NICE)), str(after), str(before)]
+
+
 @pytest.mark.parametrize("name", [*ELEMENTWISE, *ROWS])
 def test_read_only_inputs_and_gradients_take_the_compiled_path(on_path, name):
     """A read-only array (a broadcast gradient, a frozen user array) is not a type the

@@ -6,9 +6,11 @@ numba's cache takes 0.6-0.9 s, compiling them after an install about 10 s: far t
 to stall an event loop for (issue 11). So nothing loads at import: the first op that
 could use a compiled kernel starts a daemon thread that imports ``ops/_numba_kernels.py``,
 and every op runs its numpy kernel until that import has finished, then the compiled
-one. The loader is Python and shares the GIL, so the loop still sees gaps of a few ms
-while it runs (Note [The loader yields the loop its turns]); services load the kernels
-before serving (``wait()`` at start-up, docs/guides/kernels.md). :func:`wait` blocks
+one. The loader is ~1 s of Python on a second thread: it shares the GIL and a core with
+the loop, so it runs with the collector off, a short switch interval (Note [The loader
+yields the loop its turns]) and at the lowest CPU priority (Note [The loader runs at low
+CPU priority]); the loop still sees gaps of a few ms while it runs, so services load the
+kernels before serving (``wait()`` at start-up, docs/guides/kernels.md). :func:`wait` blocks
 until the outcome is known (benchmarks and tests call it so that the path they measure
 is known); :func:`set_mode` chooses the path at run time and the ``ASYNCGRAD_KERNELS``
 environment variable at start-up:
@@ -49,6 +51,7 @@ _mode: str | None = None  # None: read ENV_VAR at first use
 _active: ModuleType | None = None  # what compiled() returns: _loaded unless mode is numpy
 _use_cache = True  # read by _numba_kernels at import
 LOADER_SWITCH_INTERVAL = 0.0005  # seconds: the GIL switch interval while the loader runs
+LOADER_NICE = 19  # the loader thread's nice value (Linux; Note [The loader runs at low CPU priority])
 
 
 def _check(mode: str, source: str) -> str:
@@ -172,9 +175,55 @@ def _sharing_the_gil_finely() -> Iterator[None]:
             sys.setswitchinterval(interval)
 
 
+def _tasks() -> set[int]:
+    """The kernel thread ids of this process (Linux's ``/proc/self/task``)."""
+    return {int(t) for t in os.listdir("/proc/self/task")}
+
+
+@contextmanager
+def _at_low_cpu_priority() -> Iterator[None]:
+    """Note [The loader runs at low CPU priority]: the loader is CPU-bound Python for about
+    a second; the loop sleeps between its events and must get a core back at once when it
+    wakes. On a busy 2-core machine (another process on one core, the loader on the other)
+    it did not: the scheduler let the woken loop wait for a timer tick behind the loader
+    (lateness in steps of 4 ms, one wait for each time the loop's thread slept, for the
+    GIL too), ten and more per forward pass, and a 1 ms asyncio ticker was 36-50 ms late
+    at worst. A pure-Python busy thread in place of the loader did the same, so the cause
+    is not a C call of numba's that holds the GIL, and neither a shorter switch interval
+    (20 us) nor a loader that slept while ops ran helped. At nice 19 the loader yields its
+    core whenever the loop (or anything else) wakes, and a GIL it holds is handed over as
+    soon as the loop, now sleeping on it, leaves the core free. Linux only (per-thread
+    nice); elsewhere the loader runs at the process's priority. Threads that the load
+    starts (scipy's BLAS, pulled in by numba) inherit nice 19: they are given the
+    loader's old value back afterwards where the process may raise a priority (root, or
+    ``RLIMIT_NICE``), else they keep 19. Measured: docs/guides/kernels.md."""
+    tid = threading.get_native_id()
+    try:
+        if not sys.platform.startswith("linux"):
+            raise OSError("per-thread nice is Linux's")
+        before = os.getpriority(os.PRIO_PROCESS, tid)
+        tasks = _tasks()
+        os.setpriority(os.PRIO_PROCESS, tid, max(before, LOADER_NICE))
+    except OSError:
+        yield  # as before: the process's priority
+        return
+    try:
+        yield
+    finally:
+        for task in _tasks() - tasks:  # threads started during the load (all from the loader:
+            try:  # the others are not at LOADER_NICE)
+                if os.getpriority(os.PRIO_PROCESS, task) == max(before, LOADER_NICE) != before:
+                    os.setpriority(os.PRIO_PROCESS, task, before)
+            except OSError:  # gone meanwhile, or no permission to raise a priority
+                pass
+
+
 def _load() -> None:
-    with _sharing_the_gil_finely():
-        _import_kernels()
+    try:
+        with _at_low_cpu_priority(), _sharing_the_gil_finely():
+            _import_kernels()
+    finally:  # after both are restored: wait() returns to a process as it was
+        _done.set()
 
 
 def _import_kernels() -> None:
@@ -196,5 +245,3 @@ def _import_kernels() -> None:
             _loaded = module
             if mode() != "numpy":
                 _active = module
-    finally:
-        _done.set()
