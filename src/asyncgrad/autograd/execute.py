@@ -161,21 +161,15 @@ def stage_leaf(task: GraphTask, node: AccumulateGrad, buf: list[Any]) -> None:
 
 def own_fresh_outputs(task: GraphTask, node: Node, inputs: list[Any], outputs: list[Any]) -> None:
     """Note [Owned gradients]: record which of a built-in node's ``outputs`` for leaves
-    the engine owns. ``inputs``: every array the kernel was handed (for a worker chain,
-    the head's inputs and every buffered partial)."""
-    if type(node) is not OpNode:
-        return
-    acc_nr = ACCUMULATE_GRAD_SEQUENCE_NR
-    for (child, _), gi in zip(node.next_edges, outputs):
-        if child is not None and child.sequence_nr == acc_nr and type(gi) is np.ndarray:
-            own_if_fresh(task, child, gi, inputs, outputs, node.saved)
+    the engine owns. ``inputs``: every array the kernel was handed."""
+    own_leaf_edges(task, node, outputs, fresh_leaf_edges(node, inputs, outputs))
 
 
 def fresh_leaf_edges(node: Node, inputs: list[Any], outputs: list[Any]) -> tuple[int, ...]:
-    """The edges to leaves of a worker chain's node whose gradient is a new array
-    (``is_fresh`` against the inputs the node was given; Note [Owned gradients]):
-    thread-safe, so the chain judges it where it runs, before it drops the gradients
-    that stay in the chain from ``outputs`` (a pass-through sends one array on two edges)."""
+    """The edges to leaves of a built-in node whose gradient is a new array (``is_fresh``
+    against the inputs the node was given; Note [Owned gradients]). Thread-safe: a worker
+    chain judges it where it runs, before it drops the gradients that stay in the chain
+    from ``outputs`` (a pass-through sends one array on two edges)."""
     if type(node) is not OpNode:
         return ()
     acc_nr = ACCUMULATE_GRAD_SEQUENCE_NR
@@ -183,6 +177,15 @@ def fresh_leaf_edges(node: Node, inputs: list[Any], outputs: list[Any]) -> tuple
     return tuple(i for i, ((child, _), gi) in enumerate(zip(node.next_edges, outputs))
                  if child is not None and child.sequence_nr == acc_nr and type(gi) is np.ndarray
                  and is_fresh(gi, inputs, outputs, saved))
+
+
+def own_leaf_edges(task: GraphTask, node: Node, outputs: list[Any], edges: tuple[int, ...]) -> None:
+    """On the loop: the engine owns the gradients ``node`` sent along ``edges`` (found by
+    ``fresh_leaf_edges``) to their leaves (Note [Owned gradients])."""
+    for i in edges:
+        leaf = node.next_edges[i][0]
+        assert leaf is not None  # (fresh_leaf_edges names edges to leaves only)
+        task.fresh[leaf] = outputs[i]
 
 
 def own_if_fresh(task: GraphTask, leaf: Node, gi: np.ndarray, inputs: Any, outputs: Any,

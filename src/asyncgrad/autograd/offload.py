@@ -32,7 +32,8 @@ import anyio
 import anyio.abc
 
 from .. import _context
-from .execute import async_kernel_for, finish, fresh_leaf_edges, kernel_for, resolved_kernel, run_kernel
+from .execute import (async_kernel_for, finish, fresh_leaf_edges, kernel_for, own_leaf_edges, resolved_kernel,
+                      run_kernel)
 from .graph import Node
 from .graph_task import GraphTask
 from .input_buffer import InputBuffer, ReadyInputs, combine, inputs_of, value
@@ -132,8 +133,7 @@ class WorkerKernels:
             if not run.live() or len(results) < len(nodes):  # stopped: drop it all
                 return
             for node, outputs, owned, internal in zip(nodes, results, fresh, plan.internal):
-                for i in owned:  # Note [Owned gradients] in execute.py
-                    task.fresh[node.next_edges[i][0]] = outputs[i]
+                own_leaf_edges(task, node, outputs, owned)  # Note [Owned gradients] in execute.py
                 task.route(node, outputs, internal)
 
         fn: Callable[..., Any] = _run_chain
