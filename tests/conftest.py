@@ -85,6 +85,15 @@ def blas_single(monkeypatch):
 
 
 @pytest.fixture
+def blas_threaded(monkeypatch):
+    """BLAS as when one backward runs alone: threads of its own, so a product is not
+    split into one kernel per gradient (Note [BLAS threads] in policy.py)."""
+    from asyncgrad.autograd.policy import BlasThreads
+
+    monkeypatch.setattr(BlasThreads, "per_call", property(lambda self: 2))
+
+
+@pytest.fixture
 def adopted(monkeypatch):
     """The ``owned`` flag of every first ``.grad`` the commit makes, in order (Note
     [Owned gradients]): True where the commit adopted the engine's fresh array as ``.grad``."""

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import asyncgrad as ag
-from asyncgrad.autograd import Engine, get_engine, gradcheck, set_engine
+from asyncgrad.autograd import Engine, gradcheck, set_engine
 
 N = 4096  # elements per branch
 # a sin over N elements (its gradient and its saved input: 2N) is light, anything
@@ -24,11 +24,9 @@ THRESHOLD = 2 * N + 1
 
 
 @pytest.fixture
-def engines():
-    """A chaining engine and an all-inline one; the default engine restored afterwards."""
-    prev = get_engine()
-    yield Engine(inline_threshold=THRESHOLD), Engine(inline_threshold=2**62)
-    set_engine(prev)
+def engines(restore_engine):
+    """A chaining engine and an all-inline one (the default engine restored afterwards)."""
+    return Engine(inline_threshold=THRESHOLD), Engine(inline_threshold=2**62)
 
 
 async def _backward_with(engine: Engine, loss) -> None:
@@ -208,15 +206,6 @@ async def test_cancelling_a_forked_chain_and_retrying_gives_the_gradient(engines
 
 
 # --- a transformer's attention blocks (the shape of bench/gpt.py with sdpa) ---------------
-@pytest.fixture
-def blas_threaded(monkeypatch):
-    """BLAS as when one backward runs alone: threads of its own, so a linear layer is
-    not split into one kernel per gradient (Note [BLAS threads] in policy.py)."""
-    from asyncgrad.autograd.policy import BlasThreads
-
-    monkeypatch.setattr(BlasThreads, "per_call", property(lambda self: 2))
-
-
 def _attention_blocks(x, ws, blocks=3, heads=2):
     """``blocks`` pre-norm attention blocks sharing weights: x + c_proj(sdpa(q, k, v)) with
     q, k, v split from one c_attn product and reshaped per head (views)."""
@@ -241,51 +230,42 @@ def _attention_inputs(B=2, T=16, C=32, seed=0):
     return x, ws
 
 
-async def test_attention_blocks_backward_is_one_chain(blas_threaded):
+async def test_attention_blocks_backward_is_one_chain(blas_threaded, restore_engine):
     """The products and the attention kernels are heavy, the views, splits, layer norms
     and adds light: one hop from the last block's c_proj to the first block's c_attn
     (before: two per block, the q, k, v views and the split, and the residual adds,
     back on the loop). Gradients exactly as the all-inline engine's (float64)."""
-    prev = get_engine()
-    try:
-        offload, inline = Engine(inline_threshold=4096), Engine(inline_threshold=2**62)
-        grads = []
-        for engine in (offload, inline):
-            x, ws = _attention_inputs()
-            await _backward_with(engine, _attention_blocks(x, ws))
-            grads.append([t.grad.numpy() for t in (x, *ws)])
-        assert offload.statistics().thread_hops == 1
-        for a, b in zip(*grads):
-            np.testing.assert_array_equal(a, b)
-    finally:
-        set_engine(prev)
+    offload, inline = Engine(inline_threshold=4096), Engine(inline_threshold=2**62)
+    grads = []
+    for engine in (offload, inline):
+        x, ws = _attention_inputs()
+        await _backward_with(engine, _attention_blocks(x, ws))
+        grads.append([t.grad.numpy() for t in (x, *ws)])
+    assert offload.statistics().thread_hops == 1
+    for a, b in zip(*grads):
+        np.testing.assert_array_equal(a, b)
     x, ws = _attention_inputs(B=1, T=4, C=8, seed=3)
     assert gradcheck(lambda t: _attention_blocks(t, ws, heads=2), (x,))
 
 
-async def test_no_split_while_other_processes_leave_one_core(monkeypatch):
+async def test_no_split_while_other_processes_leave_one_core(monkeypatch, blas_single, restore_engine):
     """BLAS single-threaded (several calls in flight) would split a linear layer into
     one kernel per gradient, on two workers at once. With one core left by other
     processes (Note [Other processes' load]) the parts would only take turns, and the
     split would end the worker chain: the blocks run whole, in one chain."""
     from asyncgrad.autograd.policy import BlasThreads
 
-    monkeypatch.setattr(BlasThreads, "per_call", property(lambda self: 1))
-    prev = get_engine()
-    try:
-        hops = {}
-        for free in (2, 1):
-            monkeypatch.setattr(BlasThreads, "free_cores", property(lambda self, free=free: free))
-            engine = Engine(inline_threshold=4096)
-            x, ws = _attention_inputs()
-            await _backward_with(engine, _attention_blocks(x, ws))
-            hops[free] = engine.statistics().thread_hops
-            got = [t.grad.numpy() for t in (x, *ws)]
-            x, ws = _attention_inputs()
-            await _backward_with(Engine(inline_threshold=2**62), _attention_blocks(x, ws))
-            for a, t in zip(got, (x, *ws)):
-                np.testing.assert_array_equal(a, t.grad.numpy())
-        assert hops[2] > 1  # split products: each part a hop, and the chains end at them
-        assert hops[1] == 1
-    finally:
-        set_engine(prev)
+    hops = {}
+    for free in (2, 1):
+        monkeypatch.setattr(BlasThreads, "free_cores", property(lambda self, free=free: free))
+        engine = Engine(inline_threshold=4096)
+        x, ws = _attention_inputs()
+        await _backward_with(engine, _attention_blocks(x, ws))
+        hops[free] = engine.statistics().thread_hops
+        got = [t.grad.numpy() for t in (x, *ws)]
+        x, ws = _attention_inputs()
+        await _backward_with(Engine(inline_threshold=2**62), _attention_blocks(x, ws))
+        for a, t in zip(got, (x, *ws)):
+            np.testing.assert_array_equal(a, t.grad.numpy())
+    assert hops[2] > 1  # split products: each part a hop, and the chains end at them
+    assert hops[1] == 1

@@ -167,15 +167,6 @@ async def test_cancelling_stops_a_chain_between_nodes_and_the_backward_can_be_re
 
 
 # --- leaves do not end a chain (Note [Worker chains] in policy.py) ------------------------
-@pytest.fixture
-def blas_threaded(monkeypatch):
-    """BLAS as when one backward runs alone: threads of its own, so a linear layer is
-    not split into one kernel per gradient (Note [BLAS threads] in policy.py)."""
-    from asyncgrad.autograd.policy import BlasThreads
-
-    monkeypatch.setattr(BlasThreads, "per_call", property(lambda self: 2))
-
-
 def _linear_relu(params, x):
     from asyncgrad.functional import linear
 
