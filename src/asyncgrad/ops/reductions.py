@@ -66,7 +66,6 @@ def _sum(x, *, dim, keepdim):  # type: ignore[no-untyped-def]
     return np.asarray(np.sum(x, axis=dim, keepdims=keepdim))
 
 
-
 def _mean(x, *, dim, keepdim):  # type: ignore[no-untyped-def]
     """``np.mean``. For float32/float64 it is numpy's own ``_mean`` written out (the
     sum with ``np.add.reduce``, then the division by the count as an ``intp``, so the
