@@ -74,6 +74,12 @@ def test_concurrent_backward_example(backend):
     # the statistics are one concurrent round's: its 6 calls, not the warm-up's or all rounds'
     assert "graph_tasks_succeeded    6\n" in out and "graph_tasks_started      6\n" in out
     assert "why: " in out and "busy " in out  # it says why concurrency pays (or not), with the loop's share
+    # and with how many cores the process kept busy each way, and a verdict that matches the speed-up
+    assert "cores busy together, " in out and " one by one. " in out
+    speedup = float(out.split(" one by one (")[1].split("x;")[0])
+    verdict = ("Together, the calls overlap" if speedup >= 1.05 else
+               "Here it was about as fast" if speedup > 0.95 else "Here it was slower")
+    assert verdict in out, out
 
 
 def test_custom_function_example():
