@@ -41,6 +41,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=5, help="timed rounds of each way (medians are shown)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio", help="anyio backend to run on")
+    p.add_argument("--blas-threads", type=int, default=None,
+                   help="fix numpy's BLAS at this many threads per call (default: the engine adapts them)")
     return p.parse_args(argv)
 
 
@@ -54,6 +56,8 @@ async def ticker(lags: list[float], stop: anyio.Event) -> None:
 
 async def run(args: argparse.Namespace) -> bool:
     ag.manual_seed(args.seed)
+    if args.blas_threads is not None:
+        ag.autograd.set_engine(ag.autograd.Engine(blas_threads=args.blas_threads))
     model = nn.Sequential(
         nn.Linear(64, args.hidden), nn.GELU(approximate="tanh"), nn.LayerNorm(args.hidden),
         nn.Linear(args.hidden, args.hidden), nn.GELU(approximate="tanh"), nn.Linear(args.hidden, 10),
@@ -95,8 +99,10 @@ async def run(args: argparse.Namespace) -> bool:
         return seconds, grads()
 
     cores_used: dict[str, list[float]] = {"together": [], "one_by_one": []}  # CPU / wall time per round
+    blas = ag.autograd.get_engine().blas_threads  # (the engine's setting: None adapts)
     print(f"[{args.backend}] {args.tasks} tasks x batch {args.batch}, MLP 64-{args.hidden}-{args.hidden}-10 "
-          f"({sum(p.numel() for p in model.parameters()):,} parameters)")
+          f"({sum(p.numel() for p in model.parameters()):,} parameters); numpy's BLAS: "
+          + ("adapted by the engine" if blas is None else f"{blas} thread(s) per call"))
     # A service is warm when requests arrive: it loads the compiled kernels at start-up
     # (docs/guides/kernels.md), and its first backward calls have started the engine's
     # worker threads and inspected BLAS. A cold first round would time that one-time

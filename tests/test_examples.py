@@ -69,6 +69,7 @@ def test_concurrent_backward_example(backend):
     proc = run("concurrent_backward.py", "--tasks", "6", "--batch", "16", "--hidden", "32", "--rounds", "3",
                "--backend", backend)
     out = proc.stdout
+    assert "numpy's BLAS: adapted by the engine" in out
     assert "gradients equal to the sequential sum (float32 tolerance): True" in out
     assert "medians of 3 rounds, after a warm-up" in out
     # the statistics are one concurrent round's: its 6 calls, not the warm-up's or all rounds'
@@ -80,6 +81,13 @@ def test_concurrent_backward_example(backend):
     verdict = ("Together, the calls overlap" if speedup >= 1.05 else
                "Here it was about as fast" if speedup > 0.95 else "Here it was slower")
     assert verdict in out, out
+
+
+def test_concurrent_backward_example_with_blas_fixed():
+    out = run("concurrent_backward.py", "--tasks", "4", "--batch", "8", "--hidden", "16", "--rounds", "1",
+              "--blas-threads", "1").stdout
+    assert "numpy's BLAS: 1 thread(s) per call" in out
+    assert "gradients equal to the sequential sum (float32 tolerance): True" in out
 
 
 def test_custom_function_example():
