@@ -90,6 +90,80 @@ def test_concurrent_backward_example_with_blas_fixed():
     assert "gradients equal to the sequential sum (float32 tolerance): True" in out
 
 
+def test_batched_requests_example():
+    out = run("batched_requests.py", "--tasks", "4", "--requests", "3", "--rows", "4", "--width", "16",
+              "--rounds", "2", "--max-wait", "0.005").stdout
+    assert "same losses, saliency maps and parameter gradients both ways (float32 tolerance): True" in out, out
+    assert "requests/s" in out and "loop lag p50" in out
+    per_pass = float(out.split(" requests per pass")[0].rsplit(", ", 1)[1])
+    assert per_pass > 1, out  # the 4 clients' requests in flight were batched together
+
+
+def _batched_requests_module():
+    spec = importlib.util.spec_from_file_location("batched_requests", EXAMPLES / "batched_requests.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # (its dataclasses look their module up while it loads)
+    spec.loader.exec_module(module)
+    return module
+
+
+async def test_micro_batcher_fails_a_whole_batch_and_commits_nothing():
+    """A pass that fails raises its error in every request of its batch and adds nothing to
+    any gradient (asyncgrad's commit on success); the batcher serves the next batch, whose
+    results equal one backward per request."""
+    import anyio
+
+    import asyncgrad as ag
+    from asyncgrad import nn
+
+    ex = _batched_requests_module()
+    ag.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 3))
+    rng = np.random.default_rng(1)
+    dtype = model[0].weight.numpy().dtype
+    reqs = [(rng.standard_normal((2, 6)).astype(dtype), rng.integers(0, 3, 2)) for _ in range(3)]
+    batcher = ex.MicroBatcher(model, max_wait=0.01)
+    failing = [True]
+
+    def hook(g):
+        if failing[0]:
+            raise RuntimeError("hook refused this batch")
+        return None
+
+    model[0].weight.register_hook(hook)
+    outcomes = {}
+
+    async def client(i, x, y):
+        try:
+            outcomes[i] = await batcher.submit(x, y)
+        except RuntimeError as e:
+            outcomes[i] = e
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(batcher.serve)
+        async with anyio.create_task_group() as clients:
+            for i, (x, y) in enumerate(reqs):
+                clients.start_soon(client, i, x, y)
+        assert batcher.batches == 1  # the three requests were one pass
+        refused = [isinstance(outcomes[i], RuntimeError) and "hook refused" in str(outcomes[i]) for i in range(3)]
+        assert all(refused), outcomes
+        assert all(p.grad is None for p in model.parameters())  # nothing committed
+        failing[0] = False
+        async with anyio.create_task_group() as clients:
+            for i, (x, y) in enumerate(reqs):
+                clients.start_soon(client, i, x, y)
+        tg.cancel_scope.cancel()
+    batched = [p.grad.numpy().copy() for p in model.parameters()]
+    model.zero_grad()
+    for i, (x, y) in enumerate(reqs):
+        alone = await ex.one_request(model, x, y)
+        assert np.isclose(outcomes[i].loss, alone.loss, rtol=1e-6)
+        np.testing.assert_allclose(outcomes[i].saliency, alone.saliency, rtol=1e-5, atol=1e-7)
+    for b, p in zip(batched, model.parameters()):
+        np.testing.assert_allclose(b, p.grad.numpy(), rtol=1e-5, atol=1e-7)
+
+
 def test_custom_function_example():
     out = run("custom_function.py").stdout
     assert "Exp: gradcheck: True" in out and "gradients correct: True" in out
