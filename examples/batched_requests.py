@@ -74,12 +74,19 @@ class MicroBatcher:
 
     Run ``serve()`` in a task group; clients ``await submit(x, y)``. A batch starts when
     ``max_rows`` rows are waiting, or ``max_wait`` seconds after its first request
-    arrived; while it runs, the next batch fills. An error in a pass is raised in every
-    request of that batch; the pass commits nothing then (asyncgrad's commit on success),
-    so no request's gradient is half-applied."""
+    arrived; while it runs, the next batch fills. A request is checked before it joins a
+    batch (rows of ``features`` numbers, labels in ``range(classes)``), so bad input
+    fails alone. An error in a pass is raised in every request of that batch; the pass
+    commits nothing then (asyncgrad's commit on success), so no request's gradient is
+    half-applied. A request cancelled while it waits for its batch is withdrawn; once
+    its batch runs, its gradient is part of the pass, as for a backward call cancelled
+    after its commit."""
 
-    def __init__(self, model: nn.Module, *, max_rows: int = 4096, max_wait: float = 0.001) -> None:
+    def __init__(self, model: nn.Module, *, features: int, classes: int, max_rows: int = 4096,
+                 max_wait: float = 0.001) -> None:
         self.model = model
+        self.features = features
+        self.classes = classes
         self.max_rows = max_rows
         self.max_wait = max_wait
         self.batches = 0
@@ -88,16 +95,37 @@ class MicroBatcher:
         self._arrived = anyio.Event()  # set when the first request of a batch arrives
         self._full = anyio.Event()  # set when max_rows rows are waiting
 
+    def check(self, x: np.ndarray, y: np.ndarray) -> None:
+        """Raise ValueError, naming what is wrong, unless ``x`` is (rows, features) finite
+        floats and ``y`` one label in ``range(classes)`` per row."""
+        if x.ndim != 2 or x.shape[1] != self.features or x.dtype.kind != "f":
+            raise ValueError(f"x must be (rows, {self.features}) floats, got {x.dtype} {tuple(x.shape)}")
+        if not len(x):
+            raise ValueError("x has no rows")
+        if not np.isfinite(x).all():
+            raise ValueError("x has NaN or infinite values")
+        if y.shape != (len(x),) or y.dtype.kind not in "iu":
+            raise ValueError(f"y must be {len(x)} integer labels, got {y.dtype} {tuple(y.shape)}")
+        if y.min() < 0 or y.max() >= self.classes:
+            raise ValueError(f"labels must be in range({self.classes}), got {y.min()}..{y.max()}")
+
     async def submit(self, x: np.ndarray, y: np.ndarray) -> Answer:
         """Queue one request (``x``: its input rows, ``y``: their class labels) and wait
         for its answer."""
+        self.check(x, y)
         request = _Pending(x, y)
         self._waiting.append(request)
         self._rows += len(x)
         self._arrived.set()
         if self._rows >= self.max_rows:
             self._full.set()
-        await request.done.wait()
+        try:
+            await request.done.wait()
+        except BaseException:
+            if request in self._waiting:  # (cancelled before its batch started: withdrawn)
+                self._waiting.remove(request)
+                self._rows -= len(x)
+            raise
         if request.error is not None:
             raise request.error
         assert request.answer is not None
@@ -111,6 +139,8 @@ class MicroBatcher:
                 await self._full.wait()
             batch, self._waiting, self._rows = self._waiting, [], 0
             self._arrived, self._full = anyio.Event(), anyio.Event()
+            if not batch:  # (every request of it was withdrawn)
+                continue
             try:
                 answers = await self._run(batch)
             except Exception as e:  # (cancellation is not caught: it ends serve())
@@ -179,7 +209,7 @@ async def run(args: argparse.Namespace) -> bool:
             for c in range(args.tasks):
                 tg.start_soon(client, c)
 
-    batcher = MicroBatcher(model, max_wait=args.max_wait)
+    batcher = MicroBatcher(model, features=w, classes=10, max_wait=args.max_wait)
 
     async def batched(answers: dict[tuple[int, int], Answer]) -> None:
         async def client(c: int) -> None:

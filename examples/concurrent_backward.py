@@ -200,11 +200,13 @@ def explain(stats: ag.autograd.EngineStatistics, speedup: float, loop_busy: floa
         return why + (f"Here it was {verdict}: most of each call is the loop's work (small nodes and "
                       "bookkeeping, Python that one thread runs), so the worker threads had little to overlap "
                       "with it. Larger kernels (a wider model, bigger batches) leave more to run in parallel.")
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    if load >= 0.5 * cores:
+    # the load average counts this process's own threads too (about ``together`` cores
+    # while it ran; a one-minute average, so a rough guide only)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    if load - together >= 0.5:
         return why + (f"Here it was {verdict} though the loop had time to spare: other processes are using the "
-                      f"cores (load average {load:.2f} on {cores} cores), and concurrency only pays when there "
-                      "are idle cores to fill.")
+                      f"cores (load average {load:.2f} on {cores} cores, about {together:.1f} of it this "
+                      "process), and concurrency only pays when there are idle cores to fill.")
     return why + (f"Here it was {verdict}: what running together saves (a core left idle one by one) was no "
                   "more than what it costs (thread hops, the loop's wake-ups, kernels competing for the cores "
                   "and their caches).")

@@ -104,7 +104,10 @@ def _batched_requests_module():
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # (its dataclasses look their module up while it loads)
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules[spec.name]
     return module
 
 
@@ -123,7 +126,7 @@ async def test_micro_batcher_fails_a_whole_batch_and_commits_nothing():
     rng = np.random.default_rng(1)
     dtype = model[0].weight.numpy().dtype
     reqs = [(rng.standard_normal((2, 6)).astype(dtype), rng.integers(0, 3, 2)) for _ in range(3)]
-    batcher = ex.MicroBatcher(model, max_wait=0.01)
+    batcher = ex.MicroBatcher(model, features=6, classes=3, max_wait=0.01)
     failing = [True]
 
     def hook(g):
@@ -162,6 +165,54 @@ async def test_micro_batcher_fails_a_whole_batch_and_commits_nothing():
         np.testing.assert_allclose(outcomes[i].saliency, alone.saliency, rtol=1e-5, atol=1e-7)
     for b, p in zip(batched, model.parameters()):
         np.testing.assert_allclose(b, p.grad.numpy(), rtol=1e-5, atol=1e-7)
+
+
+async def test_micro_batcher_refuses_bad_requests_alone_and_withdraws_cancelled_ones():
+    """A bad request fails with a ValueError naming the problem, before it joins a batch:
+    the good requests sent with it are answered. A request cancelled while it waits is
+    not computed."""
+    import anyio
+
+    import asyncgrad as ag
+    from asyncgrad import nn
+
+    ex = _batched_requests_module()
+    ag.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3))
+    dtype = model[0].weight.numpy().dtype
+    good = (np.ones((2, 4), dtype), np.array([0, 2]))
+    bad = {
+        "wide": ((np.ones((2, 5), dtype), np.array([0, 1])), "x must be (rows, 4) floats"),
+        "label": ((np.ones((2, 4), dtype), np.array([0, 3])), "labels must be in range(3), got 0..3"),
+        "nan": ((np.full((1, 4), np.nan, dtype), np.array([1])), "x has NaN or infinite values"),
+        "count": ((np.ones((2, 4), dtype), np.array([1])), "y must be 2 integer labels"),
+    }
+    batcher = ex.MicroBatcher(model, features=4, classes=3, max_wait=0.01)
+    outcomes = {}
+
+    async def client(name, x, y):
+        try:
+            outcomes[name] = await batcher.submit(x, y)
+        except ValueError as e:
+            outcomes[name] = e
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(batcher.serve)
+        async with anyio.create_task_group() as clients:
+            clients.start_soon(client, "good", *good)
+            for name, (request, _) in bad.items():
+                clients.start_soon(client, name, *request)
+        for name, (_, message) in bad.items():
+            assert isinstance(outcomes[name], ValueError) and message in str(outcomes[name]), outcomes[name]
+        assert isinstance(outcomes["good"], ex.Answer) and batcher.batches == 1
+        first = [p.grad.numpy().copy() for p in model.parameters()]
+        with anyio.move_on_after(0.001):  # cancelled while its batch waits (max_wait 10 ms)
+            await batcher.submit(*good)
+        await anyio.sleep(0.05)
+        assert batcher.batches == 1  # withdrawn: no pass ran for it
+        for a, p in zip(first, model.parameters()):
+            np.testing.assert_array_equal(a, p.grad.numpy())
+        tg.cancel_scope.cancel()
 
 
 def test_custom_function_example():
