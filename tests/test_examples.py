@@ -90,9 +90,12 @@ def test_concurrent_backward_example_with_blas_fixed():
     assert "gradients equal to the sequential sum (float32 tolerance): True" in out
 
 
-def test_batched_requests_example():
+@pytest.mark.parametrize("backend", ["asyncio", pytest.param("trio", marks=pytest.mark.skipif(
+    not _has("trio"), reason="trio is not installed"))])
+def test_batched_requests_example(backend):
     out = run("batched_requests.py", "--tasks", "4", "--requests", "3", "--rows", "4", "--width", "16",
-              "--rounds", "2", "--max-wait", "0.005").stdout
+              "--rounds", "2", "--max-wait", "0.005", "--backend", backend).stdout
+    assert f"[{backend}] 4 clients x 3 requests of 4 rows" in out
     assert "same losses, saliency maps and parameter gradients both ways (float32 tolerance): True" in out, out
     assert "requests/s" in out and "loop lag p50" in out
     per_pass = float(out.split(" requests per pass")[0].rsplit(", ", 1)[1])
