@@ -162,12 +162,9 @@ class MicroBatcher:
         row_losses = row_losses * ag.tensor(np.repeat([1.0 / n for n in sizes], sizes).astype(row_losses.dtype))
         await ag.backward(row_losses.sum())  # into the parameters' .grad, and into x.grad
         assert x.grad is not None
-        saliency, losses = x.grad.numpy(), row_losses.detach().numpy()
-        answers, start = [], 0
-        for n in sizes:
-            answers.append(Answer(float(losses[start:start + n].sum()), saliency[start:start + n]))
-            start += n
-        return answers
+        bounds = np.cumsum(sizes)[:-1]  # each request's rows, in the order they were joined
+        return [Answer(float(losses.sum()), saliency) for losses, saliency in
+                zip(np.split(row_losses.detach().numpy(), bounds), np.split(x.grad.numpy(), bounds))]
 
 
 async def one_request(model: nn.Module, x: np.ndarray, y: np.ndarray) -> Answer:

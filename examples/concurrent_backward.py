@@ -91,14 +91,14 @@ async def run(args: argparse.Namespace) -> bool:
         return [forward(i) for i in range(args.tasks)]  # (never timed)
 
     async def timed(how: Callable[[list[ag.Tensor]], Awaitable[None]], losses: list[ag.Tensor]
-                    ) -> tuple[float, list[np.ndarray]]:
-        t0, cpu0 = time.perf_counter(), time.process_time()  # (process_time: all threads)
+                    ) -> tuple[float, float, list[np.ndarray]]:
+        """Seconds, cores kept busy (CPU over wall time, all of the process's threads),
+        and the gradients (then zeroed)."""
+        t0, cpu0 = time.perf_counter(), time.process_time()
         await how(losses)
         seconds = time.perf_counter() - t0
-        cores_used[how.__name__].append((time.process_time() - cpu0) / seconds)
-        return seconds, grads()
+        return seconds, (time.process_time() - cpu0) / seconds, grads()
 
-    cores_used: dict[str, list[float]] = {"together": [], "one_by_one": []}  # CPU / wall time per round
     blas = ag.autograd.get_engine().blas_threads  # (the engine's setting: None adapts)
     print(f"[{args.backend}] {args.tasks} tasks x batch {args.batch}, MLP 64-{args.hidden}-{args.hidden}-10 "
           f"({sum(p.numel() for p in model.parameters()):,} parameters); numpy's BLAS: "
@@ -114,8 +114,7 @@ async def run(args: argparse.Namespace) -> bool:
     engine = ag.autograd.get_engine()
     lags: list[float] = []
     times: dict[str, list[float]] = {"together": [], "one_by_one": []}
-    for used in cores_used.values():
-        used.clear()  # (the warm-up's)
+    cores_used: dict[str, list[float]] = {"together": [], "one_by_one": []}
     equal = True
     before = after = engine.statistics()
     loop_busy = 0.0
@@ -129,13 +128,14 @@ async def run(args: argparse.Namespace) -> bool:
                     outer.start_soon(ticker, lags, stop)
                     await anyio.sleep(0.01)
                     before, cpu = engine.statistics(), time.thread_time()
-                    seconds, summed = await timed(together, losses)
+                    seconds, cores, summed = await timed(together, losses)
                     after, loop_busy = engine.statistics(), (time.thread_time() - cpu) / seconds
                     stop.set()
                 concurrent_grads = summed
             else:
-                seconds, sequential_grads = await timed(one_by_one, losses)
+                seconds, cores, sequential_grads = await timed(one_by_one, losses)
             times[name].append(seconds)
+            cores_used[name].append(cores)
         equal = equal and all(np.allclose(a, b, rtol=1e-4, atol=1e-6)
                               for a, b in zip(concurrent_grads, sequential_grads))
 

@@ -114,6 +114,22 @@ def _batched_requests_module():
     return module
 
 
+async def _submit_all(batcher, requests, outcomes, errors=(ValueError, RuntimeError)):
+    """Each of ``requests`` (name -> (x, y)) submitted by its own task at once; its answer,
+    or the error it raised, goes to ``outcomes[name]``."""
+    import anyio
+
+    async def client(name, x, y):
+        try:
+            outcomes[name] = await batcher.submit(x, y)
+        except errors as e:
+            outcomes[name] = e
+
+    async with anyio.create_task_group() as clients:
+        for name, (x, y) in requests.items():
+            clients.start_soon(client, name, x, y)
+
+
 async def test_micro_batcher_fails_a_whole_batch_and_commits_nothing():
     """A pass that fails raises its error in every request of its batch and adds nothing to
     any gradient (asyncgrad's commit on success); the batcher serves the next batch, whose
@@ -128,8 +144,9 @@ async def test_micro_batcher_fails_a_whole_batch_and_commits_nothing():
     model = nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 3))
     rng = np.random.default_rng(1)
     dtype = model[0].weight.numpy().dtype
-    reqs = [(rng.standard_normal((2, 6)).astype(dtype), rng.integers(0, 3, 2)) for _ in range(3)]
-    batcher = ex.MicroBatcher(model, features=6, classes=3, max_wait=0.01)
+    reqs = {i: (rng.standard_normal((2, 6)).astype(dtype), rng.integers(0, 3, 2)) for i in range(3)}
+    # a batch starts when its 6 rows are in (max_rows), never by the clock
+    batcher = ex.MicroBatcher(model, features=6, classes=3, max_rows=6, max_wait=60)
     failing = [True]
 
     def hook(g):
@@ -139,30 +156,19 @@ async def test_micro_batcher_fails_a_whole_batch_and_commits_nothing():
 
     model[0].weight.register_hook(hook)
     outcomes = {}
-
-    async def client(i, x, y):
-        try:
-            outcomes[i] = await batcher.submit(x, y)
-        except RuntimeError as e:
-            outcomes[i] = e
-
     async with anyio.create_task_group() as tg:
         tg.start_soon(batcher.serve)
-        async with anyio.create_task_group() as clients:
-            for i, (x, y) in enumerate(reqs):
-                clients.start_soon(client, i, x, y)
+        await _submit_all(batcher, reqs, outcomes)
         assert batcher.batches == 1  # the three requests were one pass
         refused = [isinstance(outcomes[i], RuntimeError) and "hook refused" in str(outcomes[i]) for i in range(3)]
         assert all(refused), outcomes
         assert all(p.grad is None for p in model.parameters())  # nothing committed
         failing[0] = False
-        async with anyio.create_task_group() as clients:
-            for i, (x, y) in enumerate(reqs):
-                clients.start_soon(client, i, x, y)
+        await _submit_all(batcher, reqs, outcomes)
         tg.cancel_scope.cancel()
     batched = [p.grad.numpy().copy() for p in model.parameters()]
     model.zero_grad()
-    for i, (x, y) in enumerate(reqs):
+    for i, (x, y) in reqs.items():
         alone = await ex.one_request(model, x, y)
         assert np.isclose(outcomes[i].loss, alone.loss, rtol=1e-6)
         np.testing.assert_allclose(outcomes[i].saliency, alone.saliency, rtol=1e-5, atol=1e-7)
@@ -190,31 +196,29 @@ async def test_micro_batcher_refuses_bad_requests_alone_and_withdraws_cancelled_
         "nan": ((np.full((1, 4), np.nan, dtype), np.array([1])), "x has NaN or infinite values"),
         "count": ((np.ones((2, 4), dtype), np.array([1])), "y must be 2 integer labels"),
     }
-    batcher = ex.MicroBatcher(model, features=4, classes=3, max_wait=0.01)
+    # the good request's 2 rows start a batch (max_rows), never the clock
+    batcher = ex.MicroBatcher(model, features=4, classes=3, max_rows=2, max_wait=60)
     outcomes = {}
-
-    async def client(name, x, y):
-        try:
-            outcomes[name] = await batcher.submit(x, y)
-        except ValueError as e:
-            outcomes[name] = e
-
     async with anyio.create_task_group() as tg:
         tg.start_soon(batcher.serve)
-        async with anyio.create_task_group() as clients:
-            clients.start_soon(client, "good", *good)
-            for name, (request, _) in bad.items():
-                clients.start_soon(client, name, *request)
+        await _submit_all(batcher, {"good": good, **{name: request for name, (request, _) in bad.items()}},
+                          outcomes, errors=ValueError)
         for name, (_, message) in bad.items():
             assert isinstance(outcomes[name], ValueError) and message in str(outcomes[name]), outcomes[name]
         assert isinstance(outcomes["good"], ex.Answer) and batcher.batches == 1
         first = [p.grad.numpy().copy() for p in model.parameters()]
-        with anyio.move_on_after(0.001):  # cancelled while its batch waits (max_wait 10 ms)
+        batcher.max_rows = 4  # the next request (2 rows) waits for more rows, and max_wait is 60 s
+        with anyio.move_on_after(0.01):  # so it is cancelled while its batch waits
             await batcher.submit(*good)
-        await anyio.sleep(0.05)
-        assert batcher.batches == 1  # withdrawn: no pass ran for it
+        batcher.max_rows = 2
+        assert batcher._waiting == [] and batcher.batches == 1  # withdrawn: no pass ran for it
         for a, p in zip(first, model.parameters()):
             np.testing.assert_array_equal(a, p.grad.numpy())
+        # the next batch (2 rows again) holds the next request only, not the withdrawn one
+        await batcher.submit(*good)
+        assert batcher.batches == 2
+        for a, p in zip(first, model.parameters()):
+            np.testing.assert_array_equal(2 * a, p.grad.numpy())
         tg.cancel_scope.cancel()
 
 
