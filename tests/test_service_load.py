@@ -7,9 +7,10 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-import threading
-import warnings
 import textwrap
+import threading
+import time
+import warnings
 
 import anyio
 import numpy as np
@@ -331,7 +332,7 @@ def test_first_backward_of_a_process_inspects_blas_off_the_loop():
     assert calls == "['asyncgrad-setup']", out.stdout
 
 
-async def test_blas_is_single_threaded_while_several_backward_calls_run(engine):
+async def test_blas_is_single_threaded_while_several_backward_calls_run(engine, monkeypatch):
     """Note [BLAS threads]: numpy's BLAS uses one thread per call while more than one
     backward is in flight, and its default again when one runs alone."""
     threadpoolctl = pytest.importorskip("threadpoolctl")
@@ -340,13 +341,15 @@ async def test_blas_is_single_threaded_while_several_backward_calls_run(engine):
         return max(lib["num_threads"] for lib in threadpoolctl.threadpool_info()
                    if lib["user_api"] == "blas" and "numpy" in lib["filepath"])
 
+    from asyncgrad.autograd.policy import BLAS, RELAX_SECONDS
+
+    clock = _Clock(time.monotonic() + 3600.0)  # later than any overlap the process has seen
+    monkeypatch.setattr(BLAS, "_overlap_at", BLAS._overlap_at)  # (restored after the clock)
+    monkeypatch.setattr(BLAS, "clock", clock)
     x = ag.tensor([1.0], requires_grad=True)
     await ag.backward((x * 2.0).sum())  # starts the one-time set-up
     await anyio.to_thread.run_sync(engine.policy.ready.wait)
-    from asyncgrad.autograd.policy import RELAX_AFTER
-
-    for _ in range(RELAX_AFTER):  # alone long enough to have BLAS's own threads (Note [BLAS hysteresis])
-        await ag.backward((x * 2.0).sum())
+    await ag.backward((x * 2.0).sum())  # alone, and none overlapped in the last RELAX_SECONDS
     alone = blas_threads()
     if alone == 1:
         pytest.skip("numpy's BLAS is single-threaded here: nothing to adapt")
@@ -362,14 +365,26 @@ async def test_blas_is_single_threaded_while_several_backward_calls_run(engine):
         await ag.backward(y.sum())
         Gate.gate.set()
     assert seen == [1]
-    # Note [BLAS hysteresis]: its own threads come back on the RELAX_AFTER-th call alone
+    # Note [BLAS hysteresis]: its own threads come back once no backward overlapped
+    # another for RELAX_SECONDS, not before
     during: list[int] = []
-    for _ in range(RELAX_AFTER):
+    for step in (0.3, 0.3, 0.3, 0.2):  # in RELAX_SECONDS: 0.3, 0.6, 0.9, then 1.1 after the overlap
+        clock.now += step * RELAX_SECONDS
         y = x * 3.0
         y.register_hook(lambda g: during.append(blas_threads()))
         await ag.backward(y.sum())
-    assert during == [1] * (RELAX_AFTER - 1) + [alone]
+    assert during == [1, 1, 1, alone]
     assert blas_threads() == alone
+
+
+class _Clock:
+    """A clock moved by hand, for the BLAS policy's hysteresis (Note [BLAS hysteresis])."""
+
+    def __init__(self, now: float = 100.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
 
 
 class _FakeBlas:
@@ -387,38 +402,43 @@ class _FakeBlas:
 def test_blas_threads_do_not_flip_per_call_while_calls_alternate():
     """Note [BLAS hysteresis]: two callers whose backward calls overlap on and off (the
     count of calls in flight going 1, 2, 1, 2, ...) switch BLAS to one thread once, not
-    twice per call; a lone caller gets BLAS's threads back after RELAX_AFTER calls alone,
-    and a call overlapping another before that starts the count again."""
-    from asyncgrad.autograd.policy import RELAX_AFTER, BlasThreads
+    twice per call; a lone caller gets BLAS's threads back once no call overlapped
+    another for RELAX_SECONDS, and an overlap before that starts the wait again."""
+    from asyncgrad.autograd.policy import RELAX_SECONDS, BlasThreads
 
     blas = BlasThreads(2)
+    blas.clock = clock = _Clock()
     lib = _FakeBlas()
     blas._libs, blas._default = [lib], 2
-    blas.backward_started()  # caller A alone: BLAS keeps its threads
+    blas.backward_started()  # caller A alone, nothing ever overlapped: BLAS keeps its threads
     assert blas.per_call == 2
     for _ in range(50):  # B starts while A runs, A ends, A starts while B runs, B ends...
+        clock.now += 0.01
         blas.backward_started()
         assert blas.per_call == 1
         blas.backward_ended()
         assert blas.per_call == 1
     assert lib.calls == [1]
-    blas.backward_ended()
-    for i in range(RELAX_AFTER - 2):  # alone, but concurrent recently
+    blas.backward_ended()  # A's call ends: the last overlap ended just before
+    for _ in range(20):  # alone, but the overlap ended less than RELAX_SECONDS ago
+        clock.now += 0.04 * RELAX_SECONDS
         blas.backward_started()
-        assert blas.per_call == 1, i
+        assert blas.per_call == 1
         blas.backward_ended()
-    blas.backward_started()  # the (RELAX_AFTER-1)-th alone; another overlaps it: the count starts again
+    blas.backward_started()  # another call overlaps: the wait starts again
     blas.backward_started()
     blas.backward_ended()
-    blas.backward_ended()
-    for _ in range(RELAX_AFTER - 1):
-        blas.backward_started()
-        blas.backward_ended()
-    assert lib.calls == [1]
-    blas.backward_started()  # the RELAX_AFTER-th call alone in a row
+    clock.now += 0.9 * RELAX_SECONDS
+    blas.backward_ended()  # the call alone again, 0.9 RELAX_SECONDS after the overlap
+    blas.backward_started()
+    assert blas.per_call == 1 and lib.calls == [1]
+    clock.now += 0.2 * RELAX_SECONDS  # a long call alone: its threads come back in the middle of it,
+    blas.run(lambda: None)  # when a BLAS kernel of it ends (the policy looks again)
     assert blas.per_call == 2 and lib.calls == [1, 2]
     blas.backward_ended()
+    blas.backward_started()
     assert blas.per_call == 2 and lib.calls == [1, 2]
+    blas.backward_ended()
 
 
 # --- the runner completes small backward calls for waiting callers ----------------------------

@@ -62,7 +62,7 @@ takes (docs/benchmarks.md). So BLAS's threads adapt (``BLAS``):
 numpy's BLAS is single-threaded while more than one backward call is in flight in the
 process, and uses its own default threads while one backward runs alone (one large
 product on all cores beats two single-threaded ones). Going back to BLAS's own threads
-waits until ``RELAX_AFTER`` backward calls in a row started alone (Note [BLAS
+waits until no second backward has been in flight for ``RELAX_SECONDS`` (Note [BLAS
 hysteresis]). The switch is made only while no
 engine BLAS kernel runs (OpenBLAS's pthreads build just stores the count; a call in
 progress keeps the count it started with). On worker threads, BLAS kernels take
@@ -85,18 +85,30 @@ alternate (one's forward pass while the other's backward is in flight, then one 
 call ``set_num_threads`` about twice per pass, and gave their forward passes' small
 products BLAS's helper threads part of the time, the case where a busy core makes a
 two-threaded call many times slower (``python -m bench.blas_flips 2`` measures both).
-So BLAS goes single-threaded at once when a
-second backward starts, but gets its own threads back only after ``RELAX_AFTER``
-backward calls in a row started with no other in flight: a service that was concurrent
-recently stays single-threaded between its requests; one caller running backward after
-backward alone gets BLAS's threads after a few calls. Counted in calls, not seconds, so
-the decision depends only on the order of events.
+So BLAS goes single-threaded at once when a second backward starts, but gets its own
+threads back only once no second backward has been in flight for ``RELAX_SECONDS``.
+Seconds, not calls, because the cost being avoided is measured in seconds: after a
+product that used them, OpenBLAS's helper threads spin for work for ~0.1 s
+(``OPENBLAS_THREAD_TIMEOUT``'s default, 2^28 cycles; the count BLAS is set to does not
+stop them, and only the environment before numpy loads can shorten it). When backward
+calls overlap again within that time, the spinning helper takes a core from them: a
+service whose requests came one by one, then together, in rounds of ~60 ms ran its
+concurrent rounds 1.2x slower than with BLAS pinned at one thread, its helper thread
+burning 50 ms of CPU per round (``python examples/concurrent_backward.py``, and the
+per-thread CPU probe in docs/guides/concurrency.md). Half a second without overlap is
+several such spins: a service with requests in flight now and then stays
+single-threaded between them, and one caller running backward after backward alone (a
+training loop), or one long backward alone, gets BLAS's threads half a second after the
+last overlap, even in the middle of a backward (the decision is revisited as each call
+starts and ends and after each BLAS kernel on a worker). Tests replace ``BLAS.clock``
+to decide by the order of events alone.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from heapq import heappop, heappush
@@ -112,7 +124,7 @@ if TYPE_CHECKING:
 
 MAX_LIGHT_RUN = 4  # light nodes in a row inside a worker chain (Note [Worker chains])
 LIGHT_UNITS = 4  # what a light node counts in that run; a node whose rule costs nothing counts 1
-RELAX_AFTER = 8  # backward calls started alone in a row before BLAS gets its threads back (Note [BLAS hysteresis])
+RELAX_SECONDS = 0.5  # no second backward in flight for this long: BLAS gets its threads back (Note [BLAS hysteresis])
 CORES = os.cpu_count() or 1
 
 
@@ -318,7 +330,8 @@ class BlasThreads:
         # the default it finds when it runs inside a block)
         self._resumes: list[list[Any]] = []
         self._single = False
-        self._alone = 0  # backward calls started in a row with no other in flight
+        self.clock = time.monotonic  # (tests replace it: Note [BLAS hysteresis])
+        self._overlap_at = float("-inf")  # when a second backward was last in flight (self.clock)
         # the cores other processes leave free (Note [Other processes' load] in cpu_load.py)
         self.load = OtherLoad()
         self._cap = cores
@@ -414,7 +427,8 @@ class BlasThreads:
     def backward_started(self) -> None:
         with self._mutex:
             self._backwards += 1
-            self._alone = self._alone + 1 if self._backwards == 1 else 0
+            if self._backwards > 1:
+                self._overlap_at = self.clock()
             if self._libs and not self._fixed:  # (else nothing to adapt)
                 if self.load.sample():  # (at most every cpu_load.INTERVAL: ~20 us then)
                     self._cap = self.load.free_cores()
@@ -422,12 +436,14 @@ class BlasThreads:
 
     def backward_ended(self) -> None:
         with self._mutex:
+            if self._backwards > 1:  # the overlap lasted until now
+                self._overlap_at = self.clock()
             self._backwards -= 1
             if self._libs and not self._fixed:
                 self._adapt()
 
     def _adapt(self) -> None:
-        single = self._backwards > 1 or (self._single and self._alone < RELAX_AFTER)
+        single = self._backwards > 1 or (self._single and self.clock() - self._overlap_at < RELAX_SECONDS)
         threads = 1 if single else min(self._default, self._cap)
         if self._fixed or not self._libs or self._free != self.cores:
             return  # (a BLAS kernel running: the next start or end adapts)
