@@ -377,6 +377,41 @@ async def test_blas_is_single_threaded_while_several_backward_calls_run(engine, 
     assert blas_threads() == alone
 
 
+async def test_a_reentrant_checkpoints_nested_backward_is_not_a_second_call_for_blas(engine, monkeypatch):
+    """Note [BLAS threads]: a nested backward (a reentrant checkpoint's recomputation,
+    run for its parent's node) does not make BLAS single-threaded: a training step with
+    checkpoints alone keeps BLAS's own threads, inside the nested backward too."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    from asyncgrad.autograd.policy import BLAS
+    from asyncgrad.utils.checkpoint import checkpoint
+
+    def blas_threads() -> int:
+        return max(lib["num_threads"] for lib in threadpoolctl.threadpool_info()
+                   if lib["user_api"] == "blas" and "numpy" in lib["filepath"])
+
+    monkeypatch.setattr(BLAS, "_overlap_at", BLAS._overlap_at)  # (restored after the clock)
+    monkeypatch.setattr(BLAS, "clock", _Clock(time.monotonic() + 3600.0))  # no overlap for an hour
+    x = ag.tensor([1.0, 2.0], requires_grad=True)
+    await ag.backward((x * 2.0).sum())  # starts the one-time set-up
+    await anyio.to_thread.run_sync(engine.policy.ready.wait)
+    await ag.backward((x * 2.0).sum())
+    alone = blas_threads()
+    if alone == 1:
+        pytest.skip("numpy's BLAS is single-threaded here: nothing to adapt")
+    inside: list[tuple[int, int]] = []
+
+    def block(t: ag.Tensor) -> ag.Tensor:
+        y = t * 3.0
+        if y.requires_grad:  # (the recomputation, in the nested backward)
+            y.register_hook(lambda g: inside.append((blas_threads(), BLAS.per_call)))
+        return y.tanh()
+
+    for _ in range(2):
+        await ag.backward(checkpoint(block, x * 1.0, use_reentrant=True).sum())
+    assert inside == [(alone, alone)] * 2
+    assert blas_threads() == alone
+
+
 class _Clock:
     """A clock moved by hand, for the BLAS policy's hysteresis (Note [BLAS hysteresis])."""
 

@@ -395,12 +395,14 @@ class Engine:
             parent.active_children += 1
         with self._lock:
             self._started += 1
-        BLAS.backward_started()
+        if parent is None:  # a nested backward runs for its parent's node: no second call (Note [BLAS threads])
+            BLAS.backward_started()
         return parent
 
     def _end(self, task: GraphTask, parent: GraphTask | None, outcome: str) -> None:
-        BLAS.backward_ended()
-        if parent is not None:
+        if parent is None:
+            BLAS.backward_ended()
+        else:
             parent.active_children -= 1
             if not parent.active_children and parent.context is not None and parent.has_ready():
                 try:

@@ -61,7 +61,10 @@ BLAS call waits for its helper threads, many times longer than a single-threaded
 takes (docs/benchmarks.md). So BLAS's threads adapt (``BLAS``):
 numpy's BLAS is single-threaded while more than one backward call is in flight in the
 process, and uses its own default threads while one backward runs alone (one large
-product on all cores beats two single-threaded ones). Going back to BLAS's own threads
+product on all cores beats two single-threaded ones). A nested backward (a reentrant
+checkpoint's, started by a node of a running backward) is not a second call: its
+parent's node waits for it, so a training step with reentrant checkpoints alone keeps
+BLAS's threads (counted as a second call, it made every such step single-threaded). Going back to BLAS's own threads
 waits until no second backward has been in flight for ``RELAX_SECONDS`` (Note [BLAS
 hysteresis]). The switch is made only while no
 engine BLAS kernel runs (OpenBLAS's pthreads build just stores the count; a call in
