@@ -146,3 +146,23 @@ def test_loader_lag_runs_tiny(capsys):
     rows = capsys.readouterr().out.strip().splitlines()
     assert rows[0].startswith("# load ") and rows[1].startswith("variant")
     assert rows[2].split()[0] == "numpy" and len(rows) == 3
+
+
+def test_blas_spin_runs_tiny(capsys):
+    """``python -m bench.blas_spin``: the four combinations of BLAS setting and way, with
+    the loop's thread's CPU time; and the checkpointed step with the threads chosen."""
+    import asyncio
+
+    import pytest
+
+    if not Path("/proc/self/task").exists():
+        pytest.skip("per-thread CPU times need Linux's /proc")
+    from bench import blas_spin
+
+    asyncio.run(blas_spin.rounds(tasks=2, hidden=8, batch=4, repeats=2))
+    rows = [r.split("|")[1:-1] for r in capsys.readouterr().out.splitlines() if r.startswith("| ")][1:]
+    assert sorted((r[0].strip(), r[1].strip()) for r in rows) == [
+        ("adaptive", "one by one"), ("adaptive", "together"), ("pinned", "one by one"), ("pinned", "together")]
+    assert all(float(r[3]) > 0 for r in rows)  # the loop's thread ran every round
+    asyncio.run(blas_spin.checkpointed(2, width=8, batch=4))
+    assert "BLAS threads per call during backward: [" in capsys.readouterr().out
