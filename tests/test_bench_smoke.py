@@ -166,3 +166,53 @@ def test_blas_spin_runs_tiny(capsys):
     assert all(float(r[3]) > 0 for r in rows)  # the loop's thread ran every round
     asyncio.run(blas_spin.checkpointed(2, width=8, batch=4))
     assert "BLAS threads per call during backward: [" in capsys.readouterr().out
+
+
+def test_concurrent_workloads_turn_batcher_gives_each_pass_its_gradient_sum_and_its_errors():
+    """The "requests batched" rows: the passes submitted in one turn run as one pass whose
+    parameter gradients equal the passes' own, summed; a failing batch pass raises in
+    every pass that joined it."""
+    import asyncio
+
+    import numpy as np
+    import pytest
+
+    import asyncgrad as ag
+    from bench import nets
+    from bench.workloads.concurrent import TurnBatcher
+
+    params = [p.astype(np.float64) for p in nets.make_params(2, 8)]
+    xs = [nets.make_input(4, 8, seed=s).astype(np.float64) for s in range(3)]
+    one_by_one, batched = nets.ag_params(params), nets.ag_params(params)
+    sizes: list[int] = []
+
+    async def run_batch(batch: list[np.ndarray]) -> None:
+        sizes.append(len(batch))
+        await ag.backward(nets.ag_graph(batched, np.concatenate(batch)) * len(batch))
+
+    async def main() -> None:
+        for x in xs:
+            await ag.backward(nets.ag_graph(one_by_one, x))
+        batcher = TurnBatcher(run_batch)
+        await asyncio.gather(*(batcher.submit(x) for x in xs))
+
+        async def fail(batch: list[np.ndarray]) -> None:
+            raise ValueError(f"batch of {len(batch)}")
+
+        failing = TurnBatcher(fail)
+        results = await asyncio.gather(*(failing.submit(x) for x in xs), return_exceptions=True)
+        assert [str(r) for r in results] == ["batch of 3"] * 3
+
+    asyncio.run(main())
+    assert sizes == [3]  # one pass for the three
+    for a, b in zip(one_by_one, batched):
+        np.testing.assert_allclose(b.grad.numpy(), a.grad.numpy(), rtol=1e-12, atol=1e-14)
+    with pytest.raises(AssertionError):  # (the check can fail: a pass's gradient alone differs)
+        np.testing.assert_allclose(batched[0].grad.numpy() / 3, one_by_one[0].grad.numpy(), rtol=1e-6)
+
+
+def test_concurrent_workload_runs_tiny_with_the_batched_rows():
+    r = run_workload("concurrent", ["asyncgrad", "numpy"], rounds=1, tasks=3, passes=2, layers=1, batch=2, width=4)
+    assert [row["impl"] for row in r.rows] == ["asyncgrad (awaited)", "asyncgrad (requests batched)",
+                                               "numpy inline", "numpy to_thread"]
+    assert all(row["passes_per_s"] > 0 for row in r.rows)

@@ -72,7 +72,7 @@ def run(impls: list[str], rounds: int | None = None, tasks: int = 32, transforme
     )
     t_start = time.perf_counter()
     with busy_process():
-        conc = concurrent.run(impls, rounds, tasks=tasks)
+        conc = concurrent.run(impls, rounds, tasks=tasks, batched=False)
         many = many_tasks.run(impls, rounds)
         step = transformer.run(impls, rounds, one_thread=False, **transformer_size) if transformer_step else None
     res.seconds = time.perf_counter() - t_start
