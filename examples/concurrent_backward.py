@@ -189,8 +189,7 @@ def explain(stats: ag.autograd.EngineStatistics, speedup: float, loop_busy: floa
     if speedup >= 1 + NOISE:
         return why + ("Together, the calls overlap: while some calls' large kernels run on the worker threads "
                       "(numpy releases the GIL), the loop runs other calls' small nodes. One by one, each call "
-                      "waits for its own kernels (the cores may still look busy then: BLAS's helper threads "
-                      "spin while they wait for work).")
+                      "waits for its own kernels and a core waits with it.")
     verdict = "about as fast" if speedup > 1 - NOISE else "slower"
     if alone >= 0.8 * cores:
         return why + (f"Here it was {verdict}: one call alone already kept the cores busy (BLAS's own threads "

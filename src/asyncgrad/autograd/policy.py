@@ -64,8 +64,9 @@ process, and uses its own default threads while one backward runs alone (one lar
 product on all cores beats two single-threaded ones). A nested backward (a reentrant
 checkpoint's, started by a node of a running backward) is not a second call: its
 parent's node waits for it, so a training step with reentrant checkpoints alone keeps
-BLAS's threads (counted as a second call, it made every such step single-threaded). Going back to BLAS's own threads
-waits until no second backward has been in flight for ``RELAX_SECONDS`` (Note [BLAS
+BLAS's threads (counted as a second call, it made every such step single-threaded:
+``python -m bench.blas_spin --checkpoint``). Going back to BLAS's own threads waits
+until no second backward has been in flight for ``RELAX_SECONDS`` (Note [BLAS
 hysteresis]). The switch is made only while no
 engine BLAS kernel runs (OpenBLAS's pthreads build just stores the count; a call in
 progress keeps the count it started with). On worker threads, BLAS kernels take
@@ -96,9 +97,9 @@ product that used them, OpenBLAS's helper threads spin for work for ~0.1 s
 stop them, and only the environment before numpy loads can shorten it). When backward
 calls overlap again within that time, the spinning helper takes a core from them: a
 service whose requests came one by one, then together, in rounds of ~60 ms ran its
-concurrent rounds 1.2x slower than with BLAS pinned at one thread, its helper thread
-burning 50 ms of CPU per round (``python examples/concurrent_backward.py``, and the
-per-thread CPU probe in docs/guides/concurrency.md). Half a second without overlap is
+concurrent rounds 1.17-1.39x slower than with BLAS pinned at one thread, its helper
+thread burning 50-69 ms of CPU per round (``python -m bench.blas_spin`` measures it; with
+this rule the helper's CPU there is 0). Half a second without overlap is
 several such spins: a service with requests in flight now and then stays
 single-threaded between them, and one caller running backward after backward alone (a
 training loop), or one long backward alone, gets BLAS's threads half a second after the
