@@ -460,12 +460,12 @@ def test_blas_threads_do_not_flip_per_call_while_calls_alternate():
         blas.backward_started()
         assert blas.per_call == 1
         blas.backward_ended()
-    blas.backward_started()  # another call overlaps: the wait starts again
+    blas.backward_started()  # a call, and another overlapping it: the wait starts again
     blas.backward_started()
     blas.backward_ended()
     clock.now += 0.9 * RELAX_SECONDS
-    blas.backward_ended()  # the call alone again, 0.9 RELAX_SECONDS after the overlap
-    blas.backward_started()
+    blas.backward_ended()  # the first ends 0.9 RELAX_SECONDS after the overlap...
+    blas.backward_started()  # ...and a call alone starts: still single-threaded
     assert blas.per_call == 1 and lib.calls == [1]
     clock.now += 0.2 * RELAX_SECONDS  # a long call alone: its threads come back in the middle of it,
     blas.run(lambda: None)  # when a BLAS kernel of it ends (the policy looks again)
