@@ -206,10 +206,10 @@ def run(impls: list[str], rounds: int | None = None, tasks: int = 32, passes: in
     res.add_ratio("asyncgrad/numpy inline", a, res.value("numpy inline", "passes_per_s"))
     res.add_ratio("asyncgrad/torch to_thread", a, res.value("torch to_thread", "passes_per_s"))
     res.add_ratio("asyncgrad/torch inline", a, res.value("torch inline", "passes_per_s"))
-    res.add_ratio("asyncgrad requests batched/torch to_thread", res.value("asyncgrad (requests batched)",
-                  "passes_per_s"), res.value("torch to_thread", "passes_per_s"))
-    res.add_ratio("asyncgrad requests batched/torch requests batched",
-                  res.value("asyncgrad (requests batched)", "passes_per_s"),
+    batched_rate = res.value("asyncgrad (requests batched)", "passes_per_s")
+    res.add_ratio("asyncgrad requests batched/torch to_thread", batched_rate,
+                  res.value("torch to_thread", "passes_per_s"))
+    res.add_ratio("asyncgrad requests batched/torch requests batched", batched_rate,
                   res.value("torch (requests batched, to_thread)", "passes_per_s"))
     row = res.row("asyncgrad (awaited)")
     if row is not None:

@@ -447,10 +447,10 @@ class BlasThreads:
                 self._adapt()
 
     def _adapt(self) -> None:
-        single = self._backwards > 1 or (self._single and self.clock() - self._overlap_at < RELAX_SECONDS)
-        threads = 1 if single else min(self._default, self._cap)
         if self._fixed or not self._libs or self._free != self.cores:
             return  # (a BLAS kernel running: the next start or end adapts)
+        single = self._backwards > 1 or (self._single and self.clock() - self._overlap_at < RELAX_SECONDS)
+        threads = 1 if single else min(self._default, self._cap)
         self._single = single
         if threads == (self._default if self._applied is None else self._applied):
             return  # (before any change BLAS runs the default the inspection found)
