@@ -87,7 +87,7 @@ class _ConvNd(Module):
     def extra_repr(self) -> str:
         s = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
         if self.padding != (0,) * len(self.kernel_size):
-            s += f", padding={self.padding if isinstance(self.padding, tuple) else repr(self.padding)}"
+            s += f", padding={self.padding}"
         if self.dilation != (1,) * len(self.dilation):
             s += f", dilation={self.dilation}"
         if self.output_padding != (0,) * len(self.output_padding):

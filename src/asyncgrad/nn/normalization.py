@@ -68,14 +68,17 @@ class _BatchNorm(Module):
         if input.ndim not in self._ndims:
             raise ValueError(f"expected {self._expected} input (got {input.ndim}D input)")
         factor = 0.0 if self.momentum is None else self.momentum
-        if self.training and self.track_running_stats and self.num_batches_tracked is not None:
-            with no_grad():
-                self.num_batches_tracked.copy_(Tensor(np.asarray(self.num_batches_tracked.data + 1)))
-            factor = 1.0 / int(self.num_batches_tracked.data) if self.momentum is None else self.momentum
+        counting = self.training and self.track_running_stats and self.num_batches_tracked is not None
+        if counting and self.momentum is None:  # the cumulative average over the batches so far
+            factor = 1.0 / (int(self.num_batches_tracked.data) + 1)
         use_batch = self.training or (self.running_mean is None and self.running_var is None)
         track = not self.training or self.track_running_stats
-        return FN.batch_norm(input, self.running_mean if track else None, self.running_var if track else None,
-                             self.weight, self.bias, use_batch, factor, self.eps)
+        out = FN.batch_norm(input, self.running_mean if track else None, self.running_var if track else None,
+                            self.weight, self.bias, use_batch, factor, self.eps)
+        if counting:  # (after the call: bad input raises there and changes nothing)
+            with no_grad():
+                self.num_batches_tracked.copy_(Tensor(np.asarray(self.num_batches_tracked.data + 1)))
+        return out
 
     def extra_repr(self) -> str:
         return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}, "

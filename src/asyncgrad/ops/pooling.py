@@ -19,17 +19,19 @@ from ._spec import defop
 
 # --- max pooling ----------------------------------------------------------------------------
 def _max_pool(x: np.ndarray, *, win: W.Window) -> tuple[np.ndarray, np.ndarray]:
-    """The window maxima (N, C, oh, ow) and, as aux, the winning tap of each (the first
-    tap holding the maximum; NaN wins, as in PyTorch)."""
+    """The window maxima (N, C, oh, ow) and, as aux, the winning tap of each, as PyTorch's
+    scan picks it: the first tap holding the maximum, or the last NaN."""
     xp = W.np_pad(x, win, -np.inf)
     taps = [xp[(..., *win.tap_slices(i, j))] for i in range(win.kernel[0]) for j in range(win.kernel[1])]
     best = taps[0].copy()
     for v in taps[1:]:
         np.maximum(best, v, out=best)  # (propagates NaN)
     arg = np.zeros(best.shape, dtype=np.int16)
-    for t in range(len(taps) - 1, 0, -1):  # the last write is the first tap that holds the maximum
-        v = taps[t]
-        np.copyto(arg, t, where=(v == best) | (v != v))
+    for t in range(len(taps) - 1, -1, -1):  # the last write is the first tap that holds the maximum
+        np.copyto(arg, t, where=taps[t] == best)
+    if np.isnan(best).any():  # PyTorch's scan takes every NaN it meets: the last one wins
+        for t, v in enumerate(taps):
+            np.copyto(arg, t, where=np.isnan(v))
     return best, arg
 
 
