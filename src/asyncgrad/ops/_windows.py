@@ -135,6 +135,55 @@ def np_fold_each(g: np.ndarray, win: Window) -> np.ndarray:
     return np.ascontiguousarray(out[(..., *win.crop)])
 
 
+# Note [Wide rows]: a stride-1 window reads, for each output row, ``ow`` consecutive input
+# elements; over the padded plane flattened, output row i of tap (a, b) starts at
+# ``(i + a*dh) * Wp + b*dw``, so if every output row is ``Wp`` long (the ``ow`` true outputs
+# and ``Wp - ow`` junk ones), the positions a tap reads for a whole plane are ONE contiguous
+# run of ``oh * Wp`` elements. Copying windows out (im2col) and adding them back (col2im)
+# then move long runs, where the ``(oh, ow)`` layout made numpy loop once per short image
+# row (a 32-wide image: 32 floats per inner loop). The junk outputs read past their row's
+# end (the next row's start, or ``tail`` zeros after the last plane): a forward drops
+# them, a backward gives them zero gradient, so they add exact zeros to the input's
+# gradient; the weight's gradient multiplies them by those zeros (a non-finite input value
+# at such a position would make it NaN).
+def wide(win: Window) -> bool:
+    """Whether a convolution runs on wide rows: stride 1 and at most a quarter of junk."""
+    return win.stride == (1, 1) and 4 * win.dilation[1] * (win.kernel[1] - 1) <= win.out_size[1]
+
+
+def np_unfold_wide(x: np.ndarray, win: Window) -> np.ndarray:
+    """The windows of ``x`` (N, C, H, W) as a fresh ``(C, kh, kw, N, oh * Wp)`` on wide rows."""
+    n, c = x.shape[:2]
+    hp, wp = win.padded
+    tail = win.dilation[1] * (win.kernel[1] - 1)
+    buf = np.zeros(n * c * hp * wp + tail, dtype=x.dtype)
+    buf[:n * c * hp * wp].reshape(n, c, hp, wp)[(..., *win.crop)] = x
+    e = buf.itemsize
+    (dh, dw), (kh, kw) = win.dilation, win.kernel
+    view = np.lib.stride_tricks.as_strided(
+        buf, (c, kh, kw, n, win.out_size[0] * wp), (hp * wp * e, dh * wp * e, dw * e, c * hp * wp * e, e),
+        writeable=False)
+    return np.ascontiguousarray(view)
+
+
+def np_fold_wide(cols: np.ndarray, win: Window) -> np.ndarray:
+    """The adjoint of ``np_unfold_wide``: ``cols`` (C, kh, kw, N, oh * Wp) added back to a
+    fresh ``(N, C, H, W)``, one addition of long runs per tap."""
+    c, kh, kw, n, run = cols.shape
+    hp, wp = win.padded
+    plane = hp * wp
+    buf = np.zeros(c * n * plane + win.dilation[1] * (kw - 1), dtype=cols.dtype)
+    e = buf.itemsize
+    (dh, dw) = win.dilation
+    for a in range(kh):
+        for b in range(kw):
+            start = a * dh * wp + b * dw
+            target = np.lib.stride_tricks.as_strided(buf[start:], (c, n, run), (n * plane * e, plane * e, e))
+            target += cols[:, a, b]
+    out = buf[:c * n * plane].reshape(c, n, hp, wp)[(..., *win.crop)]
+    return np.ascontiguousarray(out.transpose(1, 0, 2, 3))
+
+
 # --- through a math namespace (differentiable under create_graph) ----------------------------
 def m_pad(m: Any, x: Any, win: Window) -> Any:
     if win.padded == win.in_size:

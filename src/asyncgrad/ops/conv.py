@@ -54,14 +54,23 @@ def conv(m: Any, x: Any, w: Any, geo: ConvGeometry) -> Any:
     if m.tensor_mode:
         cols = m.reshape(W.m_unfold(m, x, win), (n, g, k, win.positions))
         return m.reshape(m.matmul(wg, cols), (n, o, *win.out_size))
-    cols = W.np_unfold_channels_first(x, win).reshape(g, k, n * win.positions)
-    y = np.matmul(wg, cols).reshape(o, n, *win.out_size)  # one product per group
+    if W.wide(win):  # Note [Wide rows] in ops/_windows.py
+        cols = W.np_unfold_wide(x, win).reshape(g, k, -1)
+        y = np.matmul(wg, cols).reshape(o, n, win.out_size[0], win.padded[1])[..., :win.out_size[1]]
+    else:
+        cols = W.np_unfold_channels_first(x, win).reshape(g, k, n * win.positions)
+        y = np.matmul(wg, cols).reshape(o, n, *win.out_size)  # one product per group
     return np.ascontiguousarray(y.transpose(1, 0, 2, 3))
 
 
-def _grouped_rows(gy: np.ndarray, g: int) -> np.ndarray:
-    """``gy`` (N, O, oh, ow) as (groups, O/groups, N * oh * ow), a copy."""
+def _grouped_rows(gy: np.ndarray, g: int, win: W.Window) -> np.ndarray:
+    """``gy`` (N, O, oh, ow) as (groups, O/groups, N * oh * ow), a copy; on wide rows
+    (zeros in the junk columns) when the convolution runs on them."""
     n, o = gy.shape[:2]
+    if W.wide(win):
+        out = np.zeros((o, n, win.out_size[0], win.padded[1]), dtype=gy.dtype)
+        out[..., :win.out_size[1]] = gy.transpose(1, 0, 2, 3)
+        return out.reshape(g, o // g, -1)
     return np.ascontiguousarray(gy.reshape(n, g, o // g, -1).transpose(1, 2, 0, 3)).reshape(g, o // g, -1)
 
 
@@ -75,7 +84,9 @@ def conv_input_grad(m: Any, gy: Any, w: Any, geo: ConvGeometry) -> Any:
     if m.tensor_mode:
         cols = m.matmul(wt, m.reshape(gy, (n, g, og, win.positions)))
         return W.m_fold(m, m.reshape(cols, (n, c, *win.kernel, *win.out_size)), win)
-    cols = np.matmul(wt, _grouped_rows(gy, g))  # (groups, C/groups * taps, N * positions)
+    cols = np.matmul(wt, _grouped_rows(gy, g, win))  # (groups, C/groups * taps, N * positions)
+    if W.wide(win):
+        return W.np_fold_wide(cols.reshape(c, *win.kernel, n, -1), win)
     return W.np_fold_channels_first(cols.reshape(c, *win.kernel, n, *win.out_size), win)
 
 
@@ -90,8 +101,9 @@ def conv_weight_grad(m: Any, x: Any, gy: Any, geo: ConvGeometry) -> Any:
         gy = m.reshape(gy, (n, g, og, win.positions))
         cols = m.reshape(W.m_unfold(m, x, win), (n, g, k, win.positions))
         return m.reshape(m.sum(m.matmul(gy, m.transpose(cols, 2, 3)), 0), shape)
-    cols = W.np_unfold_channels_first(x, win).reshape(g, k, n * win.positions)
-    return np.matmul(_grouped_rows(gy, g), cols.transpose(0, 2, 1)).reshape(shape)
+    unfold = W.np_unfold_wide if W.wide(win) else W.np_unfold_channels_first
+    cols = unfold(x, win).reshape(g, k, -1)
+    return np.matmul(_grouped_rows(gy, g, win), cols.transpose(0, 2, 1)).reshape(shape)
 
 
 def _channel_sum(m: Any, g: Any) -> Any:

@@ -20,19 +20,23 @@ from ._spec import defop
 # --- max pooling ----------------------------------------------------------------------------
 def _max_pool(x: np.ndarray, *, win: W.Window) -> tuple[np.ndarray, np.ndarray]:
     """The window maxima (N, C, oh, ow) and, as aux, the winning tap of each, as PyTorch's
-    scan picks it: the first tap holding the maximum, or the last NaN."""
-    xp = W.np_pad(x, win, -np.inf)
-    taps = [xp[(..., *win.tap_slices(i, j))] for i in range(win.kernel[0]) for j in range(win.kernel[1])]
-    best = taps[0].copy()
-    for v in taps[1:]:
-        np.maximum(best, v, out=best)  # (propagates NaN)
+    scan picks it: the first tap holding the maximum, or the last NaN.
+
+    The taps are first copied out together, as ``(taps, N * C * oh * ow)``, in one call:
+    every later pass then runs over long contiguous rows, where passes over the strided
+    taps ran numpy's loop once per short image row."""
+    taps = W.np_windows(W.np_pad(x, win, -np.inf), win)
+    n, c = x.shape[:2]
+    cols = np.ascontiguousarray(taps.transpose(2, 3, 0, 1, 4, 5)).reshape(win.taps, -1)
+    best = cols.max(axis=0)  # (propagates NaN)
     arg = np.zeros(best.shape, dtype=np.int16)
-    for t in range(len(taps) - 1, -1, -1):  # the last write is the first tap that holds the maximum
-        np.copyto(arg, t, where=taps[t] == best)
+    for t in range(win.taps - 1, -1, -1):  # the last write is the first tap that holds the maximum
+        np.copyto(arg, t, where=cols[t] == best)
     if np.isnan(best).any():  # PyTorch's scan takes every NaN it meets: the last one wins
-        for t, v in enumerate(taps):
-            np.copyto(arg, t, where=np.isnan(v))
-    return best, arg
+        for t in range(win.taps):
+            np.copyto(arg, t, where=np.isnan(cols[t]))
+    shape = (n, c, *win.out_size)
+    return best.reshape(shape), arg.reshape(shape)
 
 
 def max_pool_index(arg: np.ndarray, win: W.Window) -> np.ndarray:
@@ -55,28 +59,19 @@ def _global_index(plane_index: np.ndarray, plane: int) -> np.ndarray:
     return (plane_index + (np.arange(n * c, dtype=np.intp) * plane).reshape(n, c, 1, 1)).reshape(-1)
 
 
-def _max_pool_rule(m: Any, g: Any, ans: Any, x: Any, *, win: W.Window, aux: np.ndarray) -> Any:
+def _max_pool_rule(m: Any, g: Any, ans: Any, x: Any, *, win: W.Window, aux: Any) -> Any:
     n, c = g.shape[:2]
     plane = win.in_size[0] * win.in_size[1]
+    index = _global_index(max_pool_index(np.asarray(aux.data if hasattr(aux, "data") else aux), win), plane)
     if m.tensor_mode:
-        index = _global_index(max_pool_index(np.asarray(aux.data if hasattr(aux, "data") else aux), win), plane)
         flat = m.index_add(m.reshape(g, (-1,)), index, (n * c * plane,), False)
         return m.reshape(flat, (n, c, *win.in_size))
-    out = np.zeros((n, c, *win.padded), dtype=g.dtype)
-    zero = np.zeros((), dtype=g.dtype)
-    t = 0
-    for i in range(win.kernel[0]):
-        for j in range(win.kernel[1]):
-            part = np.where(aux == t, g, zero)
-            view = out[(..., *win.tap_slices(i, j))]
-            if win.overlaps:
-                view += part
-            else:  # each input element in at most one window: written once
-                view[...] = part
-            t += 1
-    if win.padded == win.in_size:
-        return out
-    return np.ascontiguousarray(out[(..., *win.crop)])
+    if not win.overlaps:  # each input element in at most one window: one scatter
+        out = np.zeros(n * c * plane, dtype=g.dtype)
+        out[index] = np.ravel(g)
+    else:  # repeated elements summed (in float64, then rounded once to g's dtype)
+        out = np.bincount(index, weights=np.ravel(g), minlength=n * c * plane).astype(g.dtype, copy=False)
+    return out.reshape(n, c, *win.in_size)
 
 
 # --- adaptive max pooling -------------------------------------------------------------------
