@@ -10,6 +10,7 @@ from .layers import (
     GELU, CrossEntropyLoss, Dropout, Embedding, Flatten, Identity, LayerNorm, Linear, LogSoftmax,
     MSELoss, NLLLoss, ReLU, Sigmoid, Softmax, Tanh,
 )
+from .rnn import GRU, LSTM, GRUCell, LSTMCell
 from .module import IncompatibleKeys, Module, ModuleDict, ModuleList, Parameter, Sequential
 
 __all__ = [
@@ -17,3 +18,4 @@ __all__ = [
     "LayerNorm", "Linear", "LogSoftmax", "MSELoss", "Module", "ModuleDict", "ModuleList", "NLLLoss",
     "Parameter", "ReLU", "Sequential", "Sigmoid", "Softmax", "Tanh", "functional", "init", "utils",
 ]
+__all__ += ["GRU", "LSTM", "GRUCell", "LSTMCell"]
