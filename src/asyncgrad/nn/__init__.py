@@ -11,6 +11,7 @@ from .layers import (
     MSELoss, NLLLoss, ReLU, Sigmoid, Softmax, Tanh,
 )
 from .rnn import GRU, LSTM, GRUCell, LSTMCell
+from .transformer import MultiheadAttention, TransformerEncoder, TransformerEncoderLayer
 from .module import IncompatibleKeys, Module, ModuleDict, ModuleList, Parameter, Sequential
 
 __all__ = [
@@ -18,4 +19,5 @@ __all__ = [
     "LayerNorm", "Linear", "LogSoftmax", "MSELoss", "Module", "ModuleDict", "ModuleList", "NLLLoss",
     "Parameter", "ReLU", "Sequential", "Sigmoid", "Softmax", "Tanh", "functional", "init", "utils",
 ]
-__all__ += ["GRU", "LSTM", "GRUCell", "LSTMCell"]
+__all__ += ["GRU", "LSTM", "GRUCell", "LSTMCell", "MultiheadAttention", "TransformerEncoder",
+            "TransformerEncoderLayer"]
