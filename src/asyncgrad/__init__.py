@@ -37,6 +37,8 @@ from .autograd import backward, backward_sync, grad, grad_sync
 from . import nn, optim
 from . import return_types
 from . import viz
+from . import cuda
+from .serialization import load, save
 
 # Registration instead of a ring of imports (Note [The graph layer never imports Tensor]):
 # Tensor's methods delegate to ``functional``, which imports ``tensor``; the autograd
@@ -73,3 +75,4 @@ __all__ += [
     "ne", "norm", "prod", "relu_", "return_types", "select", "split", "std", "std_mean", "topk", "tril",
     "triu", "unbind", "var_mean", "bernoulli", "multinomial", "rand_like", "randn_like", "device",
 ]
+__all__ += ["cuda", "load", "save"]

@@ -129,9 +129,7 @@ def _lstm_composite(m, g, xg, h0, c0, w, reverse):  # type: ignore[no-untyped-de
     steps = xg.shape[0]
     hidden = w.shape[1]
     order = list(_order(steps, reverse))
-    acts: dict[int, tuple[Any, ...]] = {}
-    cells: dict[int, Any] = {}
-    hs: dict[int, Any] = {}
+    acts = {}
     h, c = h0, c0
     for t in order:
         z = xg[t] + m.matmul(h, m.transpose(w, 0, 1))
@@ -145,12 +143,10 @@ def _lstm_composite(m, g, xg, h0, c0, w, reverse):  # type: ignore[no-untyped-de
         h_prev = h
         h = o * tc
         acts[t] = (i, f, gg, o, tc, c_prev, h_prev)
-        cells[t] = c
-        hs[t] = h
-    dzs: dict[int, Any] = {}
-    dh_next: Any = None
+    dzs = {}
+    dh_next = None
     dc = g[steps]
-    dw: Any = None
+    dw = None
     for t in reversed(order):
         i, f, gg, o, tc, c_prev, h_prev = acts[t]
         dh = g[t] if dh_next is None else g[t] + dh_next
@@ -222,7 +218,7 @@ def _gru_backward(g, ans, xg, h0, w, b, reverse, aux):  # type: ignore[no-untype
     hidden = three // 3
     dx = np.empty_like(gates)
     dhg = np.empty_like(gates)
-    dh_next: Any = None
+    dh_next = None
     for t in reversed(_order(steps, reverse)):
         prev = (t + 1 if reverse else t - 1)
         h_prev = h0 if prev < 0 or prev >= steps else ans[prev]
@@ -254,7 +250,7 @@ def _gru_composite(m, g, xg, h0, w, b, reverse):  # type: ignore[no-untyped-def]
     steps = xg.shape[0]
     hidden = w.shape[1]
     order = list(_order(steps, reverse))
-    acts: dict[int, tuple[Any, ...]] = {}
+    acts = {}
     h = h0
     for t in order:
         hg = m.matmul(h, m.transpose(w, 0, 1)) + b
@@ -265,10 +261,10 @@ def _gru_composite(m, g, xg, h0, w, b, reverse):  # type: ignore[no-untyped-def]
         n = m.tanh(x[:, 2 * hidden:] + r * hn)
         acts[t] = (r, z, n, hn, h)
         h = n + z * (h - n)
-    dxs: dict[int, Any] = {}
-    dh_next: Any = None
-    dw: Any = None
-    db: Any = None
+    dxs = {}
+    dh_next = None
+    dw = None
+    db = None
     for t in reversed(order):
         r, z, n, hn, h_prev = acts[t]
         dh = g[t] if dh_next is None else g[t] + dh_next

@@ -248,8 +248,13 @@ def default_collate(batch: Sequence[Any]) -> Any:
     if isinstance(first, (str, bytes)):
         return list(batch)
     if isinstance(first, Mapping):
-        return type(first)({k: default_collate([s[k] for s in batch]) for k in first}) \
-            if type(first) is not dict else {k: default_collate([s[k] for s in batch]) for k in first}
+        fields = {k: default_collate([s[k] for s in batch]) for k in first}
+        if type(first) is dict:
+            return fields
+        try:
+            return type(first)(fields)  # type: ignore[call-arg]
+        except TypeError:  # a mapping type that cannot be built from a dict
+            return fields
     if isinstance(first, tuple) and hasattr(first, "_fields"):  # a named tuple
         return type(first)(*(default_collate(list(f)) for f in zip(*batch)))
     if isinstance(first, Sequence):
@@ -334,7 +339,7 @@ class DataLoader(Generic[T_co]):
         else:
             assert self.sampler is not None
             for i in self.sampler:
-                yield self.collate_fn(self.dataset[i])
+                yield self.collate_fn(self.dataset[i])  # type: ignore[arg-type]
 
     def _iterate_stream(self) -> Iterator[Any]:
         if self.batch_size is None:
