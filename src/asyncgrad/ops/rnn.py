@@ -55,71 +55,86 @@ def _previous(hs: Any, h0: Any, reverse: bool, m: Any) -> Any:
 
 # --- LSTM ---------------------------------------------------------------------------------------
 def _lstm(xg, h0, c0, w, *, reverse):  # type: ignore[no-untyped-def]
+    """The forward loop. Note [Gates through one tanh]: the gates are kept in the order
+    i, f, o, g, the sigmoid gates' pre-activations halved (in the copy of ``xg`` and of
+    ``w_hh``), so one ``tanh`` per step serves all four (``sigmoid(x) = tanh(x / 2) / 2 +
+    1 / 2``) and one affine pass over the first three blocks finishes the sigmoids."""
     steps, batch, four = xg.shape
     hidden = four // 4
+    h2, h3 = 2 * hidden, 3 * hidden
+    acts = np.empty_like(xg)  # activations i, f, o, g (this order)
+    np.multiply(xg[..., :h2], 0.5, out=acts[..., :h2])
+    np.multiply(xg[..., h3:], 0.5, out=acts[..., h2:h3])
+    acts[..., h3:] = xg[..., h2:h3]
+    wt = np.empty((hidden, four), dtype=w.dtype)  # w_hh^T, permuted and halved as acts
+    np.multiply(w[:h2].T, 0.5, out=wt[:, :h2])
+    np.multiply(w[h3:].T, 0.5, out=wt[:, h2:h3])
+    wt[:, h3:] = w[h2:h3].T
     out = np.empty((steps + 1, batch, hidden), dtype=xg.dtype)
-    gates = np.empty_like(xg)  # activations i, f, g, o
     cells = np.empty((steps, batch, hidden), dtype=xg.dtype)
     tanh_cells = np.empty_like(cells)
-    wt = np.ascontiguousarray(w.T)  # BLAS reads a row-major copy about twice as fast here
+    rec = np.empty((batch, four), dtype=xg.dtype)
+    ig = np.empty((batch, hidden), dtype=xg.dtype)
     h, c = h0, c0
     for t in _order(steps, reverse):
-        z = gates[t]
-        np.matmul(h, wt, out=z)
-        z += xg[t]
-        ifg = z[:, :2 * hidden]
-        np.multiply(ifg, 0.5, out=ifg)
-        np.tanh(ifg, out=ifg)
-        ifg *= 0.5
-        ifg += 0.5
-        o = z[:, 3 * hidden:]
-        np.multiply(o, 0.5, out=o)
-        np.tanh(o, out=o)
-        o *= 0.5
-        o += 0.5
-        g = z[:, 2 * hidden:3 * hidden]
-        np.tanh(g, out=g)
+        z = acts[t]
+        np.matmul(h, wt, out=rec)
+        z += rec
+        np.tanh(z, out=z)
+        s = z[:, :h3]
+        s *= 0.5
+        s += 0.5
         c_new = cells[t]
-        np.multiply(z[:, hidden:2 * hidden], c, out=c_new)
-        c_new += z[:, :hidden] * g
-        tc = tanh_cells[t]
-        np.tanh(c_new, out=tc)
-        np.multiply(o, tc, out=out[t])
+        np.multiply(z[:, hidden:h2], c, out=c_new)
+        np.multiply(z[:, :hidden], z[:, h3:], out=ig)
+        c_new += ig
+        np.tanh(c_new, out=tanh_cells[t])
+        np.multiply(z[:, h2:h3], tanh_cells[t], out=out[t])
         h, c = out[t], c_new
     out[steps] = c
-    return out, (gates, cells, tanh_cells)
+    return out, (acts, cells, tanh_cells)
 
 
 def _lstm_backward(g, ans, xg, h0, c0, w, reverse, aux):  # type: ignore[no-untyped-def]
-    """All four gradients ``(dxg, dh0, dc0, dw)`` of the plain backward, in numpy."""
-    gates, cells, tanh_cells = aux
-    steps, batch, four = gates.shape
+    """All four gradients ``(dxg, dh0, dc0, dw)`` of the plain backward, in numpy.
+
+    Only ``dh`` and ``dc`` are sequential: every factor that multiplies them (the gates'
+    derivatives) is computed for all steps at once before the loop, which is then seven
+    passes and one product per step. ``dz`` is in PyTorch's gate order i, f, g, o."""
+    acts, cells, tanh_cells = aux
+    steps, batch, four = acts.shape
     hidden = four // 4
-    dz = np.empty_like(gates)
-    dh_next = np.zeros((batch, hidden), dtype=gates.dtype)
-    dc = np.array(g[steps], dtype=gates.dtype)
+    h2, h3 = 2 * hidden, 3 * hidden
+    i, f, o, gg = acts[..., :hidden], acts[..., hidden:h2], acts[..., h2:h3], acts[..., h3:]
+    c_prev = np.empty_like(cells)
+    if reverse:
+        c_prev[:-1] = cells[1:]
+        c_prev[-1] = c0
+    else:
+        c_prev[1:] = cells[:-1]
+        c_prev[0] = c0
+    tc = tanh_cells
+    keep = o * (1.0 - tc * tc)  # dc += dh * keep
+    out_gate = tc * o * (1.0 - o)  # dz_o = dh * out_gate
+    by_cell = np.empty((steps, batch, 3, hidden), dtype=acts.dtype)  # dz_{i,f,g} = dc * by_cell
+    np.multiply(gg, i * (1.0 - i), out=by_cell[:, :, 0])
+    np.multiply(c_prev, f * (1.0 - f), out=by_cell[:, :, 1])
+    np.multiply(i, 1.0 - gg * gg, out=by_cell[:, :, 2])
+    dz = np.empty((steps, batch, four), dtype=acts.dtype)
+    dz4 = dz.reshape(steps, batch, 4, hidden)
+    dh = np.empty((batch, hidden), dtype=acts.dtype)
+    dh_next = np.zeros((batch, hidden), dtype=acts.dtype)
+    tmp = np.empty_like(dh)
+    dc = np.array(g[steps], dtype=acts.dtype)
     for t in reversed(_order(steps, reverse)):
-        prev = (t + 1 if reverse else t - 1)
-        c_prev = c0 if prev < 0 or prev >= steps else cells[prev]
-        z = gates[t]
-        i, f, gg, o = z[:, :hidden], z[:, hidden:2 * hidden], z[:, 2 * hidden:3 * hidden], z[:, 3 * hidden:]
-        tc = tanh_cells[t]
-        dh = g[t] + dh_next
-        d = dz[t]
-        # o: dh * tanh(c) * o * (1 - o)
-        np.multiply(dh, tc, out=d[:, 3 * hidden:])
-        d[:, 3 * hidden:] *= o * (1.0 - o)
-        dc += dh * o * (1.0 - tc * tc)
-        np.multiply(dc, gg, out=d[:, :hidden])
-        d[:, :hidden] *= i * (1.0 - i)
-        np.multiply(dc, c_prev, out=d[:, hidden:2 * hidden])
-        d[:, hidden:2 * hidden] *= f * (1.0 - f)
-        np.multiply(dc, i, out=d[:, 2 * hidden:3 * hidden])
-        d[:, 2 * hidden:3 * hidden] *= 1.0 - gg * gg
-        dc *= f
-        dh_next = d @ w
-    hs = ans[:steps]
-    prev_h = _previous(hs, h0, reverse, _NP)
+        np.add(g[t], dh_next, out=dh)
+        np.multiply(dh, keep[t], out=tmp)
+        dc += tmp
+        np.multiply(dc[:, None, :], by_cell[t], out=dz4[t, :, :3])
+        np.multiply(dh, out_gate[t], out=dz4[t, :, 3])
+        dc *= f[t]
+        np.matmul(dz[t], w, out=dh_next)
+    prev_h = _previous(ans[:steps], h0, reverse, _NP)
     dw = dz.reshape(-1, four).T @ prev_h.reshape(-1, hidden)
     return dz, dh_next, dc, dw
 
