@@ -40,6 +40,8 @@ from .nn._functional_norm import batch_norm, group_norm
 from .nn._functional_pooling import avg_pool2d, max_pool2d
 from . import return_types
 from . import viz
+from . import cuda
+from .serialization import load, save
 
 # Registration instead of a ring of imports (Note [The graph layer never imports Tensor]):
 # Tensor's methods delegate to ``functional``, which imports ``tensor``; the autograd
@@ -77,3 +79,4 @@ __all__ += [
     "triu", "unbind", "var_mean", "bernoulli", "multinomial", "rand_like", "randn_like", "device",
 ]
 __all__ += ["avg_pool2d", "batch_norm", "conv1d", "conv2d", "conv_transpose2d", "group_norm", "max_pool2d"]
+__all__ += ["cuda", "load", "save"]

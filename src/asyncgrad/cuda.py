@@ -1,0 +1,31 @@
+"""``ag.cuda``: asyncgrad computes on the CPU only, so there is no CUDA device. These are
+the calls ported code makes to find out (``ag.cuda.is_available()`` is False) and the
+seeding calls it makes anyway (no-ops, as PyTorch's without a GPU)."""
+
+from __future__ import annotations
+
+
+def is_available() -> bool:
+    """False: asyncgrad has no GPU backend."""
+    return False
+
+
+def device_count() -> int:
+    """0: no CUDA devices."""
+    return 0
+
+
+def manual_seed(seed: int) -> None:
+    """A no-op (no CUDA generators to seed), as PyTorch's without a GPU."""
+
+
+def manual_seed_all(seed: int) -> None:
+    """A no-op (no CUDA generators to seed), as PyTorch's without a GPU."""
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    """False: no CUDA device."""
+    return False
+
+
+__all__ = ["device_count", "is_available", "is_bf16_supported", "manual_seed", "manual_seed_all"]
