@@ -53,7 +53,7 @@ def __getattr__(name: str) -> object:
     if name in ("distributed", "serving"):
         import importlib
 
-        return importlib.import_module(".distributed", __name__)
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
