@@ -117,8 +117,8 @@ class BatchedPass:
             if i in grad_inputs:
                 t.requires_grad_(True)
             tensors.append(t)
-        if self.per_request and self.layers is None:
-            self.layers = LayerHooks(self.loss_fn)
+        if self.layers is None:
+            self.layers = LayerHooks(self.loss_fn, record=self.per_request)
         recording = Recording() if self.per_request else None
         row_losses = await self._forward(tensors, seg.rows, recording)
 

@@ -138,11 +138,13 @@ def _names(code: types.CodeType) -> list[str]:
 
 
 class LayerHooks:
-    """The forward hooks on the rule-owned layers of a batcher's ``loss_fn``."""
+    """The modules of a batcher's ``loss_fn`` (their parameters' names and order) and,
+    with ``record``, the forward hooks on those that have a rule."""
 
-    def __init__(self, loss_fn: Any) -> None:
+    def __init__(self, loss_fn: Any, record: bool) -> None:
         self.modules = find_modules(loss_fn)
-        self.handles = [m.register_forward_hook(_on_forward) for m in self.modules if rule_for(m) is not None]
+        self.handles = [m.register_forward_hook(_on_forward) for m in self.modules
+                        if record and rule_for(m) is not None]
         self.names: dict[int, str] = {}  # id(parameter) -> its name, for messages
         self.order: dict[int, int] = {}  # id(parameter) -> its place in the modules' parameters()
         for m in self.modules:  # (outermost first: names as the outermost module calls them)
