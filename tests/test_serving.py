@@ -522,3 +522,42 @@ def test_constructor_arguments_are_checked():
         serving.GradientBatcher(lambda x: x, params=[ag.zeros(2)])
     with pytest.raises(TypeError, match="loss_fn"):
         serving.GradientBatcher(3)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_large_batch_runs_its_forward_and_checks_off_the_loop(backend, monkeypatch):
+    """Past the size limits (set to 0 here) the forward, the per-sample rules and the
+    checks run on a worker thread, in the batcher's context: grad mode on, the layers'
+    calls recorded; the answers are the same."""
+    import threading
+
+    from asyncgrad.serving import batched_pass
+
+    monkeypatch.setattr(batched_pass, "OFFLOAD_ROWS_ABOVE", 0)
+    monkeypatch.setattr(batched_pass, "OFFLOAD_CHECKS_ABOVE", 0)
+
+    async def main():
+        model = mlp()
+        seen = []
+
+        def loss_fn(x, y):
+            seen.append((threading.get_ident(), ag.is_grad_enabled()))
+            return F.cross_entropy(model(x), y, reduction="none")
+
+        reqs = requests([2, 3])
+        outcomes = {}
+        with ag.no_grad():  # (the batcher's forward records its graph whatever the caller's mode)
+            async with serving.GradientBatcher(loss_fn, max_rows=5, max_wait=WAIT, grad_inputs=(0,),
+                                               per_request_param_grads=True) as b:
+                await submit_all(b, reqs, outcomes)
+        assert seen and all(t != threading.get_ident() and enabled for t, enabled in seen)
+        assert b.statistics().per_request_backwards == 0
+        params = list(model.parameters())
+        accumulated = grads_of(params)
+        model.zero_grad()
+        expected = [await alone(loss_fn, r, params) for r in reqs]
+        for i, e in enumerate(expected):
+            assert_answer(outcomes[i], e, per_request=True)
+        assert_sum(accumulated, expected)
+
+    run(backend, main)

@@ -40,7 +40,7 @@ from .segments import Segments
 from .statistics import Counters
 
 OFFLOAD_ROWS_ABOVE = 1 << 16  # batch elements (rows x features of every argument) whose forward runs on a thread
-RULES_OFFLOAD_ABOVE = 1 << 20  # per-request gradient elements computed on a thread
+OFFLOAD_CHECKS_ABOVE = 1 << 19  # gradient elements whose rules and checks run on a thread
 
 ENGINE_TAKES_PRIORITY = "priority" in inspect.signature(api.backward).parameters
 
@@ -92,6 +92,7 @@ class BatchedPass:
         self.counters = counters
         self.layers: LayerHooks | None = None
         self.scope: anyio.CancelScope | None = None  # the running backward's, until its commit
+        self.running: list[Request] = []  # the requests of the pass that runs
         self.is_async = inspect.iscoroutinefunction(loss_fn) or inspect.iscoroutinefunction(
             type(loss_fn).__call__)
 
@@ -100,14 +101,22 @@ class BatchedPass:
             self.layers.remove()
             self.layers = None
 
-    def withdraw(self) -> None:
-        """A request of the running batch was withdrawn: stop its backward before the commit."""
-        if self.scope is not None:
+    def withdraw(self, r: Request) -> None:
+        """``r`` was withdrawn: if its pass runs, stop that pass's backward before the commit."""
+        if self.scope is not None and r in self.running:
             self.scope.cancel()
 
     # --- the pass ---------------------------------------------------------------------------
     async def run(self, batch: list[Request]) -> list[GradientResult | None]:
         """Answers for ``batch`` (None for a request withdrawn meanwhile)."""
+        self.running = batch
+        try:
+            with enable_grad():  # (whatever the mode of the task that opened the batcher)
+                return await self._run(batch)
+        finally:
+            self.running = []
+
+    async def _run(self, batch: list[Request]) -> list[GradientResult | None]:
         seg = Segments([r.rows for r in batch])
         grad_inputs = self.signature.grad_inputs
         tensors = []
@@ -131,9 +140,12 @@ class BatchedPass:
         weights = np.repeat(1.0 / seg.sizes, seg.sizes).astype(row_losses.dtype)
         total = (row_losses * from_numpy(weights)).sum()
         inputs = [tensors[i] for i in grad_inputs]
-        if total.grad_fn is None:  # nothing requires grad: losses only
+        if total.grad_fn is None or not (inputs or not self.fixed_params or self.params):
+            # nothing requires grad, or no gradient was asked for: losses only
+            zeros = tuple(np.zeros((seg.count, *p.shape), p.dtype) for p in self.params) if self.per_request else None
             return [GradientResult(float(losses[r]), tuple(np.zeros_like(t.data[a:a + n]) for t in inputs),
-                                   None, int(n)) for r, (a, n) in enumerate(zip(seg.starts, seg.sizes))]
+                                   None if zeros is None else tuple(z[r] for z in zeros), int(n))
+                    for r, (a, n) in enumerate(zip(seg.starts, seg.sizes))]
 
         walk = GraphWalk(total.grad_fn)
         self._learn_params(walk, inputs)
@@ -154,16 +166,19 @@ class BatchedPass:
             if self.accumulate and any(r.withdrawn for r in batch):
                 raise Withdrawn
             input_grads = [_or_zeros(grads.get(id(t)), t) for t in inputs]
-            per_request: list[np.ndarray] | None = None
-            if self.per_request:
-                size = seg.count * sum(p.numel() for p in self.params)
-                if size > RULES_OFFLOAD_ABOVE:
-                    per_request = await anyio.to_thread.run_sync(
-                        contextvars.copy_context().run, self._per_request_grads, seg, rule_calls, fallback)
-                else:
-                    per_request = self._per_request_grads(seg, rule_calls, fallback)
-            if self.check_finite:
-                self._check(batch, seg, inputs, input_grads, per_request, params, grads)
+
+            def per_request_and_checks() -> list[np.ndarray] | None:
+                per_request = self._per_request_grads(seg, rule_calls, fallback) if self.per_request else None
+                if self.check_finite:
+                    self._check(batch, seg, inputs, input_grads, per_request, params, grads)
+                return per_request
+
+            size = sum(g.size for g in input_grads) + sum(p.numel() for p in params) * (
+                seg.count if self.per_request else 1)
+            if size > OFFLOAD_CHECKS_ABOVE:  # (numpy releases the GIL: the loop stays free)
+                per_request = await anyio.to_thread.run_sync(contextvars.copy_context().run, per_request_and_checks)
+            else:
+                per_request = per_request_and_checks()
             if self.accumulate and any(r.withdrawn for r in batch):
                 raise Withdrawn
             pieces = [seg.split(g) for g in input_grads]
@@ -204,15 +219,14 @@ class BatchedPass:
         (numpy releases the GIL), in a copy of this context (grad mode, the recording)."""
         token = RECORDING.set(recording)
         try:
-            with enable_grad():
-                if self.is_async:
-                    out = await self.loss_fn(*tensors)
-                elif sum(t.numel() for t in tensors) > OFFLOAD_ROWS_ABOVE:
-                    out = await anyio.to_thread.run_sync(contextvars.copy_context().run, self.loss_fn, *tensors)
-                else:
-                    out = self.loss_fn(*tensors)
-                if inspect.isawaitable(out):
-                    out = await out
+            if self.is_async:
+                out = await self.loss_fn(*tensors)
+            elif sum(t.numel() for t in tensors) > OFFLOAD_ROWS_ABOVE:
+                out = await anyio.to_thread.run_sync(contextvars.copy_context().run, self.loss_fn, *tensors)
+            else:
+                out = self.loss_fn(*tensors)
+            if inspect.isawaitable(out):
+                out = await out
         finally:
             RECORDING.reset(token)
         if not isinstance(out, Tensor) or out.shape != (rows,) or out.dtype.kind != "f":

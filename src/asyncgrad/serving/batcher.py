@@ -143,7 +143,7 @@ class GradientBatcher:
                 if r.state == "waiting":
                     self._queue.remove(r)
                 else:
-                    self._pass.withdraw()
+                    self._pass.withdraw(r)
             raise
         if r.error is not None:
             raise r.error
