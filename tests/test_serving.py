@@ -561,3 +561,47 @@ def test_a_large_batch_runs_its_forward_and_checks_off_the_loop(backend, monkeyp
         assert_sum(accumulated, expected)
 
     run(backend, main)
+
+
+class Image(nn.Module):
+    """The image layers with per-sample rules (when this ag.nn has them): Conv2d with
+    stride, padding and groups, Conv1d with dilation and reflect padding, GroupNorm."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 4, 3, stride=2, padding=1, groups=2)
+        self.norm = nn.GroupNorm(2, 4)
+        self.line = nn.Conv1d(4, 3, 2, dilation=2, padding=1, padding_mode="reflect")
+        self.head = nn.Linear(3, 3)
+
+    def forward(self, x):
+        h = self.norm(self.conv(x)).tanh()  # (rows, 4, 3, 3)
+        h = self.line(h.reshape(h.shape[0], 4, 9))  # (rows, 3, 8)
+        return self.head(h.mean(2))
+
+
+@pytest.mark.skipif(not hasattr(nn, "Conv2d"), reason="this ag.nn has no image layers yet")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_per_request_param_grads_for_the_image_layers(backend):
+    async def main():
+        model = Image()
+
+        def loss_fn(x, y):
+            return F.cross_entropy(model(x), y, reduction="none")
+
+        rng = np.random.default_rng(5)
+        reqs = [(rng.standard_normal((n, 2, 5, 5)), rng.integers(0, 3, n)) for n in (2, 1, 2)]
+        for equal in (False, True):  # unequal row counts, then equal ones (one batched contraction)
+            batch = reqs if not equal else [reqs[0], reqs[2]]
+            outcomes = {}
+            async with serving.GradientBatcher(loss_fn, max_rows=sum(len(r[0]) for r in batch), max_wait=WAIT,
+                                               grad_inputs=(0,), accumulate=False,
+                                               per_request_param_grads=True) as b:
+                await submit_all(b, batch, outcomes)
+            assert (b.statistics().batches, b.statistics().per_request_backwards) == (1, 0)
+            params = list(model.parameters())
+            assert same(b.params, params)
+            for i, r in enumerate(batch):
+                assert_answer(outcomes[i], await alone(loss_fn, r, params), per_request=True)
+
+    run(backend, main)

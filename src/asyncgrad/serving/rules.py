@@ -13,9 +13,11 @@ one backward per request instead (``batched_pass``). A rule for a new layer is o
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
+from .. import nn
 from ..nn import Embedding, LayerNorm, Linear, Module
 from .segments import Segments
 
@@ -80,6 +82,58 @@ def layer_norm(layer: Module, x: np.ndarray, g: np.ndarray, seg: Segments) -> di
     return out
 
 
+def _conv_padding(layer: Module, dims: int) -> list[tuple[int, int]]:
+    """(before, after) per spatial dim, as the layer pads its input."""
+    widths = getattr(layer, "_reversed_padding_repeated_twice", None)
+    if widths is None:
+        pad = layer.padding if isinstance(layer.padding, tuple) else (0,) * dims
+        return [(p, p) for p in pad]
+    pairs = [(widths[2 * i], widths[2 * i + 1]) for i in range(dims)]
+    return pairs[::-1]
+
+
+_NUMPY_PAD: dict[str, Any] = {"zeros": "constant", "reflect": "reflect", "replicate": "edge", "circular": "wrap"}
+
+
+def conv(layer: Module, x: np.ndarray, g: np.ndarray, seg: Segments) -> dict[str, np.ndarray]:
+    # y[o, p] = sum_{c, k} W[o, c, k] x_window[c, p, k] (+ b[o]), per group: dW = sum g x_window
+    w = layer.weight
+    dims = w.ndim - 2
+    groups = layer.groups
+    xp = np.pad(x, [(0, 0), (0, 0), *_conv_padding(layer, dims)], mode=_NUMPY_PAD[layer.padding_mode])
+    spans = [d * (k - 1) + 1 for d, k in zip(layer.dilation, layer.kernel_size)]
+    win = np.lib.stride_tricks.sliding_window_view(xp, spans, axis=tuple(range(2, 2 + dims)))
+    out_shape = g.shape[2:]
+    index = (slice(None), slice(None), *(slice(0, o * s, s) for o, s in zip(out_shape, layer.stride)),
+             *(slice(None, None, d) for d in layer.dilation))
+    win = win[index]  # (rows, C_in, *out, *kernel)
+    n, c_in = x.shape[:2]
+    positions, taps = int(np.prod(out_shape)), int(np.prod(layer.kernel_size))
+    win = win.reshape(n, groups, c_in // groups, positions, taps)
+    g5 = g.reshape(n, groups, -1, positions)
+    dw = seg.contract("gop,gcpk->gock", g5, win)  # (requests, groups, C_out/g, C_in/g, taps)
+    out = {"weight": dw.reshape(seg.count, *w.shape)}
+    if layer.bias is not None:
+        out["bias"] = seg.sum(g.reshape(n, g.shape[1], -1).sum(2))
+    return out
+
+
+def group_norm(layer: Module, x: np.ndarray, g: np.ndarray, seg: Segments) -> dict[str, np.ndarray]:
+    # y = x_hat * w[c] + b[c], x_hat normalised per (row, group): dw = sum g * x_hat over positions
+    n, c = x.shape[:2]
+    xg = x.reshape(n, layer.num_groups, -1)
+    x_hat = ((xg - xg.mean(2, keepdims=True)) / np.sqrt(xg.var(2, keepdims=True) + layer.eps)).reshape(x.shape)
+    out = {}
+    if layer.weight is not None:
+        out["weight"] = seg.sum((g * x_hat).reshape(n, c, -1).sum(2))
+    if layer.bias is not None:
+        out["bias"] = seg.sum(g.reshape(n, c, -1).sum(2))
+    return out
+
+
 register_per_sample_rule(Linear, linear)
 register_per_sample_rule(Embedding, embedding)
 register_per_sample_rule(LayerNorm, layer_norm)
+for _name, _rule in (("Conv1d", conv), ("Conv2d", conv), ("GroupNorm", group_norm)):
+    if hasattr(nn, _name):  # (the image layers, where this version of ag.nn has them)
+        register_per_sample_rule(getattr(nn, _name), _rule)

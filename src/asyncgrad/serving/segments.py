@@ -39,6 +39,18 @@ class Segments:
         """Which requests have a row where ``mask`` (one bool per row) holds."""
         return self.sum(mask.astype(np.int64)) > 0
 
+    def contract(self, subscripts: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """Per request, ``einsum(subscripts)`` of ``a`` and ``b`` (``subscripts`` written for
+        one row, without the row index) summed over the request's rows."""
+        ins, out = subscripts.split("->")
+        left, right = ins.split(",")
+        if self.equal:
+            shape = (self.count, -1)
+            return np.einsum(f"Rn{left},Rn{right}->R{out}", a.reshape(*shape, *a.shape[1:]),
+                             b.reshape(*shape, *b.shape[1:]), optimize=True)
+        return np.stack([np.einsum(f"n{left},n{right}->{out}", a[s:s + n], b[s:s + n], optimize=True)
+                         for s, n in zip(self.starts, self.sizes)])
+
     def outer_sum(self, g: np.ndarray, x: np.ndarray) -> np.ndarray:
         """``g (rows, m, o)``, ``x (rows, m, i)`` -> ``(requests, o, i)``: per request the sum
         over its rows and ``m`` of ``g[..., :, None] * x[..., None, :]``."""
