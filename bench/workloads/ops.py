@@ -167,6 +167,8 @@ def _image(s: dict[str, int]) -> tuple[int, int, int, int]:
 def _conv_weight(s: dict[str, int], k: int) -> tuple[int, int, int, int]:
     c = _image(s)[1]
     return (c, c, k, k)
+
+
 def _recurrent_cases() -> list[OpCase]:
     """LSTM and GRU layers (issue 32): batch B, T steps, C input and C hidden features,
     batch_first; the output's gradient is the one fed back. The same weights in both

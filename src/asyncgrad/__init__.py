@@ -53,11 +53,12 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> object:
-    # ag.distributed imports mpi4py (the "mpi" extra), so it loads on first use only
-    if name == "distributed":
+    # ag.distributed imports mpi4py (the "mpi" extra), so it loads on first use only;
+    # ag.serving (batched gradients for services) is loaded on first use too
+    if name in ("distributed", "serving"):
         import importlib
 
-        return importlib.import_module(".distributed", __name__)
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
