@@ -35,6 +35,7 @@ from . import autograd
 from . import utils
 from .autograd import backward, backward_sync, grad, grad_sync
 from . import nn, optim
+from . import attribution as attribution  # (saliency methods; the alias exports it)
 from . import return_types
 from . import viz
 
