@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+from anyio.lowlevel import checkpoint
 
 from .. import grad_mode
 from ..autograd import grad
@@ -122,6 +123,14 @@ def selected_outputs(out: np.ndarray, targets: np.ndarray | None) -> np.ndarray:
     return out[np.arange(out.shape[0]), targets]
 
 
+async def between_chunks() -> None:
+    """A checkpoint before each chunk's forward: the forward runs on the event loop, and a
+    backward small enough to run inline may never yield, so without it a long call would
+    neither let other tasks run between its chunks nor see its cancellation (a timeout's
+    deadline is delivered by the loop)."""
+    await checkpoint()
+
+
 def chunks(n_rows: int, internal_batch_size: int | None) -> list[np.ndarray]:
     size = n_rows if internal_batch_size is None else internal_batch_size
     return [np.arange(start, min(n_rows, start + size)) for start in range(0, n_rows, size)]
@@ -136,6 +145,7 @@ async def input_gradients(model: Model, n_rows: int, example_of_row: np.ndarray,
     at most ``internal_batch_size`` rows, handed to ``consume(row_indices, gradients)``.
     The rows are fresh leaves, so no ``.grad`` anywhere is read or written."""
     for rows in chunks(n_rows, internal_batch_size):
+        await between_chunks()
         examples = example_of_row[rows]
         x = tensor(make_rows(rows), requires_grad=True)
         out = run_model(model, x, rows_of_args(args, examples, n_examples))

@@ -13,8 +13,8 @@ from ..nn import functional as F
 from ..nn.module import Module
 from ..tensor import Tensor
 from ._batch import (
-    Model, Target, check_inputs, check_positive_int, chunks, example_targets, forward_args, rows_of_args,
-    run_model, target_score,
+    Model, Target, between_chunks, check_inputs, check_positive_int, chunks, example_targets, forward_args,
+    rows_of_args, run_model, target_score,
 )
 from ._resize import resize_linear
 
@@ -81,6 +81,7 @@ async def grad_cam(model: Model, layer: Module, inputs: Tensor, target: Target =
 async def _layer_map(model: Model, layer: Module, x: np.ndarray, targets: np.ndarray | None,
                      args: tuple[Any, ...], to_input: bool, upsample: bool) -> np.ndarray:
     """Grad-CAM's map before the ReLU for the examples ``x``: one forward, one backward."""
+    await between_chunks()
     captured: list[Any] = []
 
     def capture(module: Module, layer_args: tuple[Any, ...], output: Any) -> None:
