@@ -438,3 +438,58 @@ def test_the_same_numbers_as_captum():
         tx, target=target, n_steps=20, method="riemann_middle").numpy(), rtol=1e-6, atol=1e-9)
     np.testing.assert_allclose(cam.numpy(), captum_attr.LayerGradCam(net, net.conv).attribute(
         tx, target=target).detach().numpy(), rtol=1e-10, atol=1e-14)
+
+
+@pytest.mark.anyio
+async def test_a_cancellation_reaches_a_long_call_between_its_chunks():
+    # a small model's backward runs inline without yielding: the checkpoint before each chunk
+    # is where a timeout's deadline, or a cancel() from elsewhere, reaches the call
+    lin = nn.Linear(4, 3)
+    forwards = 0
+
+    with anyio.CancelScope() as scope:
+        def model(t):
+            nonlocal forwards
+            forwards += 1
+            if forwards == 3:
+                scope.deadline = anyio.current_time()  # due now: the event loop delivers it
+            return lin(t)
+
+        await integrated_gradients(model, ag.randn(2, 4), target=0, n_steps=50, internal_batch_size=4)
+    assert scope.cancelled_caught and forwards == 3  # not the 25 chunks
+    assert all(p.grad is None for p in lin.parameters())
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 64, 257])
+def test_gauss_legendre_nodes_and_weights_are_numpys(n):
+    from asyncgrad.attribution.integrated_gradients import gauss_legendre
+
+    nodes, weights = gauss_legendre(n)
+    want_nodes, want_weights = np.polynomial.legendre.leggauss(n)
+    np.testing.assert_allclose(nodes, want_nodes, rtol=0, atol=1e-14)
+    np.testing.assert_allclose(weights, want_weights, rtol=0, atol=1e-13)
+    for degree in range(0, 2 * n, max(1, n // 4)):  # exact for polynomials of degree < 2n
+        assert weights @ nodes ** degree == pytest.approx((1 + (-1) ** degree) / (degree + 1), abs=1e-13)
+
+
+@pytest.mark.anyio
+async def test_other_tasks_run_between_the_chunks_of_a_long_call():
+    lin = nn.Linear(4, 3)
+    ticks, seen = 0, []
+    done = anyio.Event()
+
+    async def ticker():
+        nonlocal ticks
+        while not done.is_set():
+            ticks += 1
+            await anyio.sleep(0)
+
+    def model(t):
+        seen.append(ticks)
+        return lin(t)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ticker)
+        await integrated_gradients(model, ag.randn(2, 4), target=0, n_steps=40, internal_batch_size=4)
+        done.set()
+    assert len(seen) == 20 and all(b > a for a, b in zip(seen, seen[1:])), seen

@@ -125,9 +125,9 @@ def selected_outputs(out: np.ndarray, targets: np.ndarray | None) -> np.ndarray:
 
 async def between_chunks() -> None:
     """A checkpoint before each chunk's forward: the forward runs on the event loop, and a
-    backward small enough to run inline may never yield, so without it a long call would
-    neither let other tasks run between its chunks nor see its cancellation (a timeout's
-    deadline is delivered by the loop)."""
+    backward small enough to run inline need not yield, so without it a long call could
+    hold the loop for many chunks: other tasks wait, and so does a timeout's deadline
+    (the loop delivers it)."""
     await checkpoint()
 
 
