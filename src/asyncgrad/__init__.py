@@ -35,6 +35,9 @@ from . import autograd
 from . import utils
 from .autograd import backward, backward_sync, grad, grad_sync
 from . import nn, optim
+from .nn._functional_conv import conv1d, conv2d, conv_transpose2d  # image layers (issue 32)
+from .nn._functional_norm import batch_norm, group_norm
+from .nn._functional_pooling import avg_pool2d, max_pool2d
 from . import attribution as attribution  # (saliency methods; the alias exports it)
 from . import return_types
 from . import viz
@@ -74,3 +77,4 @@ __all__ += [
     "ne", "norm", "prod", "relu_", "return_types", "select", "split", "std", "std_mean", "topk", "tril",
     "triu", "unbind", "var_mean", "bernoulli", "multinomial", "rand_like", "randn_like", "device",
 ]
+__all__ += ["avg_pool2d", "batch_norm", "conv1d", "conv2d", "conv_transpose2d", "group_norm", "max_pool2d"]
