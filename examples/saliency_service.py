@@ -55,39 +55,15 @@ METHODS = ("saliency", "smoothgrad", "integrated_gradients", "grad_cam")
 
 # --- the model -------------------------------------------------------------------------------
 
-class Conv3x3(nn.Module):
-    """A 3x3 convolution with zero padding 1: each output pixel is a Linear map of the
-    3x3xC patch around it (the patches gathered from nine shifted views)."""
-
-    def __init__(self, c_in: int, c_out: int) -> None:
-        super().__init__()
-        self.patch = nn.Linear(9 * c_in, c_out)
-
-    def forward(self, x: ag.Tensor) -> ag.Tensor:
-        n, c, h, w = x.shape
-        zero_rows = ag.zeros(n, c, 1, w, dtype=x.dtype)
-        x = ag.cat([zero_rows, x, zero_rows], dim=2)
-        zero_cols = ag.zeros(n, c, h + 2, 1, dtype=x.dtype)
-        x = ag.cat([zero_cols, x, zero_cols], dim=3)
-        shifted = [x[:, :, i:i + h, j:j + w] for i in range(3) for j in range(3)]
-        patches = ag.cat(shifted, dim=1).permute(0, 2, 3, 1)  # (N, H, W, 9C)
-        return self.patch(patches).permute(0, 3, 1, 2)
-
-
-class AvgPool2(nn.Module):
-    """2x2 average pooling."""
-
-    def forward(self, x: ag.Tensor) -> ag.Tensor:
-        n, c, h, w = x.shape
-        return x.reshape(n, c, h // 2, 2, w // 2, 2).mean((3, 5))
-
-
 class SmallCNN(nn.Module):
-    """conv, ReLU, 2x2 average pool, conv, ReLU, global average pool, linear."""
+    """conv, ReLU, 2x2 average pool, conv, ReLU, global average pool, linear: the global
+    pool is what Grad-CAM's spatial mean of the gradients presumes (see the guide)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.features = nn.Sequential(Conv3x3(1, 8), nn.ReLU(), AvgPool2(), Conv3x3(8, 16), nn.ReLU())
+        self.features = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.AvgPool2d(2),
+                                      nn.Conv2d(8, 16, 3, padding=1), nn.ReLU())
+        self.pool = nn.AdaptiveAvgPool2d(1)
         self.head = nn.Linear(16, CLASSES)
 
     @property
@@ -95,7 +71,7 @@ class SmallCNN(nn.Module):
         return self.features[4]  # the ReLU after the last convolution: Grad-CAM's usual layer
 
     def forward(self, x: ag.Tensor) -> ag.Tensor:
-        return self.head(self.features(x).mean((2, 3)))
+        return self.head(self.pool(self.features(x)).flatten(1))
 
 
 SHAPES = {  # the classes: a bright pattern of 4 or 5 pixels, anywhere on the image
@@ -272,15 +248,18 @@ async def demo(port: int, explainer: Explainer) -> None:
                 tg.start_soon(ask, i, method)
     print(f"{len(results)} requests at once ({len(images)} images x {len(METHODS)} methods), "
           f"{explainer.limiter.total_tokens:g} computing at a time:")
+    area = near.mean()  # the share of the image on or next to the patterns
     for method in METHODS:
         replies = [results[i, method] for i in range(len(images))]
         ok = [r for status, r, _ in replies if status == 200]
         right = sum(r["prediction"] == label for r, label in zip(ok, labels))
-        on_pattern = sum(bool(mask.flat[np.abs(np.array(r["attributions"])).argmax()])
-                         for r, mask in zip(ok, near))
+        maps = [np.abs(np.array(r["attributions"])) for r in ok]
+        share = np.mean([m[mask].sum() / m.sum() for m, mask in zip(maps, near)])
+        peaks = sum(bool(mask.flat[m.argmax()]) for m, mask in zip(maps, near))
         slowest = max(t for _, _, t in replies)
         print(f"  {method:21s} {len(ok)}/{len(replies)} answered 200, predictions right {right}/{len(ok)}, "
-              f"peak on the pattern {on_pattern}/{len(ok)}, slowest {slowest * 1e3:.0f} ms")
+              f"|map| on the pattern {share:.0%} (area {area:.0%}), peak there {peaks}/{len(ok)}, "
+              f"slowest {slowest * 1e3:.0f} ms")
 
     before = explainer.stats()
     status, reply = await post(port, "/explain", {"image": images[0, 0].tolist(), "method": "integrated_gradients",

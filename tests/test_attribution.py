@@ -262,6 +262,55 @@ async def test_grad_cam_upsampled_to_the_input():
     np.testing.assert_allclose(up.numpy(), resize_linear(small.numpy(), (4, 6)), rtol=1e-12)
 
 
+class GapCNN(nn.Module):
+    """A real CNN: conv, ReLU, max pool, conv, ReLU, global average pool, linear."""
+
+    def __init__(self, classes=4):
+        super().__init__()
+        self.conv1 = nn.Conv2d(2, 4, 3, padding=1)
+        self.pool = nn.MaxPool2d(2)
+        self.conv2 = nn.Conv2d(4, 5, 3, padding=1)
+        self.gap = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(5, classes)
+
+    def forward(self, x):
+        h = ag.relu(self.conv2(self.pool(ag.relu(self.conv1(x)))))
+        return self.fc(self.gap(h).flatten(1))
+
+
+@pytest.mark.anyio
+async def test_grad_cam_of_a_conv2d_layer_equals_a_hand_computation():
+    model = GapCNN()
+    x = ag.randn(3, 2, 6, 6)
+    target = [3, 0, 1]
+    got = await grad_cam(model, model.conv2, x, target, relu_attributions=False)
+    # by hand: out_k = fc.w[k] . mean_hw relu(A) + b, so d out_k / d A[c] = fc.w[k, c] (A[c] > 0) / (H W)
+    a = model.conv2(model.pool(ag.relu(model.conv1(x)))).detach().numpy()
+    w = model.fc.weight.detach().numpy()
+    g = w[target][:, :, None, None] * (a > 0) / (a.shape[2] * a.shape[3])
+    want = (g.mean(axis=(2, 3), keepdims=True) * a).sum(1, keepdims=True)
+    assert got.shape == (3, 1, 3, 3)
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-12, atol=1e-15)
+    up = await grad_cam(model, model.conv2, x, target, upsample_to_input=True)
+    np.testing.assert_allclose(up.numpy(), resize_linear(np.maximum(want, 0), (6, 6)), rtol=1e-12, atol=1e-15)
+
+
+def test_grad_cam_of_a_conv2d_layer_equals_torchs():
+    torch = pytest.importorskip("torch")
+    model = GapCNN()
+    x = ag.randn(2, 2, 6, 6)
+    tnet = torch.nn.ModuleDict({"conv1": torch.nn.Conv2d(2, 4, 3, padding=1),
+                                "conv2": torch.nn.Conv2d(4, 5, 3, padding=1), "fc": torch.nn.Linear(5, 4)}).double()
+    tnet.load_state_dict({k: torch.from_numpy(v.detach().numpy().copy()) for k, v in model.state_dict().items()})
+    tx = torch.from_numpy(x.numpy().copy())
+    a = tnet["conv2"](torch.nn.functional.max_pool2d(torch.relu(tnet["conv1"](tx)), 2))
+    out = tnet["fc"](torch.relu(a).mean((2, 3)))
+    (g,) = torch.autograd.grad(out[[0, 1], [2, 1]].sum(), a)
+    want = torch.relu((g.mean((2, 3), keepdim=True) * a).sum(1, keepdim=True)).detach().numpy()
+    got = anyio.run(lambda: grad_cam(model, model.conv2, x, [2, 1]))
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-10, atol=1e-14)
+
+
 def test_resize_linear_matches_torch_interpolate():
     torch = pytest.importorskip("torch")
     a = np.random.default_rng(0).standard_normal((2, 3, 3, 5))
