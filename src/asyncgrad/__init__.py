@@ -38,6 +38,7 @@ from . import nn, optim
 from .nn._functional_conv import conv1d, conv2d, conv_transpose2d  # image layers (issue 32)
 from .nn._functional_norm import batch_norm, group_norm
 from .nn._functional_pooling import avg_pool2d, max_pool2d
+from . import attribution as attribution  # (saliency methods; the alias exports it)
 from . import return_types
 from . import viz
 from . import cuda
