@@ -111,10 +111,13 @@ class _Frame:
                     "asyncgrad.utils.checkpoint: trying to save more tensors during recomputation "
                     "than during the original forward pass."
                 )
-            values.append(t)
+            # detached, as PyTorch keeps it: a recomputed node that saves its own output
+            # would otherwise hold it, and through its grad_fn itself (a reference cycle)
+            kept = t.detach() if t.requires_grad else t
+            values.append(kept)
             if self.early_stop and len(values) == needed:
                 raise _StopRecomputation
-            return t
+            return kept
 
         try:
             with restored_rng(self.rng), enable_grad(), saved_tensors_hooks(pack, _identity):
