@@ -50,3 +50,29 @@ def test_a_checkpoint_and_its_recomputation_are_freed_without_the_garbage_collec
         assert np.allclose(x.grad.numpy(), 2 * np.exp(2) * np.cos(np.exp(2)))
     finally:
         gc.enable()
+
+
+# --- 3. ctx.saved_tensors returns the saved object inside a non-reentrant checkpoint ------
+
+def test_saved_tensors_is_the_saved_object_inside_a_non_reentrant_checkpoint():
+    """PyTorch: a saved tensor outside the graph comes back as the same object, with or
+    without checkpoint (its recomputation keeps such tensors as they are)."""
+    unpacked = []
+
+    class SaveSecond(ag.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, y):
+            ctx.save_for_backward(y)
+            return x * 1
+
+        @staticmethod
+        def backward(ctx, g):
+            unpacked.append(ctx.saved_tensors[0])
+            return g, None
+
+    a = ag.tensor(2.0, requires_grad=True)
+    b = ag.tensor(1.0)
+    SaveSecond.apply(a, b).backward()
+    checkpoint(SaveSecond.apply, a, b, use_reentrant=False).backward()
+    assert [t is b for t in unpacked] == [True, True]
+    assert a.grad.item() == 2.0

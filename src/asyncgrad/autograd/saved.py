@@ -151,16 +151,18 @@ class HookedSavedTensor:
         return out.data if isinstance(out, _tensor_cls) else np.asarray(out)
 
     def unpack_tensor(self, node: Node | None = None) -> Any:
-        data = self.unpack_array(node)
         kind = self.kind
+        if kind == _PLAIN:  # outside the graph: the unpack hook's Tensor itself, as PyTorch
+            out = self.unpack(self.packed)
+            return out if isinstance(out, _tensor_cls) else _tensor_cls._wrap(np.asarray(out))
+        data = self.unpack_array(node)
         if kind == _NONLEAF:
             return _tensor_cls._nonleaf(data, self.ref, self.output_nr, None)
         if kind == _OUTPUT:
             return _tensor_cls._nonleaf(data, node, self.output_nr, None)
-        t = _tensor_cls._wrap(data)
-        if kind == _LEAF:  # a stand-in for the leaf that feeds the leaf's AccumulateGrad
-            t._requires_grad = True
-            t._acc_ref = weakref.ref(self.ref._gradient_edge()[0])
+        t = _tensor_cls._wrap(data)  # a stand-in for the leaf that feeds its AccumulateGrad
+        t._requires_grad = True
+        t._acc_ref = weakref.ref(self.ref._gradient_edge()[0])
         return t
 
 
