@@ -76,3 +76,62 @@ def test_saved_tensors_is_the_saved_object_inside_a_non_reentrant_checkpoint():
     checkpoint(SaveSecond.apply, a, b, use_reentrant=False).backward()
     assert [t is b for t in unpacked] == [True, True]
     assert a.grad.item() == 2.0
+
+
+# --- 2. a recomputation that saves other metadata raises CheckpointError ------------------
+
+def _changes_shape_when_recomputed():
+    calls = []
+
+    def fn(a):
+        calls.append(1)
+        b = a if len(calls) == 1 else a[:2]  # the recomputation saves a (2,) tensor for exp
+        return b.exp().sum()
+
+    return fn
+
+
+def test_a_recomputed_tensor_of_another_shape_raises_checkpoint_error():
+    from asyncgrad.utils.checkpoint import CheckpointError
+
+    x = ag.ones(3, requires_grad=True)
+    y = checkpoint(_changes_shape_when_recomputed(), x, use_reentrant=False)
+    with pytest.raises(CheckpointError) as info:
+        y.backward()
+    assert isinstance(info.value, RuntimeError)
+    msg = str(info.value)
+    assert msg.startswith("asyncgrad.utils.checkpoint: Recomputed values for the following tensors have "
+                          "different metadata than during the forward pass.\ntensor at position 0:\n"
+                          "saved metadata: {'shape': (3,), 'dtype': dtype('float64'), 'device': device(type='cpu')}\n"
+                          "recomputed metadata: {'shape': (2,), ")
+    assert "pass `debug=True`" in msg
+    assert x.grad is None
+
+
+@pytest.mark.parametrize("how", ["argument", "context"])
+def test_checkpoint_debug_shows_where_each_tensor_was_saved(how):
+    from asyncgrad.utils.checkpoint import CheckpointError, set_checkpoint_debug_enabled
+
+    x = ag.ones(3, requires_grad=True)
+    if how == "argument":
+        y = checkpoint(_changes_shape_when_recomputed(), x, use_reentrant=False, debug=True)
+    else:
+        with set_checkpoint_debug_enabled(True):  # overrides debug=False
+            y = checkpoint(_changes_shape_when_recomputed(), x, use_reentrant=False, debug=False)
+    with pytest.raises(CheckpointError) as info:
+        y.backward()
+    msg = str(info.value)
+    assert "pass `debug=True`" not in msg
+    forward, recomputed = msg.split("The tensors saved in the recomputation")
+    assert "b = a if len(calls) == 1 else a[:2]" not in forward and "return b.exp().sum()" in forward
+    assert "return b.exp().sum()" in recomputed
+
+
+def test_set_checkpoint_debug_enabled_false_overrides_the_argument():
+    from asyncgrad.utils.checkpoint import CheckpointError, set_checkpoint_debug_enabled
+
+    with set_checkpoint_debug_enabled(False):
+        y = checkpoint(_changes_shape_when_recomputed(), ag.ones(3, requires_grad=True),
+                       use_reentrant=False, debug=True)
+    with pytest.raises(CheckpointError, match="pass `debug=True`"):
+        y.backward()
