@@ -135,3 +135,21 @@ def test_set_checkpoint_debug_enabled_false_overrides_the_argument():
                        use_reentrant=False, debug=True)
     with pytest.raises(CheckpointError, match="pass `debug=True`"):
         y.backward()
+
+
+# --- 4. max()/min() of a tensor holding NaN split the gradient among the NaNs --------------
+
+@pytest.mark.parametrize("reduce", ["max", "min"])
+def test_the_gradient_of_a_nan_maximum_is_split_among_the_nans(reduce):
+    import warnings
+
+    x = ag.tensor([1.0, float("nan"), 3.0, float("nan")], requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no RuntimeWarning either
+        out = getattr(x, reduce)()
+        out.backward()
+    assert np.isnan(out.item())
+    assert x.grad.tolist() == [0.0, 0.5, 0.0, 0.5]
+    y = ag.tensor([1.0, 3.0, 3.0], requires_grad=True)  # ties without NaN: split as before
+    getattr(y, reduce)().backward()
+    assert y.grad.tolist() == ([0.0, 0.5, 0.5] if reduce == "max" else [1.0, 0.0, 0.0])
