@@ -153,3 +153,27 @@ def test_the_gradient_of_a_nan_maximum_is_split_among_the_nans(reduce):
     y = ag.tensor([1.0, 3.0, 3.0], requires_grad=True)  # ties without NaN: split as before
     getattr(y, reduce)().backward()
     assert y.grad.tolist() == ([0.0, 0.5, 0.5] if reduce == "max" else [1.0, 0.0, 0.0])
+
+
+# --- 6. in-place ops through views of 0-d tensors are recorded ----------------------------
+
+@pytest.mark.parametrize("make_view", [lambda a: a.view_as(a), lambda a: a.view(1), lambda a: a.view(1, 1),
+                                       lambda a: a[...]], ids=["view_as", "view(1)", "view(1,1)", "ellipsis"])
+def test_an_inplace_op_on_a_view_of_a_0d_tensor_is_recorded_on_its_base(make_view):
+    x = ag.tensor(2.0, requires_grad=True)
+    a = x * 1
+    b = make_view(a)
+    b.mul_(3)
+    assert a.item() == 6.0 and a.grad_fn.name() == "CopySlices"
+    (gx,) = ag.grad_sync(a * b.sum(), x, create_graph=True)  # a * a = 9 x**2
+    assert gx.item() == 36.0
+    (ggx,) = ag.grad_sync(gx, x)
+    assert ggx.item() == 18.0
+
+
+def test_an_inplace_op_with_a_grad_requiring_operand_on_a_view_of_a_plain_0d_tensor():
+    w = ag.tensor(5.0, requires_grad=True)
+    a = ag.tensor(2.0)
+    a.view(1).mul_(w)
+    a.backward()
+    assert a.item() == 10.0 and w.grad.item() == 2.0

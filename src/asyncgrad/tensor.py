@@ -1060,7 +1060,7 @@ def _write_into(t: Tensor, value: np.ndarray) -> None:
     t._version_counter.value += 1
 
 
-def _recordable_view_index(view: Tensor, base: Tensor) -> tuple[np.ndarray, ...]:
+def _recordable_view_index(view: Tensor, base: Tensor) -> tuple[Any, ...]:
     """``_view_index`` of a view whose in-place change is recorded on its base, or a clear
     error when its layout cannot be inverted."""
     where = _view_index(view.data, base.data)
@@ -1072,13 +1072,16 @@ def _recordable_view_index(view: Tensor, base: Tensor) -> tuple[np.ndarray, ...]
     return where
 
 
-def _view_index(view: np.ndarray, base: np.ndarray, *, writable: bool = True) -> tuple[np.ndarray, ...] | None:
+def _view_index(view: np.ndarray, base: np.ndarray, *, writable: bool = True) -> tuple[Any, ...] | None:
     """Integer index arrays ``where`` with ``base[where]`` aliasing ``view`` element for
-    element (from byte offsets), or None when the layout cannot be inverted.
+    element (from byte offsets), or None when the layout cannot be inverted. A view of a
+    0-d base (``view_as``, ``view(1)``) is its one element: ``where`` adds the view's dims.
 
     With ``writable``, raises when several elements of ``view`` share one memory location
     (an expanded view), as PyTorch does for an in-place write through one.
     """
+    if base.ndim == 0 and view.size == 1:
+        return (None,) * view.ndim if view.ndim else (Ellipsis,)
     if base.ndim == 0 or view.size == 0:
         return None
     offset = np.full(view.shape, view.__array_interface__["data"][0] - base.__array_interface__["data"][0],
