@@ -177,3 +177,98 @@ def test_an_inplace_op_with_a_grad_requiring_operand_on_a_view_of_a_plain_0d_ten
     a.view(1).mul_(w)
     a.backward()
     assert a.item() == 10.0 and w.grad.item() == 2.0
+
+
+# --- 8-10. in-place ops through views whose creation forbids recording them ----------------
+
+_MULTI = ("This view is the output of a function that returns multiple views. Such functions do not "
+          "allow the output views to be modified inplace. You should replace the inplace operation by an "
+          "out-of-place one.")
+_CUSTOM = ("This view was created inside a custom Function (or because an input was returned as-is) and "
+           "the autograd logic to handle view+inplace would override the custom backward associated with "
+           "the custom Function, leading to incorrect gradients. This behavior is forbidden. You can fix "
+           "this by cloning the output of the custom Function.")
+_NO_GRAD = ("is being modified inplace with grad mode enabled. Given that this use case is ambiguous and "
+            "error-prone, it is forbidden. You can clarify your code by moving both the view and the "
+            "inplace either both inside the no_grad block (if you don't want the inplace to be tracked) or "
+            "both outside (if you want the inplace to be tracked).")
+
+
+def _refused(fn, message):
+    with pytest.raises(RuntimeError) as info:
+        fn()
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize("views", ["unbind", "split", "chunk"])
+def test_an_inplace_op_through_a_view_of_one_of_several_views_is_refused(views):
+    x = ag.ones(4, 2, requires_grad=True) * 1
+    b = getattr(x, views)(2) if views != "unbind" else x.unbind(0)
+    before = x.tolist()
+    _refused(lambda: b[0].view_as(b[0]).mul_(2), f"Output 0 of View is a view and is being modified inplace. {_MULTI}")
+    _refused(lambda: b[1][0:1].mul_(2), f"Output 0 of Slice is a view and is being modified inplace. {_MULTI}")
+    assert x.tolist() == before
+
+
+class _ViewOfInput(ag.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x[:2]
+
+    @staticmethod
+    def backward(ctx, g):
+        return ag.cat([g, g]) * 10
+
+
+class _InputAsIs(ag.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 10
+
+
+@pytest.mark.parametrize("fn", [_ViewOfInput, _InputAsIs])
+def test_an_inplace_op_on_a_view_returned_by_a_custom_function_is_refused(fn):
+    x = ag.ones(4, requires_grad=True)
+    y = fn.apply(x * 1)
+    name = fn.__name__
+    _refused(lambda: y.mul_(2), f"Output 0 of {name} is a view and is being modified inplace. {_CUSTOM}")
+    _refused(lambda: y[:1].mul_(2), f"Output 0 of Slice is a view and is being modified inplace. {_CUSTOM}")
+    assert y.grad_fn.name() == f"{name}Backward"  # the Function's backward is kept
+    y.sum().backward()
+    assert x.grad.tolist() == [10.0] * 4
+
+
+@pytest.mark.parametrize("base", ["leaf", "non-leaf"])
+def test_an_inplace_op_through_a_view_made_in_no_grad_mode_gets_pytorchs_message(base):
+    x = ag.ones(4, 2, requires_grad=True)
+    b = x if base == "leaf" else x * 1
+    with ag.no_grad():
+        v = b[0]
+        s = b.split(2)[0]
+        u = b.unbind(0)[1]
+    plain = f"A view was created in no_grad mode and {_NO_GRAD}"
+    _refused(lambda: v.mul_(2), plain)
+    _refused(lambda: s.mul_(2), plain)
+    _refused(lambda: u.mul_(2), plain)
+    _refused(lambda: v.view_as(v).mul_(2),
+             f"Output 0 of View is a view of a view which was created in no_grad mode and {_NO_GRAD}")
+    w = b[1]
+    with ag.no_grad():
+        w = w.view_as(w)
+    _refused(lambda: w.mul_(2), plain)
+    with ag.no_grad():  # both inside no_grad: allowed, not tracked
+        v.mul_(2)
+    assert x.tolist()[0] == ([2.0, 2.0] if base == "leaf" else [1.0, 1.0])
+
+
+def test_an_inplace_op_with_a_grad_requiring_operand_on_a_no_grad_view_of_a_plain_tensor_is_refused():
+    a = ag.ones(3)
+    with ag.no_grad():
+        v = a[0:2]
+    _refused(lambda: v.mul_(ag.ones(2, requires_grad=True)), f"A view was created in no_grad mode and {_NO_GRAD}")
+    v.mul_(2)  # nothing requires grad: allowed
+    assert a.tolist() == [2.0, 2.0, 1.0]

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import _context
-from ..tensor import Tensor
+from ..tensor import VIEW_IN_CUSTOM_FUNCTION, Tensor
 from .function_node import FunctionCtx
 from .graph import Edge, Node
 from .saved import SavedTensor
@@ -90,6 +90,8 @@ def wrap_outputs(cls: type[Function], ctx: FunctionCtx, args: tuple[Any, ...],
             o.grad_fn = node
             o.output_nr = i
             o._requires_grad = True
+            if o._base is not None:  # a view made in forward (Note [View creation meta])
+                o._creation_meta = VIEW_IN_CUSTOM_FUNCTION
             new = o
         done[id(o)] = new
         output_nr[id(o)] = output_nr[id(new)] = i
@@ -137,6 +139,8 @@ def _alias(t: Tensor, node: Node | None, output_nr: int) -> Tensor:
     """A new tensor sharing ``t``'s memory and version counter (a view of it)."""
     out = Tensor._nonleaf(t.data, node, output_nr, t._version_counter)
     out._base = t._base if t._base is not None else t
+    if node is not None:  # returned by a custom Function (Note [View creation meta])
+        out._creation_meta = VIEW_IN_CUSTOM_FUNCTION
     return out
 
 
