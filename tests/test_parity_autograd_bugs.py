@@ -272,3 +272,17 @@ def test_an_inplace_op_with_a_grad_requiring_operand_on_a_no_grad_view_of_a_plai
     _refused(lambda: v.mul_(ag.ones(2, requires_grad=True)), f"A view was created in no_grad mode and {_NO_GRAD}")
     v.mul_(2)  # nothing requires grad: allowed
     assert a.tolist() == [2.0, 2.0, 1.0]
+
+
+# --- 5. gradgradcheck runs fn with grad mode on, every time ---------------------------------
+
+def test_gradgradcheck_runs_fn_with_grad_mode_on():
+    modes = []
+
+    def fn(x):
+        modes.append(ag.is_grad_enabled())
+        return x * x * x
+
+    x = ag.randn(3, requires_grad=True)
+    assert ag.autograd.gradgradcheck(fn, (x,))
+    assert modes and all(modes)

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ..grad_mode import enable_grad, no_grad
+from ..grad_mode import enable_grad
 from ..tensor import Tensor
 from .engine import _run_on_fresh_thread, in_event_loop_thread
 from .graph import Node
@@ -242,7 +242,7 @@ def gradgradcheck(fn: Callable[..., Any], inputs: Any, grad_outputs: Sequence[Te
     diff = [i for i, t in enumerate(ins) if isinstance(t, Tensor) and t.requires_grad]
     if grad_outputs is None:
         rng = np.random.default_rng(seed)
-        with no_grad():
+        with enable_grad():  # as PyTorch: fn always runs with grad mode on
             outs = _outputs(fn, ins)
         grad_outputs = [Tensor(rng.standard_normal(o.shape), dtype=o.dtype, requires_grad=True)
                         for o in outs]
