@@ -286,3 +286,16 @@ def test_gradgradcheck_runs_fn_with_grad_mode_on():
     x = ag.randn(3, requires_grad=True)
     assert ag.autograd.gradgradcheck(fn, (x,))
     assert modes and all(modes)
+
+
+# --- 12. gradcheck of a function without differentiable outputs ----------------------------
+
+def test_gradcheck_without_differentiable_outputs_expects_a_zero_numerical_gradient():
+    from asyncgrad.autograd import GradcheckError
+
+    x = ag.randn(3, requires_grad=True)
+    with pytest.raises(GradcheckError) as info:
+        ag.autograd.gradcheck(lambda x: (x * 2).detach(), (x,))
+    assert str(info.value) == "Numerical gradient for function expected to be zero"
+    assert ag.autograd.gradcheck(lambda x: (x * 2).detach(), (x,), raise_exception=False) is False
+    assert ag.autograd.gradcheck(lambda x: (x > 0).double(), (x,))  # constant: passes

@@ -114,6 +114,8 @@ def _check(fn: Callable[..., Any], inputs: tuple[Any, ...], eps: float, atol: fl
             warnings.warn(f"Input #{i} requires gradient and is not a double precision floating "
                           "point. gradcheck is only reliable in float64.", UserWarning, stacklevel=3)
     outs = _outputs(fn, inputs)
+    if diff and not any(o.requires_grad for o in outs):
+        return _check_no_differentiable_outputs(fn, inputs, diff, eps, outs, raise_exception)
     analytical = _analytical(outs, inputs, diff)
     # PyTorch computes every vector-Jacobian product twice: a backward that gives different
     # values for the same input and grad_output is reported even when it matches
@@ -134,6 +136,17 @@ def _check(fn: Callable[..., Any], inputs: tuple[Any, ...], eps: float, atol: fl
                 raise GradcheckError(_mismatch_message(k, i, num, ana, atol, rtol))
     if check_undefined_grad and diff:
         return _check_undefined_grad(fn, inputs, diff, raise_exception)
+    return True
+
+
+def _check_no_differentiable_outputs(fn: Callable[..., Any], inputs: tuple[Any, ...], diff: list[int],
+                                     eps: float, outs: tuple[Tensor, ...], raise_exception: bool) -> bool:
+    """No output requires grad: the numerical gradient must be zero everywhere (PyTorch)."""
+    for i in diff:
+        if any(np.any(j != 0) for j in _numerical(fn, inputs, i, eps, outs)):
+            if not raise_exception:
+                return False
+            raise GradcheckError("Numerical gradient for function expected to be zero")
     return True
 
 
