@@ -299,3 +299,28 @@ def test_gradcheck_without_differentiable_outputs_expects_a_zero_numerical_gradi
     assert str(info.value) == "Numerical gradient for function expected to be zero"
     assert ag.autograd.gradcheck(lambda x: (x * 2).detach(), (x,), raise_exception=False) is False
     assert ag.autograd.gradcheck(lambda x: (x > 0).double(), (x,))  # constant: passes
+
+
+# --- 13. a failing undefined-gradient check warns first -------------------------------------
+
+def test_a_failing_undefined_gradient_check_warns_as_pytorch():
+    from asyncgrad.autograd import GradcheckError
+
+    class OnesForUndefined(ag.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.set_materialize_grads(False)
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return ag.ones(3) if g is None else g * 2
+
+    x = ag.randn(3, requires_grad=True)
+    with pytest.warns(UserWarning, match="^Backwards compatibility: New undefined gradient support checking "
+                      "feature is enabled by default, but it may break existing callers of this function. If "
+                      'this is true for you, you can call this function with "check_undefined_grad=False" to '
+                      "disable the feature$"):
+        with pytest.raises(GradcheckError, match="Expected all input grads to be undefined or zero"):
+            ag.autograd.gradcheck(OnesForUndefined.apply, (x,))
+    assert ag.autograd.gradcheck(OnesForUndefined.apply, (x,), check_undefined_grad=False)

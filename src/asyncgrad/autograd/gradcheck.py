@@ -191,6 +191,7 @@ def _check_undefined_grad(fn: Callable[..., Any], inputs: tuple[Any, ...], diff:
         except RuntimeError as e:
             if not raise_exception:
                 return False
+            _warn_undefined_grad_check()
             raise GradcheckError(
                 "Expected backward function to handle undefined output grads. Please look at "
                 '"Notes about undefined output gradients" in "tools/autograd/derivatives.yaml"'
@@ -198,12 +199,23 @@ def _check_undefined_grad(fn: Callable[..., Any], inputs: tuple[Any, ...], diff:
         if any(g is not None and np.any(g.data != 0) for g in grads):
             if not raise_exception:
                 return False
+            _warn_undefined_grad_check()
             raise GradcheckError(
                 "Expected all input grads to be undefined or zero when all output grads are "
                 'undefined or zero. Please look at "Notes about undefined output gradients" in '
                 '"tools/autograd/derivatives.yaml"'
             )
     return True
+
+
+def _warn_undefined_grad_check() -> None:
+    """PyTorch's warning before an undefined-gradient check fails."""
+    import warnings
+
+    warnings.warn(
+        "Backwards compatibility: New undefined gradient support checking feature is enabled by default, "
+        "but it may break existing callers of this function. If this is true for you, you can call this "
+        'function with "check_undefined_grad=False" to disable the feature', UserWarning, stacklevel=4)
 
 
 def _mismatch_message(k: int, i: int, num: np.ndarray, ana: np.ndarray, atol: float, rtol: float,
