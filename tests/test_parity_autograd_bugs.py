@@ -324,3 +324,27 @@ def test_a_failing_undefined_gradient_check_warns_as_pytorch():
         with pytest.raises(GradcheckError, match="Expected all input grads to be undefined or zero"):
             ag.autograd.gradcheck(OnesForUndefined.apply, (x,))
     assert ag.autograd.gradcheck(OnesForUndefined.apply, (x,), check_undefined_grad=False)
+
+
+# --- 7. a saved_tensors_hooks object re-entered in its own unpack hook ---------------------
+
+def test_saved_tensors_hooks_re_entered_in_its_unpack_hook_end_with_their_block():
+    from asyncgrad import _context
+    from asyncgrad.autograd.graph import saved_tensors_hooks
+
+    packed = []
+
+    def unpack(t):
+        hooks.__enter__()  # confined to the backward (PyTorch restores its hooks after it)
+        return t
+
+    hooks = saved_tensors_hooks(lambda t: packed.append(1) or t, unpack)
+    x = ag.ones(2, requires_grad=True)
+    with hooks:
+        y = x.exp()
+        y.sum().backward()
+        assert len(_context.saved_tensors_hooks.get()) == 1
+    assert _context.saved_tensors_hooks.get() == ()
+    x.exp()  # saved without the hooks
+    assert len(packed) == 1
+    assert np.allclose(x.grad.numpy(), np.e)

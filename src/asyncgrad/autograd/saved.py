@@ -206,17 +206,23 @@ class saved_tensors_hooks:
     def __init__(self, pack_hook: Callable[[Tensor], Any], unpack_hook: Callable[[Any], Tensor]) -> None:
         self.pack_hook = pack_hook
         self.unpack_hook = unpack_hook
-        self._tokens: list[Any] = []
+        self._tokens: list[tuple[Any, tuple[Any, ...]]] = []  # (token, the stack it set) per enter
 
     def __enter__(self) -> saved_tensors_hooks:
-        stack = _context.saved_tensors_hooks.get()
-        self._tokens.append(
-            _context.saved_tensors_hooks.set(stack + ((self.pack_hook, self.unpack_hook),))
-        )
+        stack = _context.saved_tensors_hooks.get() + ((self.pack_hook, self.unpack_hook),)
+        self._tokens.append((_context.saved_tensors_hooks.set(stack), stack))
         return self
 
     def __exit__(self, *exc: object) -> None:
-        _context.saved_tensors_hooks.reset(self._tokens.pop())
+        # Undo the enter that made the current stack: not simply the last one, which may
+        # have been made (and confined) inside a backward that ran in this block, e.g. by
+        # this object's own unpack hook.
+        current = _context.saved_tensors_hooks.get()
+        i = len(self._tokens) - 1
+        while i > 0 and self._tokens[i][1] is not current:
+            i -= 1
+        token, _ = self._tokens.pop(i)
+        _context.saved_tensors_hooks.reset(token)
 
 
 def increment_version(tensor: Any) -> None:
