@@ -348,3 +348,19 @@ def test_saved_tensors_hooks_re_entered_in_its_unpack_hook_end_with_their_block(
     x.exp()  # saved without the hooks
     assert len(packed) == 1
     assert np.allclose(x.grad.numpy(), np.e)
+
+
+# --- 11. .data = an integer tensor on a tensor that requires grad -------------------------
+
+def test_setting_data_to_an_integer_tensor_is_refused_when_grad_is_required():
+    msg = "data set to a tensor that requires gradients must be floating point or complex dtype"
+    a = ag.ones(2, requires_grad=True)
+    for target in (a, a * 1):
+        with pytest.raises(RuntimeError, match=f"^{msg}$"):
+            target.data = ag.tensor([1, 2])
+        assert target.dtype == np.float64 and target.tolist() == [1.0, 1.0]
+    c = ag.ones(2)
+    c.data = ag.tensor([1, 2])  # no grad required: allowed
+    assert c.dtype == np.int64
+    a.data = ag.ones(3, dtype=ag.float32)
+    assert a.dtype == np.float32 and a.requires_grad

@@ -61,6 +61,8 @@ def _set_data(self: Tensor, value: Any) -> None:
         arr = value
     else:
         raise TypeError(f"Variable data has to be a tensor, but got {type(value).__name__}")
+    if self._requires_grad and arr.dtype.kind not in "fc":
+        raise RuntimeError("data set to a tensor that requires gradients must be floating point or complex dtype")
     old = self._data
     self._data = arr
     self._saved = None  # a cached SavedTensor describes the old storage
