@@ -364,3 +364,20 @@ def test_setting_data_to_an_integer_tensor_is_refused_when_grad_is_required():
     assert c.dtype == np.int64
     a.data = ag.ones(3, dtype=ag.float32)
     assert a.dtype == np.float32 and a.requires_grad
+
+
+# --- 14. decorating a class with a grad mode warns ------------------------------------------
+
+@pytest.mark.parametrize("mode", ["no_grad", "enable_grad"])
+def test_decorating_a_class_with_a_grad_mode_gives_pytorchs_future_warning(mode):
+    with pytest.warns(FutureWarning, match="^Decorating classes is deprecated and will be disabled in future "
+                      "versions. You should only decorate functions or methods. To preserve the current "
+                      "behavior of class decoration, you can directly decorate the `__init__` method and "
+                      "nothing else.$") as record:
+        @getattr(ag, mode)()
+        class Model:
+            def __init__(self):
+                self.grad_enabled = ag.is_grad_enabled()
+    assert record[0].filename == __file__
+    with ag.set_grad_enabled(mode == "no_grad"):
+        assert Model().grad_enabled is (mode == "enable_grad")  # constructed under the mode
