@@ -381,3 +381,33 @@ def test_decorating_a_class_with_a_grad_mode_gives_pytorchs_future_warning(mode)
     assert record[0].filename == __file__
     with ag.set_grad_enabled(mode == "no_grad"):
         assert Model().grad_enabled is (mode == "enable_grad")  # constructed under the mode
+
+
+# --- ctx._materialize_non_diff_grads (PyTorch's private flag) ------------------------------
+
+@pytest.mark.parametrize("materialize", [None, False])
+def test_materialize_non_diff_grads_false_passes_none_for_non_differentiable_outputs(materialize):
+    seen = []
+
+    class TwoOutputs(ag.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            if materialize is not None:
+                ctx._materialize_non_diff_grads = materialize
+            a, b = x * 2, x * 3
+            ctx.mark_non_differentiable(b)
+            return a, b
+
+        @staticmethod
+        def backward(ctx, ga, gb):
+            seen.append(gb)
+            return ga * 2
+
+    x = ag.ones(2, requires_grad=True)
+    a, b = TwoOutputs.apply(x)
+    a.sum().backward()
+    if materialize is None:  # default: zeros, as before
+        assert seen[0].tolist() == [0.0, 0.0]
+    else:
+        assert seen == [None]
+    assert x.grad.tolist() == [2.0, 2.0]
