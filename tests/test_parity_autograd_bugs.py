@@ -411,3 +411,35 @@ def test_materialize_non_diff_grads_false_passes_none_for_non_differentiable_out
     else:
         assert seen == [None]
     assert x.grad.tolist() == [2.0, 2.0]
+
+
+# --- 18. a multi-output custom Function that marks a view input dirty ----------------------
+
+class _DoublesItsInput(ag.autograd.Function):
+    @staticmethod
+    def forward(ctx, v):
+        v.mul_(2)
+        ctx.mark_dirty(v)
+        return v, v * 3
+
+    @staticmethod
+    def backward(ctx, g1, g2):
+        return g1 * 2 + g2 * 6
+
+
+def test_a_function_with_several_outputs_that_marks_a_view_input_dirty_is_refused():
+    x = ag.ones(4, requires_grad=True)
+    b = x * 1
+    with pytest.raises(RuntimeError) as info:
+        _DoublesItsInput.apply(b[:2])
+    assert str(info.value).startswith(
+        "If your Function modifies inplace an input that is a view of another Tensor, your Function cannot "
+        "return more than one Tensor. This is not supported by the current autograd engine.")
+    assert b.tolist() == [2.0, 2.0, 1.0, 1.0]  # (forward ran before the check, as in PyTorch)
+    with ag.no_grad():  # nothing recorded: allowed, as in PyTorch
+        out = _DoublesItsInput.apply(b[:2])
+    assert [o.tolist() for o in out] == [[4.0, 4.0], [12.0, 12.0]]
+    c = x * 1  # a dirty input that is not a view: allowed
+    o1, o2 = _DoublesItsInput.apply(c)
+    (o1.sum() + o2.sum()).backward()
+    assert x.grad.tolist() == [8.0] * 4

@@ -31,6 +31,17 @@ _DIRTY_NOT_INPUT = (
     "been mutated should be passed to ctx.mark_dirty()."
 )
 
+# PyTorch's text: its engine cannot record a dirty view on its base for a node with more
+# outputs (asyncgrad's could, but refuses as PyTorch does, so code behaves the same in both)
+_DIRTY_VIEW_OF_MANY = (
+    "If your Function modifies inplace an input that is a view of another Tensor, your Function cannot "
+    "return more than one Tensor. This is not supported by the current autograd engine. You should either "
+    "make sure the input is not a view (using .clone() for example) or make your Function only return one "
+    "Tensor (potentially splitting it into two Functions: one doing the inplace that returns a single "
+    "Tensor and a second one that does the other operations). You can ask on the forum "
+    "https://discuss.pytorch.org/ if you need help to do this change."
+)
+
 
 def wrap_outputs(cls: type[Function], ctx: FunctionCtx, args: tuple[Any, ...],
                   requires: tuple[bool, ...], edges: tuple[Edge, ...], output: Any,
@@ -59,6 +70,9 @@ def wrap_outputs(cls: type[Function], ctx: FunctionCtx, args: tuple[Any, ...],
                 t._requires_grad = False
         return output
 
+    if len(outputs) > 1 and any(o._base is not None for o in outputs
+                                if isinstance(o, Tensor) and id(o) in dirty_ids):
+        raise RuntimeError(_DIRTY_VIEW_OF_MANY)
     node = cls._backward_cls(edges, ctx)
     non_diff_ids = {id(t) for t in non_differentiable}
     dirty_views: list[Tensor] = []
