@@ -443,3 +443,26 @@ def test_a_function_with_several_outputs_that_marks_a_view_input_dirty_is_refuse
     o1, o2 = _DoublesItsInput.apply(c)
     (o1.sum() + o2.sum()).backward()
     assert x.grad.tolist() == [8.0] * 4
+
+
+# --- 16. a second backward through advanced indexing needs retain_graph --------------------
+
+@pytest.mark.parametrize("op", ["index", "index_put"])
+def test_a_second_backward_through_advanced_indexing_raises_without_retain_graph(op):
+    from asyncgrad.autograd.saved import FREED_MESSAGE
+
+    x = ag.ones(4, requires_grad=True)
+    if op == "index":
+        y = x[ag.tensor([0, 2])]
+    else:
+        y = ag.ones(4)
+        y[ag.tensor([0, 2])] = x[1:3]  # IndexPutBackward0 on y; x reached through it
+    y.sum().backward()
+    with pytest.raises(RuntimeError, match="^" + FREED_MESSAGE.replace("(", r"\(").replace(")", r"\)")):
+        y.sum().backward()
+    z = x[ag.tensor([1, 3])]
+    z.sum().backward(retain_graph=True)
+    z.sum().backward()  # kept: works
+    w = x[1:3]
+    w.sum().backward()
+    w.sum().backward()  # a basic index saves nothing: works, as in PyTorch
