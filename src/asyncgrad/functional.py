@@ -1184,6 +1184,14 @@ def relu_(x: Tensor) -> Tensor:
     return x.relu_()
 
 
+# --- PyTorch's other names (issue 32) ---------------------------------------------------------
+def split_with_sizes(x: Tensor, split_sizes: Sequence[int], dim: int = 0) -> tuple[Tensor, ...]:
+    """Views of consecutive pieces of ``split_sizes`` along ``dim`` (they must add up to its size)."""
+    if isinstance(split_sizes, (int, np.integer)):
+        raise TypeError("split_with_sizes(): argument 'split_size' must be a sequence of ints, not int")
+    return split(x, list(split_sizes), dim)
+
+
 # The ops defined here (not the modules and names this file imports).
 __all__ = [n for n, v in list(globals().items())
            if not n.startswith("_") and getattr(v, "__module__", None) == __name__]

@@ -951,6 +951,45 @@ class Tensor:
         """An uninitialised tensor of ``size`` with this tensor's dtype unless ``dtype``."""
         creation._check_device(device)
         return creation._finish(np.empty(_shape_args(size), dtype=dtype or self.dtype), requires_grad)
+    def new(self, *args: Any) -> Tensor:
+        """PyTorch's legacy constructor with this tensor's dtype: ``x.new(2, 3)`` is
+        uninitialised of that shape, ``x.new()`` empty, ``x.new(data)`` a copy of ``data``."""
+        if not args:
+            return Tensor._wrap(np.empty((0,), dtype=self.dtype))
+        if all(isinstance(a, (int, np.integer)) and not isinstance(a, builtins.bool) for a in args):
+            return Tensor._wrap(np.empty(tuple(builtins.int(a) for a in args), dtype=self.dtype))
+        if len(args) > 1:
+            raise TypeError("new() takes sizes (ints) or one sequence of data")
+        return creation.new_tensor(self, args[0])
+
+    # --- PyTorch's other names (issue 32): conversions, dtype queries, split_with_sizes -----
+    def int(self) -> Tensor:
+        """Cast to int32 (outside the graph)."""
+        return F.to_dtype(self, np.int32)
+    def half(self) -> Tensor:
+        """Cast to float16 (differentiable)."""
+        return F.to_dtype(self, np.float16)
+    def bool(self) -> Tensor:
+        """Cast to bool (outside the graph)."""
+        return F.to_dtype(self, np.bool_)
+    def byte(self) -> Tensor:
+        """Cast to uint8 (outside the graph)."""
+        return F.to_dtype(self, np.uint8)
+    def char(self) -> Tensor:
+        """Cast to int8 (outside the graph)."""
+        return F.to_dtype(self, np.int8)
+    def short(self) -> Tensor:
+        """Cast to int16 (outside the graph)."""
+        return F.to_dtype(self, np.int16)
+    def is_floating_point(self) -> builtins.bool:
+        """Whether the dtype is a floating-point one."""
+        return builtins.bool(self._data.dtype.kind == "f")
+    def is_complex(self) -> builtins.bool:
+        """Whether the dtype is a complex one."""
+        return builtins.bool(self._data.dtype.kind == "c")
+    def split_with_sizes(self, split_sizes: Any, dim: builtins.int = 0) -> tuple[Tensor, ...]:
+        """Views of consecutive pieces of the given sizes along ``dim`` (they must add up)."""
+        return F.split_with_sizes(self, split_sizes, dim)
 
 
 _new_counter = object.__new__
