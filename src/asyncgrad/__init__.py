@@ -52,6 +52,29 @@ autograd.load_all()
 
 __version__ = "0.1.0"
 
+# PyTorch's names (issue 32): dtype aliases, dtype queries, and what model code reaches for
+from ._dtype import (  # noqa: E402
+    complex64, complex128, finfo, iinfo, int8, int16, is_complex, is_floating_point, uint8,
+)
+from .functional import (  # noqa: E402
+    split_with_sizes,
+)
+from ._torch_names import (  # noqa: E402
+    Size, backends, compile as compile, dtype, get_num_threads, is_nonzero, is_tensor, numel,
+    set_num_threads, typename, use_deterministic_algorithms,
+)
+
+# ``ag.long``, ``ag.float``, ``ag.bool`` ...: last, as they hide builtins in this namespace
+long = int64
+int = int32  # noqa: A001
+short = int16
+float = float32  # noqa: A001
+double = float64
+half = float16
+bool = bool_  # noqa: A001
+cfloat = complex64
+cdouble = complex128
+
 
 def __getattr__(name: str) -> object:
     # ag.distributed imports mpi4py (the "mpi" extra), so it loads on first use only;
@@ -81,4 +104,11 @@ __all__ += [
     "triu", "unbind", "var_mean", "bernoulli", "multinomial", "rand_like", "randn_like", "device",
 ]
 __all__ += ["avg_pool2d", "batch_norm", "conv1d", "conv2d", "conv_transpose2d", "group_norm", "max_pool2d"]
-__all__ += ["cuda", "load", "save"]
+__all__ += ["load", "save"]
+# (not ``int``, ``float``, ``bool``, ``compile``: ``from asyncgrad import *`` must not hide builtins)
+__all__ += [
+    "Size", "backends", "cdouble", "cfloat", "complex64", "complex128", "cuda", "double", "dtype", "finfo",
+    "get_num_threads", "half", "iinfo", "int8", "int16", "is_complex", "is_floating_point", "is_nonzero",
+    "is_tensor", "long", "numel", "set_num_threads", "short", "typename", "uint8",
+    "use_deterministic_algorithms", "split_with_sizes",
+]

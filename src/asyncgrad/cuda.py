@@ -28,4 +28,20 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
     return False
 
 
-__all__ = ["device_count", "is_available", "is_bf16_supported", "manual_seed", "manual_seed_all"]
+def is_initialized() -> bool:
+    """False: no CUDA context."""
+    return False
+
+
+def synchronize(device: object = None) -> None:
+    """A no-op: no device work to wait for."""
+
+
+def empty_cache() -> None:
+    """A no-op: no device memory cache."""
+
+
+__all__ = [
+    "device_count", "empty_cache", "is_available", "is_bf16_supported", "is_initialized", "manual_seed",
+    "manual_seed_all", "synchronize",
+]

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from . import _context
 from ._aliases import numpy_aliases
 from ._dtype import as_array, get_default_dtype
 from ._dtype import scalar_type_name as _scalar_type_name
@@ -25,10 +26,11 @@ from .ops import nn as N
 from .ops import reductions as R
 from .ops import shape as S
 from .ops._spec import OpSpec
-from .tensor import MinMax, Tensor, _append_view
+from .tensor import VIEW_DEFAULT, VIEW_MULTI_OUTPUT, VIEW_NO_GRAD, MinMax, Tensor, _append_view, view_creation_meta
 from . import return_types
 
 _py_max = builtins.max
+_grad_enabled = _context.grad_enabled
 _py_min = builtins.min
 
 
@@ -452,6 +454,9 @@ def _view(x: Tensor, spec: OpSpec, out: np.ndarray, params: dict[str, Any]) -> T
         # a numpy view (not a copy that numpy made): share the version counter
         t._version_counter = x._version_counter
         base = t._base = x if x._base is None else x._base
+        meta = view_creation_meta(x, VIEW_DEFAULT if _grad_enabled.get() else VIEW_NO_GRAD, spec.node_name)
+        if meta:
+            t._creation_meta = meta
         if (t.grad_fn is not None and base.grad_fn is not None) or not base._requires_grad:
             # in-place ops on the base re-point this view's grad_fn (a view of a plain
             # tensor joins the graph when a recorded in-place op changes the tensor);
@@ -835,9 +840,11 @@ def _multi_view(x: Tensor, node_name: str, dim: int, indices: Sequence[Any]) -> 
     params = {"dim": dim, "shapes": tuple(o.shape for o in outs), "dtype": x.data.dtype}
     views = record_views(node_name, S.MULTI_OUTPUT_VIEWS[node_name], x, outs, params)
     base = x if x._base is None else x._base
+    meta = view_creation_meta(x, VIEW_MULTI_OUTPUT if _grad_enabled.get() else VIEW_NO_GRAD)
     for t in views:
         t._version_counter = x._version_counter
         t._base = base
+        t._creation_meta = meta
         if (t.grad_fn is not None and base.grad_fn is not None) or not base._requires_grad:
             base._register_view(t)  # in-place ops on the base re-point this view's grad_fn (as _view)
     return tuple(views)
@@ -1175,6 +1182,14 @@ def ge(x: Any, y: Any) -> Tensor:
 def relu_(x: Tensor) -> Tensor:
     """``relu`` in place (ReluBackward0 on a non-leaf, as PyTorch)."""
     return x.relu_()
+
+
+# --- PyTorch's other names (issue 32) ---------------------------------------------------------
+def split_with_sizes(x: Tensor, split_sizes: Sequence[int], dim: int = 0) -> tuple[Tensor, ...]:
+    """Views of consecutive pieces of ``split_sizes`` along ``dim`` (they must add up to its size)."""
+    if isinstance(split_sizes, (int, np.integer)):
+        raise TypeError("split_with_sizes(): argument 'split_size' must be a sequence of ints, not int")
+    return split(x, list(split_sizes), dim)
 
 
 # The ops defined here (not the modules and names this file imports).

@@ -20,7 +20,6 @@ from ._aliases import numpy_aliases
 from ._dtype import as_array, is_floating
 from .autograd.graph import AccumulateGrad, HookDict, register_tensor_type
 from .ops import elementwise as E
-from .ops.shape import MULTI_OUTPUT_VIEWS
 
 if TYPE_CHECKING:
     from . import creation, sampling
@@ -62,6 +61,8 @@ def _set_data(self: Tensor, value: Any) -> None:
         arr = value
     else:
         raise TypeError(f"Variable data has to be a tensor, but got {type(value).__name__}")
+    if self._requires_grad and arr.dtype.kind not in "fc":
+        raise RuntimeError("data set to a tensor that requires gradients must be floating point or complex dtype")
     old = self._data
     self._data = arr
     self._saved = None  # a cached SavedTensor describes the old storage
@@ -74,7 +75,7 @@ class Tensor:
 
     __slots__ = ("_data", "_requires_grad", "grad_fn", "output_nr", "_grad", "_version_counter",
                  "_base", "_hooks", "_post_acc_hooks", "_retains_grad", "_acc_ref", "_views",
-                 "_saved", "__weakref__")
+                 "_saved", "_creation_meta", "__weakref__")
     # numpy must defer to our reflected operators (ndarray * Tensor -> Tensor.__rmul__)
     __array_ufunc__ = None
 
@@ -93,6 +94,8 @@ class Tensor:
     _acc_ref: Any
     _saved: Any  # the SavedTensor last made of this tensor, shared while it stays valid
     _views: list[weakref.ref[Tensor]] | None  # views to re-point after an in-place op (see _register_view)
+    # how a view was made (Note [View creation meta]); set on views only, read with getattr
+    _creation_meta: int | str
 
     def __init__(self, data: Any, *, dtype: Any = None, requires_grad: bool = False) -> None:
         arr = data.data if isinstance(data, Tensor) else as_array(data, dtype)
@@ -396,14 +399,16 @@ class Tensor:
                       inputs=inputs)
 
     # --- in-place machinery ---------------------------------------------------------------
-    def _check_inplace(self) -> None:
+    def _check_inplace(self, args: tuple[Any, ...] = ()) -> None:
         if not _context.grad_enabled.get():
             return
+        base = self._base
+        if base is not None and getattr(self, "_creation_meta", VIEW_DEFAULT) != VIEW_DEFAULT and (
+                self._requires_grad or base._requires_grad
+                or any(isinstance(a, Tensor) and a._requires_grad for a in args)):
+            _refuse_inplace_on_view(self)
         if self._requires_grad and self.grad_fn is None:
             raise RuntimeError("a leaf Variable that requires grad is being used in an in-place operation.")
-        base = self._base
-        if base is not None and self.grad_fn is not None:
-            _check_multi_output_view(self)
         # PyTorch's check: the view requires grad and its base is a leaf (the base itself
         # need not require grad: ``y = x.view(2); y.requires_grad_()`` makes y a leaf that
         # views x, and an in-place op on a view of y, recorded on x, would bypass y)
@@ -426,7 +431,7 @@ class Tensor:
         With grad recording, the new node takes self's old gradient edge and self is
         rebased onto it (PyTorch: hooks stay on the old node, retain_grad moves).
         """
-        self._check_inplace()
+        self._check_inplace(args)
         records = _context.grad_enabled.get() and (
             self._requires_grad or any(isinstance(a, Tensor) and a._requires_grad for a in args)
         )
@@ -555,7 +560,7 @@ class Tensor:
         records = _context.grad_enabled.get() and (
             self._requires_grad or (isinstance(value, Tensor) and value._requires_grad))
         if not records:
-            self._check_inplace()
+            self._check_inplace((value,))
             _write_region(self, index, value)
             return
         idx, basic = F._normalise_index(index)
@@ -946,6 +951,45 @@ class Tensor:
         """An uninitialised tensor of ``size`` with this tensor's dtype unless ``dtype``."""
         creation._check_device(device)
         return creation._finish(np.empty(_shape_args(size), dtype=dtype or self.dtype), requires_grad)
+    def new(self, *args: Any) -> Tensor:
+        """PyTorch's legacy constructor with this tensor's dtype: ``x.new(2, 3)`` is
+        uninitialised of that shape, ``x.new()`` empty, ``x.new(data)`` a copy of ``data``."""
+        if not args:
+            return Tensor._wrap(np.empty((0,), dtype=self.dtype))
+        if all(isinstance(a, (int, np.integer)) and not isinstance(a, builtins.bool) for a in args):
+            return Tensor._wrap(np.empty(tuple(builtins.int(a) for a in args), dtype=self.dtype))
+        if len(args) > 1:
+            raise TypeError("new() takes sizes (ints) or one sequence of data")
+        return creation.new_tensor(self, args[0])
+
+    # --- PyTorch's other names (issue 32): conversions, dtype queries, split_with_sizes -----
+    def int(self) -> Tensor:
+        """Cast to int32 (outside the graph)."""
+        return F.to_dtype(self, np.int32)
+    def half(self) -> Tensor:
+        """Cast to float16 (differentiable)."""
+        return F.to_dtype(self, np.float16)
+    def bool(self) -> Tensor:
+        """Cast to bool (outside the graph)."""
+        return F.to_dtype(self, np.bool_)
+    def byte(self) -> Tensor:
+        """Cast to uint8 (outside the graph)."""
+        return F.to_dtype(self, np.uint8)
+    def char(self) -> Tensor:
+        """Cast to int8 (outside the graph)."""
+        return F.to_dtype(self, np.int8)
+    def short(self) -> Tensor:
+        """Cast to int16 (outside the graph)."""
+        return F.to_dtype(self, np.int16)
+    def is_floating_point(self) -> builtins.bool:
+        """Whether the dtype is a floating-point one."""
+        return builtins.bool(self._data.dtype.kind == "f")
+    def is_complex(self) -> builtins.bool:
+        """Whether the dtype is a complex one."""
+        return builtins.bool(self._data.dtype.kind == "c")
+    def split_with_sizes(self, split_sizes: Any, dim: builtins.int = 0) -> tuple[Tensor, ...]:
+        """Views of consecutive pieces of the given sizes along ``dim`` (they must add up)."""
+        return F.split_with_sizes(self, split_sizes, dim)
 
 
 _new_counter = object.__new__
@@ -971,17 +1015,58 @@ def _init(t: Tensor, arr: np.ndarray, node: Node | None, output_nr: int,
     t._views = None
 
 
-def _check_multi_output_view(view: Tensor) -> None:
-    """PyTorch forbids in-place changes through one of several views returned together
-    (unbind, split, chunk): their shared backward could not account for it."""
-    name = view.grad_fn.name() if view.grad_fn is not None else ""
-    if name in MULTI_OUTPUT_VIEWS:  # the view's grad_fn is still the node that made it
-        raise RuntimeError(
-            f"Output {view.output_nr} of {name[:-len('Backward0')]} is a view and is being "
-            "modified inplace. This view is the output of a function that returns multiple views. Such "
-            "functions do not allow the output views to be modified inplace. You should replace the "
-            "inplace operation by an out-of-place one."
-        )
+# Note [View creation meta]: as PyTorch's CreationMeta, a view remembers how it was made
+# when that forbids recording an in-place change through it: made in no_grad mode (the
+# change could not be tracked), one of several views returned together (unbind, split,
+# chunk: their shared backward cannot account for it), or returned by a custom Function
+# (recording it would replace the Function's backward). A view of such a view inherits it;
+# one made in grad mode of a no_grad view keeps its own node's name instead (a str), for
+# PyTorch's "Output 0 of View is a view of a view which was created in no_grad mode".
+VIEW_DEFAULT, VIEW_NO_GRAD, VIEW_MULTI_OUTPUT, VIEW_IN_CUSTOM_FUNCTION = 0, 1, 2, 3
+
+_VIEW_REFUSALS = {
+    VIEW_NO_GRAD: " Given that this use case is ambiguous and error-prone, it is forbidden. You can clarify "
+                  "your code by moving both the view and the inplace either both inside the no_grad block "
+                  "(if you don't want the inplace to be tracked) or both outside (if you want the inplace "
+                  "to be tracked).",
+    VIEW_MULTI_OUTPUT: " This view is the output of a function that returns multiple views. Such "
+                       "functions do not allow the output views to be modified inplace. You should replace "
+                       "the inplace operation by an out-of-place one.",
+    VIEW_IN_CUSTOM_FUNCTION: " This view was created inside a custom Function (or because an input was "
+                             "returned as-is) and the autograd logic to handle view+inplace would override "
+                             "the custom backward associated with the custom Function, leading to incorrect "
+                             "gradients. This behavior is forbidden. You can fix this by cloning the output "
+                             "of the custom Function.",
+}
+
+
+def view_creation_meta(base_view: Tensor, made: int, node_name: str = "") -> int | str:
+    """The creation meta of a view made (``made``, by the op ``node_name``) of
+    ``base_view``: a view of a view keeps its base view's unless it has its own (Note
+    [View creation meta])."""
+    if made != VIEW_DEFAULT or base_view._base is None:
+        return made
+    meta = getattr(base_view, "_creation_meta", VIEW_DEFAULT)
+    if (meta == VIEW_NO_GRAD or isinstance(meta, str)) and node_name:
+        return node_name
+    return meta
+
+
+def _refuse_inplace_on_view(view: Tensor) -> None:
+    """PyTorch's error for an in-place change through a view whose creation forbids it."""
+    meta = view._creation_meta
+    node = view.grad_fn
+    name = meta if isinstance(meta, str) else node.name() if node is not None else None
+    if isinstance(meta, str):
+        meta = VIEW_NO_GRAD
+    if name is None:
+        head = "A view was created in no_grad mode and is being modified inplace with grad mode enabled."
+    else:
+        name = name[:name.rindex("Backward")] if "Backward" in name else name
+        head = f"Output {view.output_nr} of {name} is a view "
+        head += ("of a view which was created in no_grad mode and is being modified inplace with grad mode "
+                 "enabled." if meta == VIEW_NO_GRAD else "and is being modified inplace.")
+    raise RuntimeError(head + _VIEW_REFUSALS[meta])
 
 
 def _append_view(views: list[weakref.ref[Tensor]], view: Tensor) -> None:
@@ -1060,7 +1145,7 @@ def _write_into(t: Tensor, value: np.ndarray) -> None:
     t._version_counter.value += 1
 
 
-def _recordable_view_index(view: Tensor, base: Tensor) -> tuple[np.ndarray, ...]:
+def _recordable_view_index(view: Tensor, base: Tensor) -> tuple[Any, ...]:
     """``_view_index`` of a view whose in-place change is recorded on its base, or a clear
     error when its layout cannot be inverted."""
     where = _view_index(view.data, base.data)
@@ -1072,13 +1157,16 @@ def _recordable_view_index(view: Tensor, base: Tensor) -> tuple[np.ndarray, ...]
     return where
 
 
-def _view_index(view: np.ndarray, base: np.ndarray, *, writable: bool = True) -> tuple[np.ndarray, ...] | None:
+def _view_index(view: np.ndarray, base: np.ndarray, *, writable: bool = True) -> tuple[Any, ...] | None:
     """Integer index arrays ``where`` with ``base[where]`` aliasing ``view`` element for
-    element (from byte offsets), or None when the layout cannot be inverted.
+    element (from byte offsets), or None when the layout cannot be inverted. A view of a
+    0-d base (``view_as``, ``view(1)``) is its one element: ``where`` adds the view's dims.
 
     With ``writable``, raises when several elements of ``view`` share one memory location
     (an expanded view), as PyTorch does for an in-place write through one.
     """
+    if base.ndim == 0 and view.size == 1:
+        return (None,) * view.ndim if view.ndim else (Ellipsis,)
     if base.ndim == 0 or view.size == 0:
         return None
     offset = np.full(view.shape, view.__array_interface__["data"][0] - base.__array_interface__["data"][0],

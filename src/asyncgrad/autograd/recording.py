@@ -169,7 +169,7 @@ class OpNode(Node):
 
     def release_variables(self) -> None:
         # Nodes that saved nothing stay usable: the "second time" error is lazy (PyTorch 5.3).
-        if self.saved:
+        if self.saved or self.spec.saves_params:
             self.saved = None
             self.checks = ()
 

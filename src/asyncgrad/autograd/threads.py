@@ -211,8 +211,12 @@ def block_on(fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> Any:
         # The caller runs a node or callback of a backward (Note [Explicit nesting]): the
         # coroutine does so on its behalf, in the new loop's task, which owns it now.
         async def as_node_owner(*args: Any) -> Any:
-            _context.node_owner.set(current_owner())
-            return await fn(*args)
+            # reset after: the task's context naming the task itself is a reference cycle
+            token = _context.node_owner.set(current_owner())
+            try:
+                return await fn(*args)
+            finally:
+                _context.node_owner.reset(token)
 
         run = as_node_owner
     if not in_event_loop_thread():

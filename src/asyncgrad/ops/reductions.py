@@ -92,7 +92,8 @@ def _var(x, *, dim, keepdim, correction):  # type: ignore[no-untyped-def]
 def _extreme_all(reduce: Any):  # type: ignore[no-untyped-def]
     def forward(x):  # type: ignore[no-untyped-def]
         ans = np.asarray(reduce(x))
-        mask = x == ans
+        # a NaN result: the gradient is split among the NaN elements, as PyTorch's
+        mask = np.isnan(x) if ans.dtype.kind == "f" and np.isnan(ans) else x == ans
         weights = mask / np.asarray(mask.sum(), dtype=x.dtype)
         return ans, weights.astype(x.dtype, copy=False)
     return forward
