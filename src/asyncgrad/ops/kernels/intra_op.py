@@ -1,9 +1,9 @@
 """Intra-op threads: whether a large compiled kernel may split itself over the cores now.
 
-Note [Intra-op threads]: the compiled elementwise and row kernels (``_numba_kernels.py``)
+Note [Intra-op threads]: the compiled elementwise and row kernels (``numba_kernels.py``)
 have parallel forms (numba ``prange``) that split one call over the cores. They run only
 when all of these hold, else the serial kernel runs (the same results, Note [Parallel
-kernels give the serial bits] in ``_numba_kernels.py``):
+kernels give the serial bits] in ``numba_kernels.py``):
 
 * numba's TBB threading layer is in use (``available``). TBB's pool is shared by every
   thread that calls into it (two kernels called at once share its threads, they do not
@@ -88,16 +88,16 @@ MIN_HEAVY = 65536  # gelu (both forms) and its backward, sigmoid, softmax, log_s
 MIN_PRODUCT = 1 << 22  # multiply-adds from which a product splits (Note [One pool]; untuned: the step's least is 8.5 M)
 MIN_LIGHT = 262144  # tanh's, sigmoid's, relu's, softmax's, log_softmax's and layer_norm's backward, masks
 
-available = False  # set by _numba_kernels at import when it compiled the parallel forms (TBB)
+available = False  # set by numba_kernels at import when it compiled the parallel forms (TBB)
 _setting = os.environ.get(ENV_VAR, "").strip().lower()
-load_forms = _setting not in ("0", "off", "false", "no")  # read by _numba_kernels at import
+load_forms = _setting not in ("0", "off", "false", "no")  # read by numba_kernels at import
 _enabled = _setting in ("1", "on", "true", "yes", "pool")  # off unless asked for: Note [Intra-op threads]
 launches = 0  # parallel kernel calls so far (tests observe the switch through it)
 one_pool = _setting == "pool"  # Note [One pool]: BLAS at one thread, products in TBB's pool too
 # a 2-D product ``(a, b, out) -> out`` or None (numpy's then), set by ``build_product`` once
 # it compiled the split product over numpy's BLAS; ``linalg._mm`` calls it
 product: Callable[[Any, Any, Any], Any] | None = None
-# compiles ``product`` (once; whether it could), set by _numba_kernels with the parallel
+# compiles ``product`` (once; whether it could), set by numba_kernels with the parallel
 # forms: the split product is built the first time one pool is turned on
 build_product: Callable[[], bool] | None = None
 _pin: Any = None  # the BLAS.pinned(1) block one pool holds open
@@ -120,7 +120,7 @@ def set_one_pool(on: bool) -> None:
     large 2-D products split over TBB's pool; off, BLAS's threads adapt again and the
     parallel kernels stay as :func:`set_enabled` left them."""
     global one_pool, _pin
-    from . import linalg
+    from .. import linalg
 
     if on:
         if build_product is not None:
@@ -138,14 +138,14 @@ def _pin_blas() -> None:
     """Hold BLAS at one thread per call for one pool (once)."""
     global _pin, _blas
     if _pin is None:
-        from ..autograd.policy import BLAS
+        from ...autograd.policy import BLAS
 
         _blas = BLAS
         _pin = BLAS.pinned(1)
         _pin.__enter__()
 
 
-on_switch: Callable[[bool], None] | None = None  # set by _numba_kernels: installs or removes its dispatchers
+on_switch: Callable[[bool], None] | None = None  # set by numba_kernels: installs or removes its dispatchers
 
 
 def enabled() -> bool:
@@ -160,7 +160,7 @@ def allowed() -> bool:
     if not (_enabled and available):
         return False
     if _blas is None:
-        from ..autograd.policy import BLAS
+        from ...autograd.policy import BLAS
 
         _blas = BLAS
     if one_pool and _pin is None:  # ASYNCGRAD_INTRA_OP=pool: pinned at the first kernel
