@@ -73,7 +73,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -135,13 +136,11 @@ def set_one_pool(on: bool) -> None:
 
 
 def _pin_blas() -> None:
-    """Hold BLAS at one thread per call for one pool (once)."""
-    global _pin, _blas
-    if _pin is None:
-        from ...autograd.policy import BLAS
-
-        _blas = BLAS
-        _pin = BLAS.pinned(1)
+    """Hold BLAS at one thread per call for one pool (once; not before a gate is
+    registered: the next kernel that asks pins it)."""
+    global _pin
+    if _pin is None and _gate is not None:
+        _pin = _gate.pinned(1)
         _pin.__enter__()
 
 
@@ -155,20 +154,38 @@ def enabled() -> bool:
 
 def allowed() -> bool:
     """Whether a large kernel called now may split itself over the cores (Note [Intra-op
-    threads]); each True answer counts as one launch."""
-    global launches, _blas
-    if not (_enabled and available):
+    threads]); each True answer counts as one launch. Without a registered gate
+    (:func:`use_gate`) nothing says the process is idle, so every kernel stays serial."""
+    global launches
+    if not (_enabled and available) or _gate is None:
         return False
-    if _blas is None:
-        from ...autograd.policy import BLAS
-
-        _blas = BLAS
     if one_pool and _pin is None:  # ASYNCGRAD_INTRA_OP=pool: pinned at the first kernel
         _pin_blas()
-    if not _blas.intra_op_ok(one_pool):
+    if not _gate.intra_op_ok(one_pool):
         return False
     launches += 1
     return True
 
 
-_blas: Any = None  # autograd.policy.BLAS, imported at first use (ops load before autograd)
+class Gate(Protocol):
+    """What the intra-op switch asks of whoever runs numpy's BLAS (the engine's
+    ``BLAS`` thread policy, which registers itself with :func:`use_gate`): ops never
+    import the engine, the engine tells ops what they need."""
+
+    def intra_op_ok(self, one_pool: bool = False) -> bool:
+        """Whether a kernel may split itself over the cores now (Note [Intra-op threads])."""
+        ...
+
+    def pinned(self, n: int) -> AbstractContextManager[None]:
+        """A block in which numpy's BLAS runs ``n`` threads per call."""
+        ...
+
+
+_gate: Gate | None = None  # registered by the engine at import (autograd/policy.py)
+
+
+def use_gate(gate: Gate) -> None:
+    """Ask ``gate`` from now on whether the process is idle enough for parallel kernels,
+    and pin BLAS through it for one pool (Note [One pool])."""
+    global _gate
+    _gate = gate
