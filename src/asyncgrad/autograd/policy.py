@@ -118,6 +118,7 @@ from contextlib import contextmanager
 from heapq import heappop, heappush
 from typing import TYPE_CHECKING, Any
 
+from ..ops.kernels import intra_op
 from .cpu_load import OtherLoad
 from .graph import AccumulateGrad
 from .recording import MultiViewNode, OpNode
@@ -486,6 +487,7 @@ def _inspect_blas() -> tuple[list[Any], int]:
 
 
 BLAS = BlasThreads(CORES)
+intra_op.use_gate(BLAS)  # the intra-op switch asks BLAS whether the process is idle (ops never import autograd)
 
 
 _malloc_tuned = False

@@ -14,10 +14,10 @@ from dataclasses import replace
 
 import numpy as np
 
-from . import _fast as fast
+from .kernels import compiled_path as fast
 from ._quiet import quiet
 from ._spec import defop
-from ._special import erf as _erf
+from .kernels.special import erf as _erf
 
 _2_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
 

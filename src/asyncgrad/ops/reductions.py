@@ -37,13 +37,13 @@ def _count(shape: tuple[int, ...], dim: tuple[int, ...] | None) -> int:
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 # Below this many elements a sum over the last axis keeps numpy's reduction: a call into a
-# compiled kernel costs ~1-2 us more (as ``_fast.ELEMENTWISE_MIN``).
+# compiled kernel costs ~1-2 us more (as ``compiled_path.ELEMENTWISE_MIN``).
 ROW_SUMS_MIN = 4096
 
 
 def _row_sums(x: np.ndarray, dim: tuple[int, ...] | None, keepdim: bool) -> np.ndarray | None:
     """``np.add.reduce(x, axis=dim, keepdims=keepdim)`` by the compiled ``row_sums``, the
-    same bits (Note [Row sums in numpy's order] in _numba_kernels.py), when ``dim`` is the
+    same bits (Note [Row sums in numpy's order] in numba_kernels.py), when ``dim`` is the
     last axis of a C-contiguous, writeable float32/float64 ``x`` of at least
     ``ROW_SUMS_MIN`` elements (and one) and the compiled kernels are in use and sum as
     this numpy does (checked at their load); else None."""
