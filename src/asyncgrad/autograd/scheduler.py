@@ -194,7 +194,6 @@ class Admission:
         await self._scheduler.wait_in_line()
 
     async def __aexit__(self, *exc: object) -> None:
-        BLAS.backward_ended()
         self._scheduler.hand_on()  # (Note [Handing on]: however this caller leaves)
 
 
@@ -303,6 +302,8 @@ class LoopScheduler:
             else:  # chosen, then cancelled before it took over: choose another
                 self.hand_on()
             raise
+        finally:
+            BLAS.backward_ended()  # (synchronously before the engine counts the call)
 
     def hand_on(self) -> None:
         """Without a runner, wake the driver that takes the role next (Note [Handing
