@@ -55,6 +55,7 @@ class GraphTask:
         # -- written here by the creating thread, read-only afterwards (any thread reads)
         self.id = next(_graph_task_ids)
         self.engine = engine
+        self.policy = engine.task_policy  # its engine's settings now (Note [Each call runs by its engine's policy])
         self.keep_graph = keep_graph  # retain_graph: keep saved tensors
         self.create_graph = create_graph  # record the backward (math on Tensors)
         self.accumulate = accumulate  # backward() writes .grad; grad() only captures
