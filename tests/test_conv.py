@@ -175,6 +175,17 @@ def test_gradient_of_gradient_matches_torch() -> None:
         np.testing.assert_allclose(a, t, rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("kw", [{"padding": 1}, {"stride": 2, "groups": 2}], ids=str)
+def test_one_gradient_alone_equals_the_joint_rule(kw: dict[str, Any]) -> None:
+    """The per-input rules (one gradient needed) and the joint one (several) agree."""
+    x, w, b = _t(2, 4, 6, 6), _t(4, 4 // kw.get("groups", 1), 3, 3, seed=1), _t(4, seed=2)
+    g = ag.tensor(_rand(*F.conv2d(x, w, b, **kw).shape, seed=3))
+    together = ag.grad_sync(F.conv2d(x, w, b, **kw), [x, w, b], g)
+    for i, t in enumerate((x, w, b)):
+        (alone,) = ag.grad_sync(F.conv2d(x, w, b, **kw), [t], g)
+        np.testing.assert_allclose(alone.numpy(), together[i].numpy(), rtol=1e-12, atol=1e-12)
+
+
 def test_node_name_is_torchs() -> None:
     y = F.conv2d(_t(1, 1, 4, 4), _t(1, 1, 3, 3))
     assert y.grad_fn.name() == "ConvolutionBackward0"
