@@ -127,6 +127,18 @@ def test_conv_transpose2d_matches_torch(kw: dict[str, Any], bias: bool) -> None:
     assert_matches_torch(lambda *a: F.conv_transpose2d(*a, **kw), lambda *a: TF.conv_transpose2d(*a, **kw), arrays)
 
 
+@pytest.mark.parametrize("kw", [{}, {"padding": 1, "groups": 2}, {"padding": (0, 2), "dilation": (2, 1)}], ids=str)
+def test_wide_images_match_torch(kw: dict[str, Any]) -> None:
+    """Images wide enough that stride-1 kernels run on wide rows (Note [Wide rows])."""
+    import torch.nn.functional as TF
+
+    pytest.importorskip("torch")
+    g = kw.get("groups", 1)
+    arrays = [_rand(2, 4, 5, 13), _rand(4, 4 // g, 3, 3, seed=1), _rand(4, seed=2)]
+    assert_matches_torch(lambda *a: F.conv2d(*a, **kw), lambda *a: TF.conv2d(*a, **kw), arrays)
+    assert_matches_torch(lambda *a: F.conv_transpose2d(*a, **kw), lambda *a: TF.conv_transpose2d(*a, **kw), arrays)
+
+
 def test_torch_namespace_functions_are_the_functional_ones() -> None:
     assert ag.conv2d is F.conv2d and ag.conv1d is F.conv1d and ag.conv_transpose2d is F.conv_transpose2d
 
