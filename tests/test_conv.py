@@ -127,6 +127,18 @@ def test_conv_transpose2d_matches_torch(kw: dict[str, Any], bias: bool) -> None:
     assert_matches_torch(lambda *a: F.conv_transpose2d(*a, **kw), lambda *a: TF.conv_transpose2d(*a, **kw), arrays)
 
 
+@pytest.mark.parametrize("kw", [{}, {"padding": 1, "groups": 2}, {"padding": (0, 2), "dilation": (2, 1)}], ids=str)
+def test_wide_images_match_torch(kw: dict[str, Any]) -> None:
+    """Images wide enough that stride-1 kernels run on wide rows (Note [Wide rows])."""
+    import torch.nn.functional as TF
+
+    pytest.importorskip("torch")
+    g = kw.get("groups", 1)
+    arrays = [_rand(2, 4, 5, 13), _rand(4, 4 // g, 3, 3, seed=1), _rand(4, seed=2)]
+    assert_matches_torch(lambda *a: F.conv2d(*a, **kw), lambda *a: TF.conv2d(*a, **kw), arrays)
+    assert_matches_torch(lambda *a: F.conv_transpose2d(*a, **kw), lambda *a: TF.conv_transpose2d(*a, **kw), arrays)
+
+
 def test_torch_namespace_functions_are_the_functional_ones() -> None:
     assert ag.conv2d is F.conv2d and ag.conv1d is F.conv1d and ag.conv_transpose2d is F.conv_transpose2d
 
@@ -173,6 +185,17 @@ def test_gradient_of_gradient_matches_torch() -> None:
 
     for a, t in zip(ours(), theirs()):
         np.testing.assert_allclose(a, t, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("kw", [{"padding": 1}, {"stride": 2, "groups": 2}], ids=str)
+def test_one_gradient_alone_equals_the_joint_rule(kw: dict[str, Any]) -> None:
+    """The per-input rules (one gradient needed) and the joint one (several) agree."""
+    x, w, b = _t(2, 4, 6, 6), _t(4, 4 // kw.get("groups", 1), 3, 3, seed=1), _t(4, seed=2)
+    g = ag.tensor(_rand(*F.conv2d(x, w, b, **kw).shape, seed=3))
+    together = ag.grad_sync(F.conv2d(x, w, b, **kw), [x, w, b], g)
+    for i, t in enumerate((x, w, b)):
+        (alone,) = ag.grad_sync(F.conv2d(x, w, b, **kw), [t], g)
+        np.testing.assert_allclose(alone.numpy(), together[i].numpy(), rtol=1e-12, atol=1e-12)
 
 
 def test_node_name_is_torchs() -> None:

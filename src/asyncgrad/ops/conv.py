@@ -74,8 +74,9 @@ def _grouped_rows(gy: np.ndarray, g: int, win: W.Window) -> np.ndarray:
     return np.ascontiguousarray(gy.reshape(n, g, o // g, -1).transpose(1, 2, 0, 3)).reshape(g, o // g, -1)
 
 
-def conv_input_grad(m: Any, gy: Any, w: Any, geo: ConvGeometry) -> Any:
-    """The adjoint of ``conv`` in ``x``: ``gy`` (N, O, oh, ow) to (N, C, H, W)."""
+def conv_input_grad(m: Any, gy: Any, w: Any, geo: ConvGeometry, rows: np.ndarray | None = None) -> Any:
+    """The adjoint of ``conv`` in ``x``: ``gy`` (N, O, oh, ow) to (N, C, H, W); ``rows``
+    is ``_grouped_rows(gy)`` when the caller has it already."""
     n, o = gy.shape[:2]
     c = w.shape[1] * geo.groups
     g, cg, og, k = _shapes(geo, n, c, o)
@@ -84,13 +85,15 @@ def conv_input_grad(m: Any, gy: Any, w: Any, geo: ConvGeometry) -> Any:
     if m.tensor_mode:
         cols = m.matmul(wt, m.reshape(gy, (n, g, og, win.positions)))
         return W.m_fold(m, m.reshape(cols, (n, c, *win.kernel, *win.out_size)), win)
-    cols = np.matmul(wt, _grouped_rows(gy, g, win))  # (groups, C/groups * taps, N * positions)
+    if rows is None:
+        rows = _grouped_rows(gy, g, win)
+    cols = np.matmul(wt, rows)  # (groups, C/groups * taps, N * positions)
     if W.wide(win):
         return W.np_fold_wide(cols.reshape(c, *win.kernel, n, -1), win)
     return W.np_fold_channels_first(cols.reshape(c, *win.kernel, n, *win.out_size), win)
 
 
-def conv_weight_grad(m: Any, x: Any, gy: Any, geo: ConvGeometry) -> Any:
+def conv_weight_grad(m: Any, x: Any, gy: Any, geo: ConvGeometry, rows: np.ndarray | None = None) -> Any:
     """The adjoint of ``conv`` in ``w``: (O, C/groups, kh, kw) from ``x`` and ``gy``."""
     n, c = x.shape[:2]
     o = gy.shape[1]
@@ -103,7 +106,20 @@ def conv_weight_grad(m: Any, x: Any, gy: Any, geo: ConvGeometry) -> Any:
         return m.reshape(m.sum(m.matmul(gy, m.transpose(cols, 2, 3)), 0), shape)
     unfold = W.np_unfold_wide if W.wide(win) else W.np_unfold_channels_first
     cols = unfold(x, win).reshape(g, k, -1)
-    return np.matmul(_grouped_rows(gy, g, win), cols.transpose(0, 2, 1)).reshape(shape)
+    if rows is None:
+        rows = _grouped_rows(gy, g, win)
+    return np.matmul(rows, cols.transpose(0, 2, 1)).reshape(shape)
+
+
+def _conv_joint(g: np.ndarray, ans: Any, x: Any, w: Any, b: Any = None, *, mask: tuple[bool, ...],
+                geo: ConvGeometry) -> tuple[np.ndarray | None, ...]:
+    """dx, dw and db as ``mask`` asks (Note [Joint rules] in ops/_spec.py): the gradient
+    laid out as the products want it once, for both."""
+    rows = _grouped_rows(g, geo.groups, geo.window)
+    dx = conv_input_grad(_NP, g, w, geo, rows) if mask[0] else None
+    dw = conv_weight_grad(_NP, x, g, geo, rows) if mask[1] else None
+    db = g.sum(axis=(0, 2, 3)) if len(mask) > 2 and mask[2] else None
+    return (dx, dw, db)[:len(mask)]
 
 
 def _channel_sum(m: Any, g: Any) -> Any:
@@ -143,11 +159,11 @@ conv2d = defop("ConvolutionBackward0", _conv_forward,
                lambda m, g, ans, x, w, b=None, *, geo: conv_input_grad(m, g, w, geo),
                lambda m, g, ans, x, w, b=None, *, geo: conv_weight_grad(m, x, g, geo),
                lambda m, g, ans, x, w, b, *, geo: _channel_sum(m, g),
-               save="x@1 y@0", blas=True)
+               save="x@1 y@0", blas=True, joint=_conv_joint)
 conv2d_nobias = defop("ConvolutionBackward0", _conv_forward,
                       lambda m, g, ans, x, w, *, geo: conv_input_grad(m, g, w, geo),
                       lambda m, g, ans, x, w, *, geo: conv_weight_grad(m, x, g, geo),
-                      save="x@1 y@0", blas=True)
+                      save="x@1 y@0", blas=True, joint=_conv_joint)
 conv_transpose2d = defop("ConvolutionBackward0", _conv_transpose_forward,
                          lambda m, g, ans, x, w, b=None, *, geo: conv(m, g, w, geo),
                          lambda m, g, ans, x, w, b=None, *, geo: conv_weight_grad(m, g, x, geo),

@@ -2,8 +2,8 @@
 biased variance over the batch and every spatial position, then scaled and shifted.
 
 The forward makes one pass for the means, one for the variances and one for the output,
-and keeps x-hat and ``1 / std`` (as layer norm does: Note [Layer norm keeps x-hat] in
-ops/nn.py); the backward's joint rule makes one pass for the two channel sums it needs
+and keeps the centred input and ``1 / std`` (as layer norm keeps x-hat: Note [Layer norm
+keeps x-hat] in ops/nn.py); the backward's joint rule makes one pass for the two channel sums it needs
 (``sum g`` and ``sum g * x-hat``, which are also ``db`` and ``dw``) and one for ``dx``:
 
     dx = w * rstd * (g - mean(g) - x-hat * mean(g * x-hat))
@@ -42,21 +42,20 @@ def _column(v: np.ndarray) -> np.ndarray:
 
 
 def _batch_norm(x: np.ndarray, *affine: np.ndarray, eps: float) -> tuple[np.ndarray, tuple[Any, ...]]:
-    """The normalised output and, as aux, ``(xhat, rstd, mean, var)``: x-hat as (N, C, R),
-    ``1 / sqrt(var + eps)``, and the batch's mean and biased variance per channel."""
+    """The normalised output and, as aux, ``(xc, rstd, mean, var)``: the centred input
+    ``x - mean`` as (N, C, R), ``1 / sqrt(var + eps)``, and the batch's mean and biased
+    variance per channel (x-hat is ``xc * rstd``; keeping ``xc`` spares the forward a pass)."""
     x3 = _as_channels(x)
     n = x3.shape[0] * x3.shape[2]
     mean = _channel_sums(x3) / n
-    xhat = x3 - _column(mean)
-    var = _channel_sums(xhat, xhat) / n
+    xc = x3 - _column(mean)
+    var = _channel_sums(xc, xc) / n
     rstd = 1.0 / np.sqrt(var + eps)
-    xhat *= _column(rstd)
-    if not affine:
-        return xhat.reshape(x.shape).copy(), (xhat, rstd, mean, var)
-    w, b = affine
-    out = xhat * _column(w)
-    out += _column(b)
-    return out.reshape(x.shape), (xhat, rstd, mean, var)
+    w, b = affine if affine else (None, None)
+    out = xc * _column(rstd if w is None else w * rstd)
+    if b is not None:
+        out += _column(b)
+    return out.reshape(x.shape), (xc, rstd, mean, var)
 
 
 def _dims(x: Any) -> tuple[int, ...]:
@@ -94,14 +93,14 @@ def _bn_rule_b(m: Any, g: Any, ans: Any, x: Any, w: Any, b: Any, *, eps: float, 
 def _bn_joint(g: np.ndarray, ans: Any, x: Any, w: Any = None, b: Any = None, *, mask: tuple[bool, ...],
               eps: float, aux: Any) -> tuple[np.ndarray | None, ...]:
     """dx, dw and db as ``mask`` asks, from the two channel sums (Note [Joint rules])."""
-    xhat, rstd = aux[0], aux[1]
+    xc, rstd = aux[0], aux[1]
     g3 = _as_channels(g)
     n = g3.shape[0] * g3.shape[2]
     gsum = _channel_sums(g3)
-    gx = _channel_sums(g3, xhat)
+    gx = _channel_sums(g3, xc) * rstd  # sum g * x-hat
     dx = None
     if mask[0]:
-        dx = xhat * _column(gx / n)
+        dx = xc * _column(gx * rstd / n)
         np.subtract(g3, dx, out=dx)
         dx -= _column(gsum / n)
         dx *= _column(rstd if w is None else w * rstd)
