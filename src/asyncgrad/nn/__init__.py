@@ -10,7 +10,7 @@ from .layers import (
     GELU, CrossEntropyLoss, Dropout, Embedding, Flatten, Identity, LayerNorm, Linear, LogSoftmax,
     MSELoss, NLLLoss, ReLU, Sigmoid, Softmax, Tanh,
 )
-from .rnn import GRU, LSTM, GRUCell, LSTMCell
+from .rnn import GRU, LSTM, RNN, GRUCell, LSTMCell
 from .transformer import MultiheadAttention, TransformerEncoder, TransformerEncoderLayer
 from .module import IncompatibleKeys, Module, ModuleDict, ModuleList, Parameter, Sequential
 
@@ -19,5 +19,5 @@ __all__ = [
     "LayerNorm", "Linear", "LogSoftmax", "MSELoss", "Module", "ModuleDict", "ModuleList", "NLLLoss",
     "Parameter", "ReLU", "Sequential", "Sigmoid", "Softmax", "Tanh", "functional", "init", "utils",
 ]
-__all__ += ["GRU", "LSTM", "GRUCell", "LSTMCell", "MultiheadAttention", "TransformerEncoder",
+__all__ += ["GRU", "LSTM", "RNN", "GRUCell", "LSTMCell", "MultiheadAttention", "TransformerEncoder",
             "TransformerEncoderLayer"]
