@@ -204,3 +204,33 @@ def test_errors_name_what_is_wrong():
         ag.nn.GRU(I, H, dropout=1.5)
     with pytest.raises(NotImplementedError, match="proj_size"):
         ag.nn.LSTM(I, H, proj_size=2)
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_concurrent_async_backwards_through_one_lstm_sum_as_one_by_one(backend):
+    """Two tasks' backwards through the shared LSTM, interleaved on one loop, accumulate
+    what the same two backwards give one after the other."""
+    import anyio
+
+    lstm = ag.nn.LSTM(I, H, num_layers=2, bidirectional=True)
+    rng = np.random.default_rng(8)
+    xs = [ag.tensor(rng.standard_normal((T, B, I))) for _ in range(2)]
+
+    for x in xs:
+        (lstm(x)[0] ** 2).sum().backward()
+    expected = [p.grad.numpy().copy() for p in lstm.parameters()]
+    lstm.zero_grad()
+
+    async def one(x):
+        out, (h, c) = lstm(x)
+        await anyio.sleep(0)
+        await ag.backward((out ** 2).sum())
+
+    async def main():
+        async with anyio.create_task_group() as tg:
+            for x in xs:
+                tg.start_soon(one, x)
+
+    anyio.run(main, backend=backend)
+    for p, e in zip(lstm.parameters(), expected):
+        _close(p.grad.numpy(), e, 1e-12)
