@@ -47,6 +47,42 @@ def char_gru(torch, nn, F):
     return CharGRU(11, 7)
 
 
+def word_language_model(torch, nn, F):
+    """The shape of PyTorch's word-language-model example: an RNN chosen by name, tied
+    initialisation by ``nn.init``, hidden states from ``weight.new_zeros``."""
+
+    class RNNModel(nn.Module):
+        def __init__(self, rnn_type, ntoken, ninp, nhid, nlayers):
+            super().__init__()
+            self.drop = nn.Dropout(0.0)
+            self.encoder = nn.Embedding(ntoken, ninp)
+            if rnn_type in ["LSTM", "GRU"]:
+                self.rnn = getattr(nn, rnn_type)(ninp, nhid, nlayers, dropout=0.0)
+            else:
+                self.rnn = nn.RNN(ninp, nhid, nlayers, nonlinearity="tanh", dropout=0.0)
+            self.decoder = nn.Linear(nhid, ntoken)
+            self.rnn_type, self.nhid, self.nlayers = rnn_type, nhid, nlayers
+            initrange = 0.1
+            nn.init.uniform_(self.encoder.weight, -initrange, initrange)
+            nn.init.zeros_(self.decoder.bias)
+            nn.init.uniform_(self.decoder.weight, -initrange, initrange)
+
+        def init_hidden(self, bsz):
+            weight = next(self.parameters())
+            return weight.new_zeros((self.nlayers, bsz, self.nhid))
+
+        def forward(self, idx, targets, hidden=None):
+            emb = self.drop(self.encoder(idx.t()))
+            if hidden is None:
+                hidden = self.init_hidden(idx.size(0))
+            output, hidden = self.rnn(emb, hidden)
+            decoded = self.decoder(self.drop(output)).view(-1, 11)
+            loss = F.nll_loss(F.log_softmax(decoded, dim=1), targets.t().reshape(-1))
+            return decoded, loss, hidden.detach()
+
+    return RNNModel("RNN_TANH", 11, 6, 8, 2)
+
+
 def gpt_block(torch, nn, F, explicit_attention=False):
     n_embd, n_head, block_size = 16, 4, 8
 
@@ -156,9 +192,10 @@ def _namespaces(torch):
             "asyncgrad": (asyncgrad, asyncgrad.nn, asyncgrad.nn.functional)}
 
 
-@pytest.mark.parametrize("build", [char_lstm, char_gru, gpt_block,
+@pytest.mark.parametrize("build", [char_lstm, char_gru, word_language_model, gpt_block,
                                    lambda *ns: gpt_block(*ns, explicit_attention=True), encoder_classifier],
-                         ids=["char_lstm", "char_gru", "gpt_block", "gpt_block_explicit_mask", "encoder"])
+                         ids=["char_lstm", "char_gru", "word_language_model", "gpt_block", "gpt_block_explicit_mask",
+                              "encoder"])
 def test_same_source_same_numbers(build):
     torch = pytest.importorskip("torch")
     prev = torch.get_default_dtype()

@@ -1,4 +1,4 @@
-"""LSTM, GRU, LSTMCell and GRUCell: PyTorch's outputs, gradients, state_dict keys and
+"""LSTM, GRU, RNN, LSTMCell and GRUCell: PyTorch's outputs, gradients, state_dict keys and
 errors (torch as the oracle, float64), gradcheck and gradgradcheck of the recurrence."""
 
 import itertools
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import asyncgrad as ag
-from asyncgrad.nn.rnn import gru_layer, lstm_layer
+from asyncgrad.nn.rnn import gru_layer, lstm_layer, rnn_layer
 
 T, B, I, H = 4, 3, 5, 6
 
@@ -24,6 +24,7 @@ def _close(a, b, tol=1e-10):
 SETTINGS = [(1, False, False, False), (1, True, True, True), (2, False, True, True), (2, True, False, True),
             (2, True, True, False), (1, False, True, False), (2, False, False, False)]
 GRID = [(kind, *s) for kind, s in itertools.product(("LSTM", "GRU"), SETTINGS)]
+GRID += [("RNN", *s) for s in SETTINGS[:3]]
 
 
 @pytest.mark.parametrize("kind, layers, bidirectional, batch_first, with_h0", GRID)
@@ -66,11 +67,12 @@ def test_forward_and_every_gradient_equal_torch(kind, layers, bidirectional, bat
         _close(q.grad.numpy(), p.grad.numpy())
 
 
-@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+@pytest.mark.parametrize("kind", ["LSTM", "GRU", "RNN"])
 def test_unbatched_input_no_bias_and_torch_init_range(kind):
     torch = pytest.importorskip("torch")
-    theirs = getattr(torch.nn, kind)(I, H, bias=False).double()
-    mine = getattr(ag.nn, kind)(I, H, bias=False)
+    extra = {"nonlinearity": "relu"} if kind == "RNN" else {}
+    theirs = getattr(torch.nn, kind)(I, H, bias=False, **extra).double()
+    mine = getattr(ag.nn, kind)(I, H, bias=False, **extra)
     assert list(mine.state_dict()) == list(theirs.state_dict()) == ["weight_ih_l0", "weight_hh_l0"]
     bound = 1 / np.sqrt(H)
     assert all(np.abs(p.numpy()).max() <= bound for p in mine.parameters())
@@ -158,6 +160,15 @@ def test_gru_recurrence_gradcheck_and_gradgradcheck(reverse):
     assert ag.autograd.gradgradcheck(fn, args)
 
 
+@pytest.mark.parametrize("nonlinearity", ["tanh", "relu"])
+def test_rnn_recurrence_gradcheck_and_gradgradcheck(nonlinearity):
+    rng = np.random.default_rng(7)
+    args = _leaves(rng, (2, 2, 1), (2, 2), (2, 1), (2, 2), (2,), (2,))
+    fn = lambda *a: rnn_layer(*a, reverse=True, nonlinearity=nonlinearity)  # noqa: E731
+    assert ag.autograd.gradcheck(fn, args)
+    assert ag.autograd.gradgradcheck(fn, args)
+
+
 def test_lstm_module_gradgradcheck_over_its_input():
     lstm = ag.nn.LSTM(2, 2, bidirectional=True)
     x = ag.tensor(np.random.default_rng(5).standard_normal((3, 1, 2)), requires_grad=True)
@@ -185,7 +196,41 @@ def test_errors_name_what_is_wrong():
         lstm(ag.randn(T, B, I, 1))
     with pytest.raises(RuntimeError, match=r"Expected hidden\[0\] size \(2, 3, 6\), got \[1, 3, 6\]"):
         lstm(ag.randn(T, B, I), (ag.zeros(1, B, H), ag.zeros(2, B, H)))
+    with pytest.raises(RuntimeError, match=r"Expected hidden size \(1, 3, 6\), got \[2, 3, 6\]"):
+        ag.nn.GRU(I, H)(ag.randn(T, B, I), ag.zeros(2, B, H))
+    with pytest.raises(ValueError, match="Unknown nonlinearity 'gelu'"):
+        ag.nn.RNN(I, H, nonlinearity="gelu")
     with pytest.raises(ValueError, match="dropout should be a number in range"):
         ag.nn.GRU(I, H, dropout=1.5)
     with pytest.raises(NotImplementedError, match="proj_size"):
         ag.nn.LSTM(I, H, proj_size=2)
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_concurrent_async_backwards_through_one_lstm_sum_as_one_by_one(backend):
+    """Two tasks' backwards through the shared LSTM, interleaved on one loop, accumulate
+    what the same two backwards give one after the other."""
+    import anyio
+
+    lstm = ag.nn.LSTM(I, H, num_layers=2, bidirectional=True)
+    rng = np.random.default_rng(8)
+    xs = [ag.tensor(rng.standard_normal((T, B, I))) for _ in range(2)]
+
+    for x in xs:
+        (lstm(x)[0] ** 2).sum().backward()
+    expected = [p.grad.numpy().copy() for p in lstm.parameters()]
+    lstm.zero_grad()
+
+    async def one(x):
+        out, (h, c) = lstm(x)
+        await anyio.sleep(0)
+        await ag.backward((out ** 2).sum())
+
+    async def main():
+        async with anyio.create_task_group() as tg:
+            for x in xs:
+                tg.start_soon(one, x)
+
+    anyio.run(main, backend=backend)
+    for p, e in zip(lstm.parameters(), expected):
+        _close(p.grad.numpy(), e, 1e-12)

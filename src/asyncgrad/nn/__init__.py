@@ -14,7 +14,7 @@ from .conv import Conv1d, Conv2d, ConvTranspose2d
 from .normalization import BatchNorm1d, BatchNorm2d, GroupNorm
 from .pooling import AdaptiveAvgPool2d, AdaptiveMaxPool2d, AvgPool2d, MaxPool2d
 from .upsampling import Upsample
-from .rnn import GRU, LSTM, GRUCell, LSTMCell
+from .rnn import GRU, LSTM, RNN, GRUCell, LSTMCell
 from .transformer import MultiheadAttention, TransformerEncoder, TransformerEncoderLayer
 from .module import IncompatibleKeys, Module, ModuleDict, ModuleList, Parameter, Sequential
 
@@ -27,5 +27,5 @@ __all__ += [  # image layers (issue 32)
     "AdaptiveAvgPool2d", "AdaptiveMaxPool2d", "AvgPool2d", "BatchNorm1d", "BatchNorm2d", "Conv1d", "Conv2d",
     "ConvTranspose2d", "GroupNorm", "MaxPool2d", "Upsample",
 ]
-__all__ += ["GRU", "LSTM", "GRUCell", "LSTMCell", "MultiheadAttention", "TransformerEncoder",
+__all__ += ["GRU", "LSTM", "RNN", "GRUCell", "LSTMCell", "MultiheadAttention", "TransformerEncoder",
             "TransformerEncoderLayer"]

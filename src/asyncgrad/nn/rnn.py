@@ -1,4 +1,4 @@
-"""Recurrent layers: ``LSTM``, ``GRU``, ``LSTMCell`` and ``GRUCell``, as PyTorch's.
+"""Recurrent layers: ``LSTM``, ``GRU``, ``RNN``, ``LSTMCell`` and ``GRUCell``, as PyTorch's.
 
 Parameters carry PyTorch's names (``weight_ih_l0``, ``weight_hh_l0``, ``bias_ih_l0``,
 ``bias_hh_l0``, ``..._reverse`` for the backward direction) in its order and gate layout
@@ -55,6 +55,17 @@ def gru_layer(x: Tensor, h0: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Tensor | 
         b_hh = _zeros((w_hh.shape[0],), w_hh.dtype)
     out, aux = _R._gru(xg.data, h0.data, w_hh.data, b_hh.data, reverse=reverse)
     hs = record(_R.gru, (xg, h0, w_hh, b_hh), out, aux=aux, params={"reverse": reverse})
+    return hs, hs[0 if reverse else x.shape[0] - 1]
+
+
+def rnn_layer(x: Tensor, h0: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Tensor | None, b_hh: Tensor | None,
+              reverse: bool = False, nonlinearity: str = "tanh") -> tuple[Tensor, Tensor]:
+    """One Elman RNN layer in one direction over ``x`` ``(T, B, I)`` from ``h0`` ``(B, H)``:
+    the hidden states ``(T, B, H)`` and the last hidden state."""
+    bias = None if b_ih is None else (b_ih if b_hh is None else _F.add(b_ih, b_hh))
+    xg = F.linear(x, w_ih, bias)
+    params = {"nonlinearity": nonlinearity, "reverse": reverse}
+    hs = record(_R.rnn, (xg, h0, w_hh), _R._rnn(xg.data, h0.data, w_hh.data, **params), params=params)
     return hs, hs[0 if reverse else x.shape[0] - 1]
 
 
@@ -166,14 +177,11 @@ class _RNNBase(Module):
         batch = x.shape[1]
         directions = 2 if self.bidirectional else 1
         expected = (self.num_layers * directions, batch, self.hidden_size)
-        names = ("hx", "cx") if len(states) == 2 else ("hx",)
+        names = ("hidden[0]", "hidden[1]") if len(states) == 2 else ("hidden",)  # PyTorch's messages
         full: list[Tensor] = []
         for state, name in zip(states, names):
-            if state is None:
-                full.append(_zeros(expected, x.dtype))
-            else:
-                full.append(self._check_hidden(state, expected, batched,
-                                               "hidden[0]" if len(states) == 1 or name == "hx" else "hidden[1]"))
+            full.append(_zeros(expected, x.dtype) if state is None
+                        else self._check_hidden(state, expected, batched, name))
         finals: list[list[Tensor]] = [[] for _ in states]
         for layer in range(self.num_layers):
             outs = []
@@ -185,8 +193,11 @@ class _RNNBase(Module):
                     hs, h_n, c_n = lstm_layer(x, full[0][k], full[1][k], w_ih, w_hh, b_ih, b_hh, reverse)
                     finals[0].append(h_n)
                     finals[1].append(c_n)
-                else:
+                elif self._mode == "GRU":
                     hs, h_n = gru_layer(x, full[0][k], w_ih, w_hh, b_ih, b_hh, reverse)
+                    finals[0].append(h_n)
+                else:
+                    hs, h_n = rnn_layer(x, full[0][k], w_ih, w_hh, b_ih, b_hh, reverse, self.nonlinearity)
                     finals[0].append(h_n)
                 outs.append(hs)
             x = outs[0] if directions == 1 else _F.cat(outs, 2)
@@ -251,6 +262,32 @@ class GRU(_RNNBase):
     def forward(self, input: Tensor, hx: Tensor | None = None) -> tuple[Tensor, Tensor]:
         out, finals, batched = self._run(input, [hx])
         return out, self._final(finals[0], batched)
+
+
+class RNN(_RNNBase):
+    """A multi-layer Elman RNN, as ``torch.nn.RNN``: ``h_t = tanh(W_ih x_t + b_ih + W_hh
+    h_{t-1} + b_hh)`` (``nonlinearity="relu"`` for relu); ``output, h_n = rnn(input, h_0)``.
+    Shapes as :class:`LSTM`'s."""
+
+    _gates = 1
+    _mode = "RNN"
+
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, nonlinearity: str = "tanh",
+                 bias: bool = True, batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
+                 device: Any = None, dtype: Any = None) -> None:
+        if nonlinearity not in ("tanh", "relu"):
+            raise ValueError(f"Unknown nonlinearity '{nonlinearity}'. Select from 'tanh' or 'relu'.")
+        super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional,
+                         device=device, dtype=dtype)
+        self.nonlinearity = nonlinearity
+
+    def forward(self, input: Tensor, hx: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        out, finals, batched = self._run(input, [hx])
+        return out, self._final(finals[0], batched)
+
+    def extra_repr(self) -> str:
+        s = super().extra_repr()
+        return s if self.nonlinearity == "tanh" else s + f", nonlinearity={self.nonlinearity!r}"
 
 
 class _CellBase(Module):
@@ -333,4 +370,4 @@ class GRUCell(_CellBase):
         return h if batched else _F.squeeze(h, 0)
 
 
-__all__ = ["GRU", "LSTM", "GRUCell", "LSTMCell"]
+__all__ = ["GRU", "LSTM", "RNN", "GRUCell", "LSTMCell"]

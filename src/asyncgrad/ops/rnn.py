@@ -18,12 +18,16 @@ over all steps (``dz^T @ h_prev``) after the loop.
 * GRU (``gru``): inputs ``(xg, h0, w_hh, b_hh)``, ``xg = x @ W_ih^T + b_ih`` in gate order
   r, z, n; ``n = tanh(xn + r * (h @ W_hn^T + b_hn))`` as PyTorch, so ``b_hh`` stays
   separate. The output is ``(T, B, H)``.
+* Elman RNN (``rnn``): inputs ``(xg, h0, w_hh)``, ``h_t = act(xg_t + h_{t-1} @ w_hh^T)``
+  with ``act`` tanh or relu; the output is ``(T, B, H)``.
 
-The forward keeps the gates' activations (aux) for the plain backward. Under
-create_graph the rules recompute the recurrence from the saved inputs with the
-differentiable namespace ``m`` and run the same backward loop in it, so a gradient of a
-gradient flows (``_lstm_rule`` / ``_gru_rule``; the loops are written once, with
-operators, ``m.tanh``, ``m.cat`` and ``m.stack`` only).
+The forward keeps the gates' activations (aux) for the plain backward, which computes all
+four gradients in one loop (the joint rule) or, when one input alone needs a gradient,
+the same loop for it. Under create_graph the rules recompute the recurrence from the
+saved inputs with the differentiable namespace ``m`` and run the same backward loop in
+it, so a gradient of a gradient flows (``_lstm_composite`` / ``_gru_composite``, written with operators and
+``m``'s functions only; a rule recomputes the whole loop for its one input, which only
+create_graph pays).
 """
 
 from __future__ import annotations
@@ -310,6 +314,79 @@ def _gru_joint(g, ans, xg, h0, w, b, *, mask, reverse, aux):  # type: ignore[no-
     return tuple(d if need else None for d, need in zip(grads, mask))
 
 
+# --- Elman RNN (tanh or relu) ------------------------------------------------------------------
+def _rnn(xg, h0, w, *, nonlinearity, reverse):  # type: ignore[no-untyped-def]
+    """``h_t = act(xg_t + h_{t-1} @ w^T)``; ``xg`` holds both biases."""
+    steps, batch, hidden = xg.shape
+    out = np.empty_like(xg)
+    wt = np.ascontiguousarray(w.T)
+    rec = np.empty((batch, hidden), dtype=xg.dtype)
+    h = h0
+    for t in _order(steps, reverse):
+        np.matmul(h, wt, out=rec)
+        h_new = out[t]
+        np.add(xg[t], rec, out=h_new)
+        if nonlinearity == "tanh":
+            np.tanh(h_new, out=h_new)
+        else:
+            np.maximum(h_new, 0.0, out=h_new)
+        h = h_new
+    return out
+
+
+def _rnn_backward(g, ans, h0, w, nonlinearity, reverse):  # type: ignore[no-untyped-def]
+    """The three gradients ``(dxg, dh0, dw)`` of the plain backward, in numpy."""
+    steps, batch, hidden = ans.shape
+    slope = 1.0 - ans * ans if nonlinearity == "tanh" else (ans > 0).astype(ans.dtype)
+    dz = np.empty_like(ans)
+    dh_next = np.zeros((batch, hidden), dtype=ans.dtype)
+    for t in reversed(_order(steps, reverse)):
+        np.add(g[t], dh_next, out=dz[t])
+        dz[t] *= slope[t]
+        np.matmul(dz[t], w, out=dh_next)
+    prev_h = _previous(ans, h0, reverse, _NP)
+    dw = dz.reshape(-1, hidden).T @ prev_h.reshape(-1, hidden)
+    return dz, dh_next, dw
+
+
+def _rnn_composite(m, g, xg, h0, w, nonlinearity, reverse):  # type: ignore[no-untyped-def]
+    """The forward and the backward loop in the namespace ``m`` (create_graph)."""
+    steps = xg.shape[0]
+    order = list(_order(steps, reverse))
+    hs, prevs = {}, {}
+    h = h0
+    for t in order:
+        pre = xg[t] + m.matmul(h, m.transpose(w, 0, 1))
+        prevs[t] = h
+        h = m.tanh(pre) if nonlinearity == "tanh" else m.threshold_backward(pre, pre)  # relu(pre)
+        hs[t] = h
+    dzs = {}
+    dh_next = None
+    dw = None
+    for t in reversed(order):
+        dh = g[t] if dh_next is None else g[t] + dh_next
+        h = hs[t]
+        d = dh * (1.0 - h * h) if nonlinearity == "tanh" else m.threshold_backward(dh, h)
+        dzs[t] = d
+        dh_next = m.matmul(d, w)
+        step_dw = m.matmul(m.transpose(d, 0, 1), prevs[t])
+        dw = step_dw if dw is None else dw + step_dw
+    return m.stack([dzs[t] for t in range(steps)], 0), dh_next, dw
+
+
+def _rnn_rule(index: int):  # type: ignore[no-untyped-def]
+    def rule(m, g, ans, xg, h0, w, *, nonlinearity, reverse):  # type: ignore[no-untyped-def]
+        if m.tensor_mode:
+            return _rnn_composite(m, g, xg, h0, w, nonlinearity, reverse)[index]
+        return _rnn_backward(g, ans, h0, w, nonlinearity, reverse)[index]
+    return rule
+
+
+def _rnn_joint(g, ans, xg, h0, w, *, mask, nonlinearity, reverse):  # type: ignore[no-untyped-def]
+    grads = _rnn_backward(g, ans, h0, w, nonlinearity, reverse)
+    return tuple(d if need else None for d, need in zip(grads, mask))
+
+
 class _NumpyMath:
     """The few names ``_previous`` needs, for arrays."""
     tensor_mode = False
@@ -321,5 +398,7 @@ _NP = _NumpyMath()
 # every input saved (the backward loop reads all of them), and the output (the hidden states)
 lstm = OpSpec("LstmBackward0", _lstm, tuple(_lstm_rule(i) for i in range(4)), save_inputs=(0, 1, 2, 3),
               save_ans=True, has_aux=True, blas=True, joint=_lstm_joint)
+rnn = OpSpec("RnnBackward0", _rnn, tuple(_rnn_rule(i) for i in range(3)), save_inputs=(0, 1, 2),
+             save_ans=True, blas=True, joint=_rnn_joint)
 gru = OpSpec("GruBackward0", _gru, tuple(_gru_rule(i) for i in range(4)), save_inputs=(0, 1, 2, 3),
              save_ans=True, has_aux=True, blas=True, joint=_gru_joint)
