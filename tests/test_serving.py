@@ -37,16 +37,21 @@ def ce_loss(model):
 
 
 async def submit_all(batcher, reqs, outcomes, priorities=None):
-    """Each request submitted by its own task; its answer or its error in ``outcomes``."""
+    """Each request submitted by its own task, in list order (each joins the queue before
+    the next task starts: trio shuffles the tasks it starts together); its answer or its
+    error in ``outcomes``."""
     async def client(i, arrays):
         try:
             outcomes[i] = await batcher.submit(*arrays, priority=0 if priorities is None else priorities[i])
-        except (ValueError, RuntimeError, FloatingPointError) as e:
+        except (ValueError, RuntimeError, FloatingPointError, KeyError) as e:
             outcomes[i] = e
 
     async with anyio.create_task_group() as tg:
         for i, arrays in enumerate(reqs):
+            seen = batcher.statistics()
             tg.start_soon(client, i, arrays)
+            while batcher.statistics().requests + batcher.statistics().failed == seen.requests + seen.failed:
+                await anyio.sleep(0)  # (submit queues or refuses a request before its first await)
 
 
 async def alone(loss_of, arrays, params, grad_inputs=(0,)):
@@ -347,15 +352,7 @@ def test_a_faulty_request_fails_alone_among_good_ones(backend, fault):
         reqs.insert(2, (x, y))
         outcomes = {}
         async with serving.GradientBatcher(loss_fn, max_rows=8, max_wait=WAIT) as b:
-            async def client(i, arrays):
-                try:
-                    outcomes[i] = await b.submit(*arrays)
-                except (KeyError, FloatingPointError) as e:
-                    outcomes[i] = e
-
-            async with anyio.create_task_group() as tg:
-                for i, arrays in enumerate(reqs):
-                    tg.start_soon(client, i, arrays)
+            await submit_all(b, reqs, outcomes)
         bad = outcomes.pop(2)
         stats = b.statistics()
         if fault == "raises":
@@ -533,7 +530,7 @@ def test_a_large_batch_runs_its_forward_and_checks_off_the_loop(backend, monkeyp
 
     from asyncgrad.serving import batched_pass
 
-    monkeypatch.setattr(batched_pass, "OFFLOAD_ROWS_ABOVE", 0)
+    monkeypatch.setattr(batched_pass, "OFFLOAD_FORWARD_ABOVE", 0)
     monkeypatch.setattr(batched_pass, "OFFLOAD_CHECKS_ABOVE", 0)
 
     async def main():

@@ -39,7 +39,7 @@ from .rules import rule_for
 from .segments import Segments
 from .statistics import Counters
 
-OFFLOAD_ROWS_ABOVE = 1 << 16  # batch elements (rows x features of every argument) whose forward runs on a thread
+OFFLOAD_FORWARD_ABOVE = 1 << 16  # elements of a batch's arguments above which its sync forward runs on a thread
 OFFLOAD_CHECKS_ABOVE = 1 << 19  # gradient elements whose rules and checks run on a thread
 
 ENGINE_TAKES_PRIORITY = "priority" in inspect.signature(api.backward).parameters
@@ -221,7 +221,7 @@ class BatchedPass:
         try:
             if self.is_async:
                 out = await self.loss_fn(*tensors)
-            elif sum(t.numel() for t in tensors) > OFFLOAD_ROWS_ABOVE:
+            elif sum(t.numel() for t in tensors) > OFFLOAD_FORWARD_ABOVE:
                 out = await anyio.to_thread.run_sync(contextvars.copy_context().run, self.loss_fn, *tensors)
             else:
                 out = self.loss_fn(*tensors)
