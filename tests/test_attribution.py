@@ -511,7 +511,7 @@ async def test_a_cancellation_reaches_a_long_call_between_its_chunks():
 
 @pytest.mark.parametrize("n", [1, 2, 7, 64, 257])
 def test_gauss_legendre_nodes_and_weights_are_numpys(n):
-    from asyncgrad.attribution.integrated_gradients import gauss_legendre
+    from asyncgrad.attribution._integrated_gradients import gauss_legendre
 
     nodes, weights = gauss_legendre(n)
     want_nodes, want_weights = np.polynomial.legendre.leggauss(n)

@@ -32,8 +32,9 @@ async def saliency(model: Model, inputs: Tensor, target: Target = None, *, abs: 
     Returns:
         A Tensor of ``inputs``'s shape and dtype, detached.
 
-    Cancellation: cancelling the awaiting task cancels the backward; no ``.grad`` is read or
-    written either way (the gradients come from ``ag.grad`` with respect to a copy of ``inputs``).
+    Cancellation: the call stops at its next checkpoint: before its forward, or inside its
+    backward (cancelled as ``ag.grad`` is); no ``.grad`` is read or written either way (the
+    gradients come from ``ag.grad`` with respect to a copy of ``inputs``).
 
     Errors: ``ValueError`` naming the argument for bad ``inputs`` or ``target``, or a
     ``model`` output of another shape; what ``model`` or its backward raise propagates.
@@ -80,8 +81,9 @@ async def smoothgrad(model: Model, inputs: Tensor, target: Target = None, *, nt_
     Returns:
         A Tensor of ``inputs``'s shape and dtype, detached.
 
-    Cancellation: cancelling the awaiting task cancels the backward in flight; no
-    ``.grad`` is read or written either way, and the generator has drawn the noise already.
+    Cancellation: the call stops at its next checkpoint: before each chunk's forward, or
+    inside its backward (cancelled as ``ag.grad`` is); no ``.grad`` is read or written
+    either way. The generator has drawn all the noise before the first checkpoint.
 
     Errors: ``ValueError`` naming the argument for bad ``inputs``, ``target``,
     ``nt_samples``, ``stdevs``, ``nt_type`` or ``internal_batch_size``.
