@@ -542,3 +542,36 @@ async def test_other_tasks_run_between_the_chunks_of_a_long_call():
         await integrated_gradients(model, ag.randn(2, 4), target=0, n_steps=40, internal_batch_size=4)
         done.set()
     assert len(seen) == 20 and all(b > a for a, b in zip(seen, seen[1:])), seen
+
+
+@pytest.mark.anyio
+async def test_additional_forward_args_follow_their_example_through_every_method():
+    # model(t, s) = (t @ w) * s per example: linear in t, so each method has a closed form
+    w = ag.randn(4, 3)
+    scale = ag.tensor([1.0, -2.0, 0.5])
+    x, base = ag.randn(3, 4), ag.randn(3, 4)
+
+    def model(t, s):
+        return (t @ w) * s.reshape(-1, 1)
+
+    want_grad = scale.numpy()[:, None] * w.numpy()[:, 2][None, :]
+    ig = await integrated_gradients(model, x, base, 2, n_steps=5, internal_batch_size=4,
+                                    additional_forward_args=scale)
+    np.testing.assert_allclose(ig.numpy(), (x.numpy() - base.numpy()) * want_grad, rtol=1e-12)
+    sg = await smoothgrad(model, x, 2, nt_samples=3, stdevs=0.5, internal_batch_size=2,
+                          additional_forward_args=(scale,))
+    np.testing.assert_allclose(sg.numpy(), want_grad, rtol=1e-12)  # the gradient is the same at every point
+    lin = nn.Linear(4, 3)
+    cam = await grad_cam(lambda t, s: lin(t) * s.reshape(-1, 1), lin, x, 2, relu_attributions=False,
+                         internal_batch_size=2, additional_forward_args=scale)
+    out = lin(x).detach().numpy()
+    np.testing.assert_allclose(cam.numpy()[:, 0], scale.numpy() * out[:, 2], rtol=1e-12)  # sum_c G A, G = s e_2
+
+
+@pytest.mark.anyio
+async def test_float32_inputs_give_float32_attributions():
+    model = mlp().to(ag.float32)
+    x = ag.randn(2, 4, dtype=ag.float32)
+    for call in (saliency(model, x, 1), smoothgrad(model, x, 1, nt_samples=2),
+                 integrated_gradients(model, x, target=1, n_steps=4)):
+        assert (await call).dtype == np.float32
