@@ -271,8 +271,9 @@ class Engine:
                 if waiting.done:
                     grant_admission_pass()
                     return waiting
-        except BaseException:
+        except BaseException:  # failed or cancelled at any await: hand the runner role on
             scheduler.discard(task)
+            scheduler.hand_on()  # (Note [Handing on] in scheduler.py)
             raise
 
     def node_done(self, task: GraphTask) -> None:

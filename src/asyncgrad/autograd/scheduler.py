@@ -45,6 +45,16 @@ is left. A caller whose previous backward the runner just completed has a pass (
 wake-up was counted). When the runner role ends with nothing queued, the first caller
 in line is admitted and becomes the runner.
 
+Note [Handing on]: the runner role must never be free while work waits for it. The
+role is taken synchronously (``run`` sets ``runner``), so one driver holds it; it is
+handed on by waking a driver, and a woken driver can be cancelled before it takes over
+(on asyncio the cancellation arrives after the wake-up, before the task resumes). So
+every way out hands on: the runner's ``run`` on return or cancellation, a driver leaving
+``Engine._serve`` for any reason (after it left the queue), a caller leaving the line
+when it was chosen, and a caller leaving its admission. ``hand_on`` wakes the first
+queued GraphTask's waiting driver, else the first caller in line that still waits;
+calling it when the role is taken, or waking one driver too many, is harmless.
+
 Note [A turn after the timers]: on asyncio, ``sleep(0)`` re-queues a task behind the
 callbacks already ready, but *before* the timers that fall due meanwhile, and a task
 woken by a timer (``asyncio.sleep(t)``) runs one iteration later still. So a runner
@@ -184,7 +194,7 @@ class Admission:
 
     async def __aexit__(self, *exc: object) -> None:
         BLAS.backward_ended()
-        self._scheduler.pass_baton()  # (a caller admitted last that never ran keeps no one waiting)
+        self._scheduler.hand_on()  # (Note [Handing on]: however this caller leaves)
 
 
 def admission() -> Admission | _Unheld:
@@ -287,19 +297,46 @@ class LoopScheduler:
             BLAS.backward_ended()
             if waiting in self.admission:
                 self.admission.remove(waiting)
-            else:  # admitted, then cancelled: admit the next in its place
-                self.pass_baton()
+            else:  # chosen, then cancelled before it took over: choose another
+                self.hand_on()
             raise
 
-    def pass_baton(self) -> None:
-        """Without a runner and a queue, admit the first caller in line: it will start
-        its backward and become the runner (which admits the others)."""
-        if self.runner is None and not self.queue and self.admission:
-            self.admission.popleft().set()
+    def hand_on(self) -> None:
+        """Without a runner, wake the driver that takes the role next (Note [Handing
+        on]): the first queued GraphTask's waiting driver, else the first caller in line.
+        Waking one too many is harmless (the role is taken synchronously, by one)."""
+        if self.runner is not None:
+            return
+        for task in self.queue:
+            waiting = task.wakeup
+            if waiting is not None and waiting.waiting:
+                waiting.set()
+                return
+        self.admit_next()
+
+    def admit_next(self) -> bool:
+        """Wake the first caller in line that still waits (a cancelled one leaves the
+        line by itself, in ``wait_in_line``). False when there is none."""
+        for waiting in self.admission:
+            if waiting.waiting:
+                self.admission.remove(waiting)
+                waiting.set()
+                return True
+        return False
 
     async def loop_turn(self) -> None:
         """Let the loop run its due timers and I/O, and the tasks they wake, before this
-        task goes on (Note [A turn after the timers])."""
+        task goes on (Note [Handing on]: the runner role must never be free while work waits for it. The
+role is taken synchronously (``run`` sets ``runner``), so one driver holds it; it is
+handed on by waking a driver, and a woken driver can be cancelled before it takes over
+(on asyncio the cancellation arrives after the wake-up, before the task resumes). So
+every way out hands on: the runner's ``run`` on return or cancellation, a driver leaving
+``Engine._serve`` for any reason (after it left the queue), a caller leaving the line
+when it was chosen, and a caller leaving its admission. ``hand_on`` wakes the first
+queued GraphTask's waiting driver, else the first caller in line that still waits;
+calling it when the role is taken, or waking one driver too many, is harmless.
+
+Note [A turn after the timers])."""
         loop = self.loop
         if loop is None:
             await self.checkpoint()  # (trio: I/O and timers run between batches)
@@ -361,10 +398,7 @@ class LoopScheduler:
                     return
         finally:
             self.runner = None
-            if self.queue:
-                wake(self.queue[0])
-            elif self.admission:
-                self.pass_baton()
+            self.hand_on()  # (if ``me`` is leaving, its driver hands on again once it left)
 
     def _run_slice(self, owner: object, threshold: float, deadline: float) -> None:
         """Run queued GraphTasks' nodes until ``deadline``, which each driver woken
@@ -373,8 +407,7 @@ class LoopScheduler:
         clock = time.perf_counter
         admission = self.admission
         # newcomers first: one, then more while half of the slice is left (Note [Admission])
-        while admission:
-            admission.popleft().set()
+        while admission and self.admit_next():
             self.woken += 1
             deadline -= self.wake_cost
             if deadline - clock() - self.wake_cost <= self.half_interval:
