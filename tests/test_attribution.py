@@ -74,6 +74,10 @@ async def test_saliency_is_the_input_gradient(use_abs):
     got = (await saliency(model, x, target, abs=use_abs)).numpy()
     want = await per_example_gradient(model, x, target)
     np.testing.assert_allclose(got, np.abs(want) if use_abs else want, rtol=1e-12, atol=1e-15)
+    before = backwards_started()
+    chunked = (await saliency(model, x, target, abs=use_abs, internal_batch_size=2)).numpy()
+    assert backwards_started() - before == 3  # 5 examples, 2 at a time
+    np.testing.assert_allclose(chunked, got, rtol=1e-12, atol=1e-15)
     assert got.shape == (5, 4) and got.dtype == np.float64
     assert not use_abs or (got >= 0).all()
     assert use_abs or (got < 0).any()  # signed: not the absolute values
@@ -407,6 +411,7 @@ BAD = [
     (lambda m, x: saliency(m, x, 1.5), "target must be an int"),
     (lambda m, x: saliency(m, x, True), "target must be an int"),
     (lambda m, x: saliency(lambda t: ag.ones(2, 3), x, 0), r"model must return a Tensor of shape"),
+    (lambda m, x: saliency(m, x, 0, internal_batch_size=2.0), "internal_batch_size must be an int >= 1"),
     (lambda m, x: smoothgrad(m, x, 0, nt_samples=0), "nt_samples must be an int >= 1"),
     (lambda m, x: smoothgrad(m, x, 0, stdevs=-1.0), "stdevs must be a finite number >= 0"),
     (lambda m, x: smoothgrad(m, x, 0, nt_type="smooth"), "nt_type must be one of"),

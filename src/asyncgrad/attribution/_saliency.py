@@ -15,9 +15,10 @@ NT_TYPES = ("smoothgrad", "smoothgrad_sq", "vargrad")
 
 
 async def saliency(model: Model, inputs: Tensor, target: Target = None, *, abs: bool = True,
-                   additional_forward_args: Any = None) -> Tensor:
+                   internal_batch_size: int | None = None, additional_forward_args: Any = None) -> Tensor:
     """The gradient of each example's ``target`` output with respect to that example
-    (Simonyan et al. 2013; Captum's ``Saliency``), by one forward and one backward.
+    (Simonyan et al. 2013; Captum's ``Saliency``), by one forward and one backward (per
+    ``internal_batch_size`` examples, if given).
 
     Args:
         model: ``model(x, *additional_forward_args)`` returns (N, classes) or (N,); it must
@@ -26,6 +27,7 @@ async def saliency(model: Model, inputs: Tensor, target: Target = None, *, abs: 
         target: the class whose output is explained: an int, one int per example, or None
             for a model with one output per example.
         abs: return the gradients' absolute values (Captum's default) instead of the signed ones.
+        internal_batch_size: at most this many examples per forward and backward.
         additional_forward_args: further arguments for ``model`` (one, or a tuple); a Tensor
             or array whose first dimension is N is split with the examples.
 
@@ -36,19 +38,21 @@ async def saliency(model: Model, inputs: Tensor, target: Target = None, *, abs: 
     backward (cancelled as ``ag.grad`` is); no ``.grad`` is read or written either way (the
     gradients come from ``ag.grad`` with respect to a copy of ``inputs``).
 
-    Errors: ``ValueError`` naming the argument for bad ``inputs`` or ``target``, or a
-    ``model`` output of another shape; what ``model`` or its backward raise propagates.
+    Errors: ``ValueError`` naming the argument for bad ``inputs``, ``target`` or
+    ``internal_batch_size``, or a ``model`` output of another shape; what ``model`` or its
+    backward raise propagates.
     """
     x = check_inputs(inputs)
     n = x.shape[0]
     targets = example_targets(target, n)
+    chunk = check_positive_int("internal_batch_size", internal_batch_size, optional=True)
     args = forward_args(additional_forward_args)
     result = np.empty_like(x)
 
     def keep(rows: np.ndarray, g: np.ndarray) -> None:
         result[rows] = np.abs(g) if abs else g
 
-    await input_gradients(model, n, np.arange(n), lambda rows: x[rows], targets, args, n, None, keep)
+    await input_gradients(model, n, np.arange(n), lambda rows: x[rows], targets, args, n, chunk, keep)
     return tensor(result)
 
 
