@@ -74,6 +74,10 @@ async def test_saliency_is_the_input_gradient(use_abs):
     got = (await saliency(model, x, target, abs=use_abs)).numpy()
     want = await per_example_gradient(model, x, target)
     np.testing.assert_allclose(got, np.abs(want) if use_abs else want, rtol=1e-12, atol=1e-15)
+    before = backwards_started()
+    chunked = (await saliency(model, x, target, abs=use_abs, internal_batch_size=2)).numpy()
+    assert backwards_started() - before == 3  # 5 examples, 2 at a time
+    np.testing.assert_allclose(chunked, got, rtol=1e-12, atol=1e-15)
     assert got.shape == (5, 4) and got.dtype == np.float64
     assert not use_abs or (got >= 0).all()
     assert use_abs or (got < 0).any()  # signed: not the absolute values
@@ -407,6 +411,7 @@ BAD = [
     (lambda m, x: saliency(m, x, 1.5), "target must be an int"),
     (lambda m, x: saliency(m, x, True), "target must be an int"),
     (lambda m, x: saliency(lambda t: ag.ones(2, 3), x, 0), r"model must return a Tensor of shape"),
+    (lambda m, x: saliency(m, x, 0, internal_batch_size=2.0), "internal_batch_size must be an int >= 1"),
     (lambda m, x: smoothgrad(m, x, 0, nt_samples=0), "nt_samples must be an int >= 1"),
     (lambda m, x: smoothgrad(m, x, 0, stdevs=-1.0), "stdevs must be a finite number >= 0"),
     (lambda m, x: smoothgrad(m, x, 0, nt_type="smooth"), "nt_type must be one of"),
@@ -511,7 +516,7 @@ async def test_a_cancellation_reaches_a_long_call_between_its_chunks():
 
 @pytest.mark.parametrize("n", [1, 2, 7, 64, 257])
 def test_gauss_legendre_nodes_and_weights_are_numpys(n):
-    from asyncgrad.attribution.integrated_gradients import gauss_legendre
+    from asyncgrad.attribution._integrated_gradients import gauss_legendre
 
     nodes, weights = gauss_legendre(n)
     want_nodes, want_weights = np.polynomial.legendre.leggauss(n)
@@ -542,3 +547,36 @@ async def test_other_tasks_run_between_the_chunks_of_a_long_call():
         await integrated_gradients(model, ag.randn(2, 4), target=0, n_steps=40, internal_batch_size=4)
         done.set()
     assert len(seen) == 20 and all(b > a for a, b in zip(seen, seen[1:])), seen
+
+
+@pytest.mark.anyio
+async def test_additional_forward_args_follow_their_example_through_every_method():
+    # model(t, s) = (t @ w) * s per example: linear in t, so each method has a closed form
+    w = ag.randn(4, 3)
+    scale = ag.tensor([1.0, -2.0, 0.5])
+    x, base = ag.randn(3, 4), ag.randn(3, 4)
+
+    def model(t, s):
+        return (t @ w) * s.reshape(-1, 1)
+
+    want_grad = scale.numpy()[:, None] * w.numpy()[:, 2][None, :]
+    ig = await integrated_gradients(model, x, base, 2, n_steps=5, internal_batch_size=4,
+                                    additional_forward_args=scale)
+    np.testing.assert_allclose(ig.numpy(), (x.numpy() - base.numpy()) * want_grad, rtol=1e-12)
+    sg = await smoothgrad(model, x, 2, nt_samples=3, stdevs=0.5, internal_batch_size=2,
+                          additional_forward_args=(scale,))
+    np.testing.assert_allclose(sg.numpy(), want_grad, rtol=1e-12)  # the gradient is the same at every point
+    lin = nn.Linear(4, 3)
+    cam = await grad_cam(lambda t, s: lin(t) * s.reshape(-1, 1), lin, x, 2, relu_attributions=False,
+                         internal_batch_size=2, additional_forward_args=scale)
+    out = lin(x).detach().numpy()
+    np.testing.assert_allclose(cam.numpy()[:, 0], scale.numpy() * out[:, 2], rtol=1e-12)  # sum_c G A, G = s e_2
+
+
+@pytest.mark.anyio
+async def test_float32_inputs_give_float32_attributions():
+    model = mlp().to(ag.float32)
+    x = ag.randn(2, 4, dtype=ag.float32)
+    for call in (saliency(model, x, 1), smoothgrad(model, x, 1, nt_samples=2),
+                 integrated_gradients(model, x, target=1, n_steps=4)):
+        assert (await call).dtype == np.float32

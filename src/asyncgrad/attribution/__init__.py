@@ -3,8 +3,8 @@ depends on. Each batches its perturbed copies of the inputs into one forward and
 ``await ag.grad(...)`` (per ``internal_batch_size`` rows, if given) and never touches
 ``.grad``. The argument names follow Captum's where they fit."""
 
-from .grad_cam import grad_cam
-from .integrated_gradients import integrated_gradients
-from .saliency import saliency, smoothgrad
+from ._grad_cam import grad_cam
+from ._integrated_gradients import integrated_gradients
+from ._saliency import saliency, smoothgrad
 
 __all__ = ["grad_cam", "integrated_gradients", "saliency", "smoothgrad"]

@@ -113,8 +113,9 @@ async def integrated_gradients(model: Model, inputs: Tensor, baselines: Any = No
         The attributions, a Tensor of ``inputs``'s shape and dtype, detached; with
         ``return_convergence_delta``, the pair ``(attributions, delta)``, delta of shape (N,).
 
-    Cancellation: cancelling the awaiting task cancels the backward in flight; no
-    ``.grad`` is read or written either way.
+    Cancellation: the call stops at its next checkpoint: before each chunk's forward, or
+    inside its backward (cancelled as ``ag.grad`` is); no ``.grad`` is read or written
+    either way.
 
     Errors: ``ValueError`` naming the argument for bad ``inputs``, ``baselines``,
     ``target``, ``n_steps``, ``method`` or ``internal_batch_size``.

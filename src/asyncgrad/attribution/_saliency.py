@@ -15,9 +15,10 @@ NT_TYPES = ("smoothgrad", "smoothgrad_sq", "vargrad")
 
 
 async def saliency(model: Model, inputs: Tensor, target: Target = None, *, abs: bool = True,
-                   additional_forward_args: Any = None) -> Tensor:
+                   internal_batch_size: int | None = None, additional_forward_args: Any = None) -> Tensor:
     """The gradient of each example's ``target`` output with respect to that example
-    (Simonyan et al. 2013; Captum's ``Saliency``), by one forward and one backward.
+    (Simonyan et al. 2013; Captum's ``Saliency``), by one forward and one backward (per
+    ``internal_batch_size`` examples, if given).
 
     Args:
         model: ``model(x, *additional_forward_args)`` returns (N, classes) or (N,); it must
@@ -26,28 +27,32 @@ async def saliency(model: Model, inputs: Tensor, target: Target = None, *, abs: 
         target: the class whose output is explained: an int, one int per example, or None
             for a model with one output per example.
         abs: return the gradients' absolute values (Captum's default) instead of the signed ones.
+        internal_batch_size: at most this many examples per forward and backward.
         additional_forward_args: further arguments for ``model`` (one, or a tuple); a Tensor
             or array whose first dimension is N is split with the examples.
 
     Returns:
         A Tensor of ``inputs``'s shape and dtype, detached.
 
-    Cancellation: cancelling the awaiting task cancels the backward; no ``.grad`` is read or
-    written either way (the gradients come from ``ag.grad`` with respect to a copy of ``inputs``).
+    Cancellation: the call stops at its next checkpoint: before its forward, or inside its
+    backward (cancelled as ``ag.grad`` is); no ``.grad`` is read or written either way (the
+    gradients come from ``ag.grad`` with respect to a copy of ``inputs``).
 
-    Errors: ``ValueError`` naming the argument for bad ``inputs`` or ``target``, or a
-    ``model`` output of another shape; what ``model`` or its backward raise propagates.
+    Errors: ``ValueError`` naming the argument for bad ``inputs``, ``target`` or
+    ``internal_batch_size``, or a ``model`` output of another shape; what ``model`` or its
+    backward raise propagates.
     """
     x = check_inputs(inputs)
     n = x.shape[0]
     targets = example_targets(target, n)
+    chunk = check_positive_int("internal_batch_size", internal_batch_size, optional=True)
     args = forward_args(additional_forward_args)
     result = np.empty_like(x)
 
     def keep(rows: np.ndarray, g: np.ndarray) -> None:
         result[rows] = np.abs(g) if abs else g
 
-    await input_gradients(model, n, np.arange(n), lambda rows: x[rows], targets, args, n, None, keep)
+    await input_gradients(model, n, np.arange(n), lambda rows: x[rows], targets, args, n, chunk, keep)
     return tensor(result)
 
 
@@ -80,8 +85,9 @@ async def smoothgrad(model: Model, inputs: Tensor, target: Target = None, *, nt_
     Returns:
         A Tensor of ``inputs``'s shape and dtype, detached.
 
-    Cancellation: cancelling the awaiting task cancels the backward in flight; no
-    ``.grad`` is read or written either way, and the generator has drawn the noise already.
+    Cancellation: the call stops at its next checkpoint: before each chunk's forward, or
+    inside its backward (cancelled as ``ag.grad`` is); no ``.grad`` is read or written
+    either way. The generator has drawn all the noise before the first checkpoint.
 
     Errors: ``ValueError`` naming the argument for bad ``inputs``, ``target``,
     ``nt_samples``, ``stdevs``, ``nt_type`` or ``internal_batch_size``.

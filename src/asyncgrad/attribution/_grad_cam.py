@@ -50,11 +50,12 @@ async def grad_cam(model: Model, layer: Module, inputs: Tensor, target: Target =
         additional_forward_args: as for `saliency`.
 
     Returns:
-        A Tensor of shape (N, 1, *spatial) and ``inputs``'s dtype, detached. A layer output
-        of shape (N, C) has no spatial axes: its map is ``sum_c G * A``, of shape (N, 1).
+        A Tensor of shape (N, 1, *spatial) and ``inputs``'s dtype, detached. For a layer
+        output of shape (N, C), with no spatial axes, the map is ``sum_c G * A`` (N, 1).
 
-    Cancellation: the hook is removed before the backward starts; cancelling the awaiting
-    task cancels the backward in flight; no ``.grad`` is read or written either way.
+    Cancellation: the call stops at its next checkpoint: before each chunk's forward, or
+    inside its backward (cancelled as ``ag.grad`` is). The hook is removed before the
+    backward starts; no ``.grad`` is read or written either way.
 
     Errors: ``ValueError`` naming the argument for bad ``inputs``, ``target``, ``layer``
     (not a Module, not called by ``model``, called more than once, or giving no Tensor) or
