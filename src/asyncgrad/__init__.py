@@ -51,7 +51,7 @@ from ._dtype import (  # noqa: E402
     complex64, complex128, finfo, iinfo, int8, int16, is_complex, is_floating_point, uint8,
 )
 from .functional import (  # noqa: E402
-    split_with_sizes,
+    amax, amin, einsum, gather, index_select, scatter, scatter_add, split_with_sizes, tensordot,
 )
 from ._torch_names import (  # noqa: E402
     Size, backends, compile as compile, cuda, dtype, get_num_threads, is_nonzero, is_tensor, numel,
@@ -101,5 +101,6 @@ __all__ += [
     "Size", "backends", "cdouble", "cfloat", "complex64", "complex128", "cuda", "double", "dtype", "finfo",
     "get_num_threads", "half", "iinfo", "int8", "int16", "is_complex", "is_floating_point", "is_nonzero",
     "is_tensor", "long", "numel", "set_num_threads", "short", "typename", "uint8",
-    "use_deterministic_algorithms", "split_with_sizes",
+    "use_deterministic_algorithms", "split_with_sizes", "amax", "amin", "einsum", "gather", "index_select",
+    "scatter", "scatter_add", "tensordot",
 ]

@@ -34,6 +34,10 @@ class TensorMath:
     cat = staticmethod(F.cat)
 
     @staticmethod
+    def einsum(equation: str, *operands: Any) -> Tensor:
+        return F.einsum(equation, *operands)
+
+    @staticmethod
     def constant(value: Any) -> Any:
         return Tensor._wrap(np.asarray(value)) if isinstance(value, np.ndarray) else value
 

@@ -990,6 +990,35 @@ class Tensor:
     def split_with_sizes(self, split_sizes: Any, dim: builtins.int = 0) -> tuple[Tensor, ...]:
         """Views of consecutive pieces of the given sizes along ``dim`` (they must add up)."""
         return F.split_with_sizes(self, split_sizes, dim)
+    def gather(self, dim: builtins.int, index: Any) -> Tensor:
+        """The elements at ``index`` along ``dim`` (``out[i][j] = self[i][index[i][j]]``)."""
+        return F.gather(self, dim, index)
+    def index_select(self, dim: builtins.int, index: Any) -> Tensor:
+        """The entries at ``index`` (a vector) along ``dim``."""
+        return F.index_select(self, dim, index)
+    def unfold(self, dimension: builtins.int, size: builtins.int, step: builtins.int) -> Tensor:
+        """Windows of ``size`` along ``dimension``, ``step`` apart, as a new last dim."""
+        return F.unfold(self, dimension, size, step)
+    @numpy_aliases
+    def amax(self, dim: Any = (), keepdim: builtins.bool = False) -> Tensor:
+        """The maximum over ``dim`` (an int or a tuple of them; all dims when empty)."""
+        return F.amax(self, dim, keepdim)
+    @numpy_aliases
+    def amin(self, dim: Any = (), keepdim: builtins.bool = False) -> Tensor:
+        """The minimum over ``dim`` (an int or a tuple of them; all dims when empty)."""
+        return F.amin(self, dim, keepdim)
+    def scatter(self, dim: builtins.int, index: Any, src: Any = None, *, value: Any = None) -> Tensor:
+        """A copy with ``src`` (or ``value``) written at ``index`` along ``dim``."""
+        return F.scatter(self, dim, index, src, value=value)
+    def scatter_(self, dim: builtins.int, index: Any, src: Any = None, *, value: Any = None) -> Tensor:
+        """In place: ``scatter``; returns self."""
+        return self._apply_inplace(F.scatter, dim, index, src, value=value)
+    def scatter_add(self, dim: builtins.int, index: Any, src: Any) -> Tensor:
+        """A copy with ``src`` added at ``index`` along ``dim``."""
+        return F.scatter_add(self, dim, index, src)
+    def scatter_add_(self, dim: builtins.int, index: Any, src: Any) -> Tensor:
+        """In place: ``scatter_add``; returns self."""
+        return self._apply_inplace(F.scatter_add, dim, index, src)
 
 
 _new_counter = object.__new__
