@@ -42,8 +42,9 @@ def test_einsum_takes_a_list_and_reports_bad_equations():
         ag.einsum("ij,jk->iz", a, b)
 
 
-@pytest.mark.parametrize("dims, shapes", [(2, [(3, 2, 4), (2, 4, 3)]), (1, [(3, 2, 4), (4, 2)]), (0, [(2,), (3,)]),
-                                          (([1, 0], [0, 1]), [(3, 2, 4), (2, 3, 4)]), (([2], [0]), [(3, 2, 4), (4, 2)])])
+@pytest.mark.parametrize("dims, shapes", [
+    (2, [(3, 2, 4), (2, 4, 3)]), (1, [(3, 2, 4), (4, 2)]), (0, [(2,), (3,)]),
+    (([1, 0], [0, 1]), [(3, 2, 4), (2, 3, 4)]), (([2], [0]), [(3, 2, 4), (4, 2)])])
 def test_tensordot(dims, shapes):
     a, b = _inputs(shapes)
     out = ag.tensordot(a, b, dims=dims)
