@@ -364,3 +364,6 @@ def _extreme_dims_rule(m, g, ans, x, *, dim, keepdim, shape, aux):  # type: igno
 
 amax = defop("AmaxBackward0", _extreme_dims(np.max), _extreme_dims_rule, has_aux=True)
 amin = defop("AminBackward0", _extreme_dims(np.min), _extreme_dims_rule, has_aux=True)
+cumsum = defop("CumsumBackward0", lambda x, *, dim: np.cumsum(x, axis=dim),
+               # each input feeds every later output: the reversed running sum of g
+               lambda m, g, ans, x, *, dim: m.sum(g, dim, True) - m.cumsum(g, dim) + g)
