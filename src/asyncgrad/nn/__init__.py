@@ -11,9 +11,20 @@ from .layers import (
     MSELoss, NLLLoss, ReLU, Sigmoid, Softmax, Tanh,
 )
 from .module import IncompatibleKeys, Module, ModuleDict, ModuleList, Parameter, Sequential
+from .activations import (  # more activations and losses (issue 32)
+    BCELoss, BCEWithLogitsLoss, CELU, CosineSimilarity, ELU, GLU, Hardsigmoid, Hardswish, Hardtanh,
+    HuberLoss, KLDivLoss, L1Loss, LeakyReLU, LogSigmoid, Mish, ReLU6, SELU, SiLU, SmoothL1Loss,
+    Softmin, Softplus, Softsign, Tanhshrink, Unflatten,
+)
 
 __all__ = [
     "GELU", "CrossEntropyLoss", "Dropout", "Embedding", "Flatten", "Identity", "IncompatibleKeys",
     "LayerNorm", "Linear", "LogSoftmax", "MSELoss", "Module", "ModuleDict", "ModuleList", "NLLLoss",
     "Parameter", "ReLU", "Sequential", "Sigmoid", "Softmax", "Tanh", "functional", "init", "utils",
+]
+__all__ += [  # nn/activations.py
+    "BCELoss", "BCEWithLogitsLoss", "CELU", "CosineSimilarity", "ELU", "GLU", "Hardsigmoid",
+    "Hardswish", "Hardtanh", "HuberLoss", "KLDivLoss", "L1Loss", "LeakyReLU", "LogSigmoid", "Mish",
+    "ReLU6", "SELU", "SiLU", "SmoothL1Loss", "Softmin", "Softplus", "Softsign", "Tanhshrink",
+    "Unflatten"
 ]

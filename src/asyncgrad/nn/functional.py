@@ -204,3 +204,18 @@ __all__ = [
     "cross_entropy", "dropout", "embedding", "gelu", "layer_norm", "linear", "log_softmax",
     "mse_loss", "nll_loss", "relu", "relu_", "scaled_dot_product_attention", "sigmoid", "softmax", "tanh",
 ]
+
+
+# More activations, vector functions and losses (issue 32; in nn/activations.py)
+from .activations import (  # noqa: E402
+    binary_cross_entropy, binary_cross_entropy_with_logits, celu, cosine_similarity, elu, glu,
+    hardsigmoid, hardswish, hardtanh, huber_loss, kl_div, l1_loss, leaky_relu, logsigmoid, mish,
+    normalize, one_hot, pairwise_distance, relu6, selu, silu, smooth_l1_loss, softmin, softplus,
+    softsign, tanhshrink,
+)
+__all__ += [
+    "binary_cross_entropy", "binary_cross_entropy_with_logits", "celu", "cosine_similarity", "elu",
+    "glu", "hardsigmoid", "hardswish", "hardtanh", "huber_loss", "kl_div", "l1_loss", "leaky_relu",
+    "logsigmoid", "mish", "normalize", "one_hot", "pairwise_distance", "relu6", "selu", "silu",
+    "smooth_l1_loss", "softmin", "softplus", "softsign", "tanhshrink"
+]
