@@ -52,6 +52,11 @@ DIFFERENTIABLE = [
     ("broadcast_tensors", lambda m, x: m.broadcast_tensors(x, x[0])[1], ANY),
     ("meshgrid", lambda m, x: m.meshgrid(x[0], x[1, :2], indexing="ij")[0], ANY),
     ("meshgrid_xy", lambda m, x: m.meshgrid(x[0], x[1, :2], indexing="xy")[1], ANY),
+    ("tan", lambda m, x: m.tan(x), ANY), ("nansum", lambda m, x: m.nansum(x, 1), ANY),
+    ("index_add", lambda m, x: x.index_add(1, m.tensor([0, 2, 0]), x[:, :3] * 2, alpha=0.5), ANY),
+    ("index_fill", lambda m, x: x.index_fill(0, m.tensor([1]), 0.5), ANY), ("nanmean", lambda m, x: x.nanmean(), ANY),
+    ("tensor_split", lambda m, x: m.tensor_split(x, [1], 1)[1], ANY), ("ravel", lambda m, x: x.ravel(), ANY),
+    ("sum_to_size", lambda m, x: x.sum_to_size(1, 3), ANY),
     ("t", lambda m, x: m.t(x), ANY), ("frac", lambda m, x: m.frac(x), ANY + 0.05),
 ]
 QUERIES = [

@@ -64,6 +64,9 @@ from .torch_ops import (  # noqa: E402
     repeat_interleave, roll, rsqrt, searchsorted, sign, sinh, sort, square, t, take_along_dim, tile,
     trace, tril_indices, triu_indices, true_divide, trunc, unflatten, unique, vstack, xlogy,
 )
+from .torch_ops import (  # noqa: E402
+    divide, index_add, index_fill, multiply, nanmean, nansum, ravel, subtract, tan, tensor_split,
+)
 from .torch_ops import all as all, any as any, round as round  # noqa: E402,A004  (not in __all__)
 from ._torch_names import (  # noqa: E402
     Size, backends, compile as compile, cuda, dtype, get_num_threads, is_nonzero, is_tensor, numel,
@@ -129,3 +132,5 @@ __all__ += [  # torch_ops
     "searchsorted", "sign", "sinh", "sort", "square", "t", "take_along_dim", "tile", "trace",
     "tril_indices", "triu_indices", "true_divide", "trunc", "unflatten", "unique", "vstack", "xlogy"
 ]
+__all__ += ["divide", "index_add", "index_fill", "multiply", "nanmean", "nansum", "ravel", "subtract", "tan",
+            "tensor_split"]

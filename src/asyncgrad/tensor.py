@@ -1343,6 +1343,92 @@ class Tensor:
         """Refused: asyncgrad computes on the CPU (``ag.cuda.is_available()`` is False)."""
         _device.check_device("cuda")
         return self
+    def tan(self) -> Tensor:
+        """The tangent."""
+        return T.tan(self)
+    def mm(self, other: Any) -> Tensor:
+        """Matrix product."""
+        return F.matmul(self, other)
+    def inner(self, other: Any) -> Tensor:
+        """The inner product of vectors."""
+        return T.dot(self, other)
+    def ger(self, other: Any) -> Tensor:
+        """The outer product."""
+        return T.outer(self, other)
+    def ravel(self) -> Tensor:
+        """The elements as a 1-D tensor."""
+        return T.ravel(self)
+    def fix(self) -> Tensor:
+        """``trunc``."""
+        return T.trunc(self)
+    def divide(self, other: Any) -> Tensor:
+        """``self / other``."""
+        return F.div(self, other)
+    def multiply(self, other: Any) -> Tensor:
+        """``self * other``."""
+        return F.mul(self, other)
+    def subtract(self, other: Any, *, alpha: builtins.float = 1) -> Tensor:
+        """``self - alpha * other``."""
+        return F.sub(self, other, alpha=alpha)
+    def negative(self) -> Tensor:
+        """``-self``."""
+        return F.neg(self)
+    def positive(self) -> Tensor:
+        """``self``."""
+        return self
+    def greater(self, other: Any) -> Tensor:
+        """``self > other``."""
+        return F.gt(self, other)
+    def greater_equal(self, other: Any) -> Tensor:
+        """``self >= other``."""
+        return F.ge(self, other)
+    def less(self, other: Any) -> Tensor:
+        """``self < other``."""
+        return F.lt(self, other)
+    def less_equal(self, other: Any) -> Tensor:
+        """``self <= other``."""
+        return F.le(self, other)
+    def not_equal(self, other: Any) -> Tensor:
+        """``self != other``."""
+        return F.ne(self, other)
+    def isneginf(self) -> Tensor:
+        """True where -inf."""
+        return T.isneginf(self)
+    def isposinf(self) -> Tensor:
+        """True where +inf."""
+        return T.isposinf(self)
+    def histc(self, bins: builtins.int = 100, min: Any = 0, max: Any = 0) -> Tensor:  # noqa: A002
+        """A histogram of equal bins."""
+        return T.histc(self, bins, min, max)
+    def index_add(self, dim: builtins.int, index: Any, source: Any, *, alpha: builtins.float = 1) -> Tensor:
+        """A copy with ``alpha * source`` added at ``index`` along ``dim``."""
+        return T.index_add(self, dim, index, source, alpha=alpha)
+    def index_add_(self, dim: builtins.int, index: Any, source: Any, *, alpha: builtins.float = 1) -> Tensor:
+        """In place: ``index_add``; returns self."""
+        return self._apply_inplace(T.index_add, dim, index, source, alpha=alpha)
+    def index_fill(self, dim: builtins.int, index: Any, value: Any) -> Tensor:
+        """A copy with ``value`` at ``index`` along ``dim``."""
+        return T.index_fill(self, dim, index, value)
+    def index_fill_(self, dim: builtins.int, index: Any, value: Any) -> Tensor:
+        """In place: ``index_fill``; returns self."""
+        return self._apply_inplace(T.index_fill, dim, index, value)
+    @numpy_aliases
+    def nansum(self, dim: Any = None, keepdim: builtins.bool = False) -> Tensor:
+        """The sum, NaN counted as 0."""
+        return T.nansum(self, dim, keepdim)
+    @numpy_aliases
+    def nanmean(self, dim: Any = None, keepdim: builtins.bool = False) -> Tensor:
+        """The mean of the non-NaN elements."""
+        return T.nanmean(self, dim, keepdim)
+    def tensor_split(self, indices_or_sections: Any, dim: builtins.int = 0) -> tuple[Tensor, ...]:
+        """Split into nearly equal parts, or at indices."""
+        return T.tensor_split(self, indices_or_sections, dim)
+    def sum_to_size(self, *size: Any) -> Tensor:
+        """Summed down to ``size`` (broadcast-compatible)."""
+        return F.sum_to(self, _shape_args(size))
+    def sgn(self) -> Tensor:
+        """``sign``."""
+        return T.sign(self)
 
 
 _new_counter = object.__new__

@@ -22,12 +22,13 @@ from ._aliases import numpy_aliases
 from ._dtype import as_array, get_default_dtype
 from .creation import _check_device, _finish, randint, randn
 from .functional import (
-    _binary, _dim, _reduction_dims, _tensor, _unary, add, amax, cat, clamp, clone, div, exp, gather, getitem,
-    index_add, log, matmul, maximum, mul, narrow, permute, pow, record, repeat, reshape, sqrt, squeeze, sub, sum,
+    _binary, _dim, _reduction_dims, _tensor, _unary, add, amax, cat, clamp, clone, cos, div, exp, gather, getitem,
+    index_put, log, matmul, sin, maximum, mul, narrow, permute, pow, record, repeat, reshape, sqrt, squeeze, sub, sum,
     to_dtype, transpose, unsqueeze, where,
 )
 from .functional import broadcast_to as _broadcast_to
 from .functional import diagonal as _diagonal
+from .functional import index_add as add_at
 from .ops import elementwise as E
 from .ops import reductions as R
 from .tensor import Tensor
@@ -493,7 +494,7 @@ def diag(x: Tensor, diagonal: int = 0) -> Tensor:  # noqa: A002  (PyTorch's argu
     n = x.shape[0] + builtins.abs(diagonal)
     k = np.arange(x.shape[0])
     rows, cols = (k, k + diagonal) if diagonal >= 0 else (k - diagonal, k)
-    return index_add(x, (rows, cols), (n, n), False)
+    return add_at(x, (rows, cols), (n, n), False)
 
 
 def diag_embed(x: Tensor) -> Tensor:
@@ -722,6 +723,70 @@ def randint_like(t: Tensor, low: int, high: int | None = None, *, dtype: Any = N
     return to_dtype(out, dtype or t.dtype)
 
 
+
+
+# --- a few more (issue 32) -------------------------------------------------------------------
+def tan(x: Tensor) -> Tensor:
+    """The tangent (``sin / cos``)."""
+    return div(sin(x), cos(x))
+
+
+def index_add(x: Tensor, dim: int, index: Any, source: Any, *, alpha: float = 1) -> Tensor:
+    """A copy of ``x`` with ``alpha * source`` added at ``index`` (a vector) along ``dim``."""
+    x, src = _tensor(x), _tensor(source)
+    d = _dim(dim, builtins.max(x.ndim, 1))
+    idx = np.asarray(_data(index)).reshape(-1).astype(np.intp)
+    part = src if alpha == 1 else mul(src, alpha)
+    return add(x, add_at(part, (slice(None),) * d + (idx,), x.shape, False))
+
+
+def index_fill(x: Tensor, dim: int, index: Any, value: Any) -> Tensor:
+    """A copy of ``x`` with ``value`` at ``index`` (a vector) along ``dim``."""
+    x = _tensor(x)
+    d = _dim(dim, builtins.max(x.ndim, 1))
+    idx = np.asarray(_data(index)).reshape(-1).astype(np.intp)
+    return index_put(x, (slice(None),) * d + (idx,), value)
+
+
+@numpy_aliases
+def nansum(x: Tensor, dim: Any = None, keepdim: bool = False) -> Tensor:
+    """The sum, NaN counted as 0."""
+    x = _tensor(x)
+    return sum(where(np.isnan(x.data), 0.0, x), dim, keepdim)
+
+
+@numpy_aliases
+def nanmean(x: Tensor, dim: Any = None, keepdim: bool = False) -> Tensor:
+    """The mean of the non-NaN elements."""
+    x = _tensor(x)
+    count = np.sum(~np.isnan(x.data), axis=dim, keepdims=keepdim).astype(x.dtype)
+    return div(nansum(x, dim, keepdim), _wrap(count))
+
+
+def ravel(x: Tensor) -> Tensor:
+    """The elements as a 1-D tensor."""
+    return reshape(x, (-1,))
+
+
+def tensor_split(x: Tensor, indices_or_sections: Any, dim: int = 0) -> tuple[Tensor, ...]:
+    """Split into ``n`` nearly equal parts (the first ones larger), or at the given indices."""
+    x = _tensor(x)
+    d = _dim(dim, x.ndim)
+    n = x.shape[d]
+    if isinstance(indices_or_sections, (int, np.integer)):
+        k = int(indices_or_sections)
+        sizes = [n // k + (1 if i < n % k else 0) for i in range(k)]
+        bounds = np.cumsum([0, *sizes])
+    else:
+        bounds = np.array([0, *[builtins.min(int(i), n) for i in indices_or_sections], n])
+    return tuple(narrow(x, d, int(a), builtins.max(int(b) - int(a), 0)) for a, b in zip(bounds[:-1], bounds[1:]))
+
+
+divide = div
+multiply = mul
+subtract = sub
+
+
 __all__ = [n for n, v in list(globals().items())
            if not n.startswith("_") and callable(v) and getattr(v, "__module__", None) == __name__]
-__all__ += ["fix", "true_divide", "moveaxis", "ger", "inner"]
+__all__ += ["fix", "true_divide", "moveaxis", "ger", "inner", "divide", "multiply", "subtract"]
