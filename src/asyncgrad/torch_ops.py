@@ -153,18 +153,28 @@ def square(x: Tensor) -> Tensor:
     return pow(x, 2)
 
 
+def _integers(x: Any, y: Any) -> bool:
+    return bool(np.asarray(_data(x)).dtype.kind in "iub" and np.asarray(_data(y)).dtype.kind in "iub")
+
+
 def remainder(x: Any, y: Any) -> Tensor:
-    """Python's modulus (the sign of ``y``): ``x - floor(x / y) * y``."""
+    """Python's modulus (the sign of ``y``): ``x - floor(x / y) * y`` (integers stay integers)."""
+    if _integers(x, y):
+        return _wrap(np.remainder(_data(x), _data(y)))
     return sub(x, mul(floor(div(x, y)), y))
 
 
 def fmod(x: Any, y: Any) -> Tensor:
-    """C's remainder (the sign of ``x``): ``x - trunc(x / y) * y``."""
+    """C's remainder (the sign of ``x``): ``x - trunc(x / y) * y`` (integers stay integers)."""
+    if _integers(x, y):
+        return _wrap(np.fmod(_data(x), _data(y)))
     return sub(x, mul(trunc(div(x, y)), y))
 
 
 def floor_divide(x: Any, y: Any) -> Tensor:
-    """``floor(x / y)`` (a zero gradient)."""
+    """``floor(x / y)`` (a zero gradient; integers stay integers)."""
+    if _integers(x, y):
+        return _wrap(np.floor_divide(_data(x), _data(y)))
     return floor(div(x, y))
 
 
