@@ -95,8 +95,7 @@ class Tensor:
     _acc_ref: Any
     _saved: Any  # the SavedTensor last made of this tensor, shared while it stays valid
     _views: list[weakref.ref[Tensor]] | None  # views to re-point after an in-place op (see _register_view)
-    # how a view was made (Note [View creation meta]); set on views only, read with getattr
-    _creation_meta: int | str
+    _creation_meta: int | str  # how a view was made (Note [View creation meta]); 0 otherwise
 
     def __init__(self, data: Any, *, dtype: Any = None, requires_grad: bool = False) -> None:
         arr = data.data if isinstance(data, Tensor) else as_array(data, dtype)
@@ -404,7 +403,7 @@ class Tensor:
         if not _context.grad_enabled.get():
             return
         base = self._base
-        if base is not None and getattr(self, "_creation_meta", VIEW_DEFAULT) != VIEW_DEFAULT and (
+        if base is not None and self._creation_meta != VIEW_DEFAULT and (
                 self._requires_grad or base._requires_grad
                 or any(isinstance(a, Tensor) and a._requires_grad for a in args)):
             _refuse_inplace_on_view(self)
@@ -1456,6 +1455,7 @@ def _init(t: Tensor, arr: np.ndarray, node: Node | None, output_nr: int,
     t._acc_ref = None
     t._saved = None
     t._views = None
+    t._creation_meta = 0
 
 
 # Note [View creation meta]: as PyTorch's CreationMeta, a view remembers how it was made
@@ -1489,7 +1489,7 @@ def view_creation_meta(base_view: Tensor, made: int, node_name: str = "") -> int
     [View creation meta])."""
     if made != VIEW_DEFAULT or base_view._base is None:
         return made
-    meta = getattr(base_view, "_creation_meta", VIEW_DEFAULT)
+    meta = base_view._creation_meta
     if (meta == VIEW_NO_GRAD or isinstance(meta, str)) and node_name:
         return node_name
     return meta
