@@ -121,3 +121,24 @@ def test_small_namespaces_say_there_is_no_gpu():
     assert ag.get_num_threads() >= 1
     ag.set_num_threads(1)
     ag.use_deterministic_algorithms(True)
+
+
+def test_an_optimizer_whose_step_takes_no_closure():
+    class PlainSGD(ag.optim.Optimizer):
+        def __init__(self, params, lr):
+            super().__init__(params, {"lr": lr})
+
+        def step(self):  # no closure, as in many hand-written optimizers
+            for group in self.param_groups:
+                for p in group["params"]:
+                    p.data -= group["lr"] * p.grad.data
+
+    w = ag.tensor([1.0, 2.0], requires_grad=True)
+    opt = PlainSGD([w], lr=0.5)
+    (w * w).sum().backward()
+    assert opt.step() is None
+    assert w.tolist() == [0.0, 0.0]
+    with pytest.raises(TypeError):
+        opt.step(lambda: None)  # its signature takes none
+    sgd = ag.optim.SGD([w], lr=0.1)
+    assert sgd.step(lambda: 7.0) == 7.0  # a closure still reaches the built-in optimizers

@@ -57,8 +57,23 @@ from ._dtype import (  # noqa: E402
     complex64, complex128, finfo, iinfo, int8, int16, is_complex, is_floating_point, uint8,
 )
 from .functional import (  # noqa: E402
-    split_with_sizes,
+    amax, amin, einsum, gather, index_select, scatter, scatter_add, split_with_sizes, tensordot,
 )
+from .torch_ops import (  # noqa: E402
+    acos, addcdiv, addcmul, addmm, addmv, allclose, argmax, argmin, argsort, argwhere, as_tensor, asin,
+    atan, atan2, baddbmm, bmm, broadcast_tensors, bucketize, cdist, ceil, clamp_max, clamp_min,
+    column_stack, cosh, count_nonzero, cumsum, diag, diag_embed, diff, dot, dstack, empty_like, equal,
+    erfc, exp2, expm1, fix, flip, fliplr, flipud, floor, floor_divide, fmod, frac, ger, histc, hstack,
+    hypot, inner, isclose, isnan, isneginf, isposinf, lerp, log10, log1p, log2, logaddexp, logical_and,
+    logical_not, logical_or, logical_xor, logspace, logsumexp, masked_select, meshgrid, moveaxis,
+    movedim, mv, nan_to_num, nonzero, normal, outer, randint_like, reciprocal, remainder,
+    repeat_interleave, roll, rsqrt, searchsorted, sign, sinh, sort, square, t, take_along_dim, tile,
+    trace, tril_indices, triu_indices, true_divide, trunc, unflatten, unique, vstack, xlogy,
+)
+from .torch_ops import (  # noqa: E402
+    divide, index_add, index_fill, multiply, nanmean, nansum, ravel, subtract, tan, tensor_split,
+)
+from .torch_ops import all as all, any as any, round as round  # noqa: E402,A004  (not in __all__)
 from ._torch_names import (  # noqa: E402
     Size, backends, compile as compile, dtype, get_num_threads, is_nonzero, is_tensor, numel,
     set_num_threads, typename, use_deterministic_algorithms,
@@ -110,5 +125,21 @@ __all__ += [
     "Size", "backends", "cdouble", "cfloat", "complex64", "complex128", "cuda", "double", "dtype", "finfo",
     "get_num_threads", "half", "iinfo", "int8", "int16", "is_complex", "is_floating_point", "is_nonzero",
     "is_tensor", "long", "numel", "set_num_threads", "short", "typename", "uint8",
-    "use_deterministic_algorithms", "split_with_sizes",
+    "use_deterministic_algorithms", "split_with_sizes", "amax", "amin", "einsum", "gather", "index_select",
+    "scatter", "scatter_add", "tensordot",
 ]
+__all__ += [  # torch_ops
+    "acos", "addcdiv", "addcmul", "addmm", "addmv", "allclose", "argmax", "argmin", "argsort",
+    "argwhere", "as_tensor", "asin", "atan", "atan2", "baddbmm", "bmm", "broadcast_tensors",
+    "bucketize", "cdist", "ceil", "clamp_max", "clamp_min", "column_stack", "cosh", "count_nonzero",
+    "cumsum", "diag", "diag_embed", "diff", "dot", "dstack", "empty_like", "equal", "erfc", "exp2",
+    "expm1", "fix", "flip", "fliplr", "flipud", "floor", "floor_divide", "fmod", "frac", "ger", "histc",
+    "hstack", "hypot", "inner", "isclose", "isnan", "isneginf", "isposinf", "lerp", "log10", "log1p",
+    "log2", "logaddexp", "logical_and", "logical_not", "logical_or", "logical_xor", "logspace",
+    "logsumexp", "masked_select", "meshgrid", "moveaxis", "movedim", "mv", "nan_to_num", "nonzero",
+    "normal", "outer", "randint_like", "reciprocal", "remainder", "repeat_interleave", "roll", "rsqrt",
+    "searchsorted", "sign", "sinh", "sort", "square", "t", "take_along_dim", "tile", "trace",
+    "tril_indices", "triu_indices", "true_divide", "trunc", "unflatten", "unique", "vstack", "xlogy"
+]
+__all__ += ["divide", "index_add", "index_fill", "multiply", "nanmean", "nansum", "ravel", "subtract", "tan",
+            "tensor_split"]

@@ -48,7 +48,7 @@ def _numerical(fn: Callable[..., Any], inputs: tuple[Any, ...], i: int, eps: flo
         finally:
             flat[j] = orig
         cols.append([(p - m) / (2 * eps) for p, m in zip(plus, minus)])
-    return [np.stack([c[k] for c in cols], axis=1) if cols else np.zeros((0, 0))
+    return [np.stack([c[k] for c in cols], axis=1) if cols else np.zeros((reference[k].data.size, 0))
             for k in range(len(reference))]
 
 

@@ -17,6 +17,11 @@ from .upsampling import Upsample
 from .rnn import GRU, LSTM, RNN, GRUCell, LSTMCell
 from .transformer import MultiheadAttention, TransformerEncoder, TransformerEncoderLayer
 from .module import IncompatibleKeys, Module, ModuleDict, ModuleList, Parameter, Sequential
+from .activations import (  # more activations and losses (issue 32)
+    BCELoss, BCEWithLogitsLoss, CELU, CosineSimilarity, ELU, GLU, Hardsigmoid, Hardswish, Hardtanh,
+    HuberLoss, KLDivLoss, L1Loss, LeakyReLU, LogSigmoid, Mish, ReLU6, SELU, SiLU, SmoothL1Loss,
+    Softmin, Softplus, Softsign, Tanhshrink, Unflatten,
+)
 
 __all__ = [
     "GELU", "CrossEntropyLoss", "Dropout", "Embedding", "Flatten", "Identity", "IncompatibleKeys",
@@ -29,3 +34,9 @@ __all__ += [  # image layers (issue 32)
 ]
 __all__ += ["GRU", "LSTM", "RNN", "GRUCell", "LSTMCell", "MultiheadAttention", "TransformerEncoder",
             "TransformerEncoderLayer"]
+__all__ += [  # nn/activations.py
+    "BCELoss", "BCEWithLogitsLoss", "CELU", "CosineSimilarity", "ELU", "GLU", "Hardsigmoid",
+    "Hardswish", "Hardtanh", "HuberLoss", "KLDivLoss", "L1Loss", "LeakyReLU", "LogSigmoid", "Mish",
+    "ReLU6", "SELU", "SiLU", "SmoothL1Loss", "Softmin", "Softplus", "Softsign", "Tanhshrink",
+    "Unflatten"
+]

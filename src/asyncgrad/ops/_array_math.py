@@ -47,6 +47,14 @@ class ArrayMath:
     cat = staticmethod(np.concatenate)
 
     @staticmethod
+    def cumsum(x: np.ndarray, dim: int) -> np.ndarray:
+        return np.cumsum(x, axis=dim)
+
+    @staticmethod
+    def einsum(equation: str, *operands: Any) -> np.ndarray:
+        return np.asarray(np.einsum(equation, *operands, optimize=len(operands) > 1))
+
+    @staticmethod
     def constant(value: Any) -> Any:
         return value
 

@@ -344,3 +344,26 @@ std_of_std_mean = replace(std, node_name="StdMeanBackward0")
 mean_of_std_mean = replace(mean, node_name="StdMeanBackward0")
 norm = defop("LinalgVectorNormBackward0", _norm, _norm_rule, save="x ans")
 norm_inf = defop("LinalgVectorNormBackward0", _norm_inf, _norm_inf_rule, save="x", has_aux=True)
+
+
+# --- amax / amin (PyTorch's: several dims; ties and NaN as its amax_backward) ---------------
+def _extreme_dims(reduce: Any):  # type: ignore[no-untyped-def]
+    def forward(x, *, dim, keepdim):  # type: ignore[no-untyped-def]
+        ans = reduce(x, axis=dim, keepdims=True)
+        mask = x == ans
+        with np.errstate(invalid="ignore", divide="ignore"):  # a NaN result: NaN weights, as PyTorch
+            weights = mask / np.sum(mask, axis=dim, keepdims=True, dtype=x.dtype)
+        values = ans if keepdim else np.squeeze(ans, axis=dim if dim is not None else None)
+        return np.asarray(values), weights.astype(x.dtype, copy=False)
+    return forward
+
+
+def _extreme_dims_rule(m, g, ans, x, *, dim, keepdim, shape, aux):  # type: ignore[no-untyped-def]
+    return _expand_back(m, g, dim, keepdim, shape) * aux
+
+
+amax = defop("AmaxBackward0", _extreme_dims(np.max), _extreme_dims_rule, has_aux=True)
+amin = defop("AminBackward0", _extreme_dims(np.min), _extreme_dims_rule, has_aux=True)
+cumsum = defop("CumsumBackward0", lambda x, *, dim: np.cumsum(x, axis=dim),
+               # each input feeds every later output: the reversed running sum of g
+               lambda m, g, ans, x, *, dim: m.sum(g, dim, True) - m.cumsum(g, dim) + g)

@@ -84,6 +84,11 @@ index_put = replace(defop("IndexPutBackward0", _index_put,
                           lambda m, g, ans, x, v, *, index, mask: m.getitem(g, index)), saves_params=True)
 # x[basic index] = v; in-place through a view (a basic index holds no tensors)
 copy_slices = replace(index_put, node_name="CopySlices", saves_params=False)
+# ops that pick elements by a full advanced index (built in functional.py): indexing's
+# rules under PyTorch's node names
+gather = replace(getitem_advanced, node_name="GatherBackward0")
+index_select = replace(getitem_advanced, node_name="IndexSelectBackward0")
+unfold = replace(getitem_advanced, node_name="UnfoldBackward0")
 cat = defop("CatBackward0", _cat_forward, _cat_rule, variadic=True)
 stack = defop("StackBackward0", _stack_forward, _stack_rule, variadic=True)
 
