@@ -56,9 +56,9 @@ def test_an_admitted_call_counts_once_for_blas(backend, engine, monkeypatch):
     lined_up: list[bool] = []
     wait_in_line = LoopScheduler.wait_in_line
 
-    async def spy(self: LoopScheduler) -> None:
+    async def spy(self: LoopScheduler, *args: object) -> None:
         lined_up.append(True)
-        await wait_in_line(self)
+        await wait_in_line(self, *args)
 
     monkeypatch.setattr(LoopScheduler, "wait_in_line", spy)
     seen: list[tuple[int, int]] = []

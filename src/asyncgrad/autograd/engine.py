@@ -269,9 +269,9 @@ class Engine:
                 if task.has_ready():
                     if not task.active_children:
                         scheduler.add(task)
-                elif task in scheduler.queued:  # nothing left to run inline: no runner's turn
+                elif task in scheduler.queue:  # nothing left to run inline: no runner's turn
                     scheduler.discard(task)  # for it (Note [Start the hop before the turn])
-                if scheduler.runner is None and task in scheduler.queued:
+                if scheduler.runner is None and task in scheduler.queue:
                     await scheduler.run(task)
                     continue
                 if task.stopping and not task.in_flight:
@@ -307,9 +307,10 @@ class Engine:
             self._in_flight += delta
 
     # --- worker threads -------------------------------------------------------------------
-    async def offload(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """``fn(*args)`` on a worker thread (see threads.run_in_executor)."""
-        return await run_in_executor(self.worker_executor(), fn, args)
+    async def offload(self, fn: Callable[..., Any], *args: Any, priority: int = 0) -> Any:
+        """``fn(*args)`` on a worker thread, queued by ``priority`` (see
+        threads.run_in_executor)."""
+        return await run_in_executor(self.worker_executor(), fn, args, priority)
 
     def worker_executor(self) -> Executor:
         """Where kernels run: the ``executor`` given, else the engine's worker threads."""
@@ -346,7 +347,7 @@ class Engine:
             commit.commit_inline(task)
         else:
             with anyio.CancelScope(shield=True):
-                prepared = await self.offload(commit.sum_fresh, task)
+                prepared = await self.offload(commit.sum_fresh, task, priority=task.priority)
             commit.publish(task, prepared)
         try:
             commit.after_commit(task)
@@ -413,6 +414,7 @@ class Engine:
         if parent is not None:
             task.parent = parent
             task.depth = parent.depth + 1
+            task.priority = parent.priority  # (Note [Task order] in task_order.py)
             parent.active_children += 1
         with self._lock:
             self._started += 1

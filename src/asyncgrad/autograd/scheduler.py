@@ -8,8 +8,9 @@ GraphTasks' nodes in turn until the current slice of the loop's time ends
 on. So the loop gets a turn at least every
 ``yield_interval`` whatever the number of backward calls in flight, and a waiting
 GraphTask costs the loop nothing (PyTorch likewise shares one ready queue per device
-among all GraphTasks). A GraphTask whose time slice ran out goes to the back of the
-queue. The runner runs another GraphTask's nodes in that GraphTask's own context, marked
+among all GraphTasks). The queue is a ``TaskOrder`` (Note [Task order] in
+task_order.py): higher-priority calls first, and a GraphTask whose time slice ran out
+goes to the back of its priority. The runner runs another GraphTask's nodes in that GraphTask's own context, marked
 as their owner (Note [Explicit nesting] in threads.py). When its own GraphTask needs its
 driver (nothing left to run inline, a node to start elsewhere, an error) the runner
 hands the role to the next queued GraphTask's driver.
@@ -39,7 +40,8 @@ Note [Admission]: a burst of new backward calls (a gather of 256 tasks, a wave o
 requests) would run all their first steps (argument checks, set-up) in one turn of the
 loop, unbounded by any slice. So a top-level ``backward``/``grad`` starts at once only
 while the loop has time left in the current slice or no runner is active; otherwise the
-caller waits in line (``admission``, FIFO) and the runner admits callers at the start
+caller waits in line (``admission``, a ``TaskOrder``: by priority, first come first
+served within one, Note [Task order] in task_order.py) and the runner admits callers at the start
 of its slices, each counted like a wake-up: one per slice, more while half of the slice
 is left. A caller whose previous backward the runner just completed has a pass (its
 wake-up was counted). When the runner role ends with nothing queued, the first caller
@@ -98,7 +100,6 @@ import contextvars
 import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable
 
 import anyio
@@ -110,6 +111,7 @@ from .execute import run_inline
 from .graph_task import GraphTask
 from .policy import BLAS
 from .recording import OpNode
+from .task_order import TaskOrder
 from .threads import running_graph_task
 from .wakeup import Wakeup
 
@@ -185,22 +187,24 @@ class Admission:
     in policy.py; once admitted, the engine counts it); on exit admits the next caller
     if the runner role is free."""
 
-    __slots__ = ("_scheduler",)
+    __slots__ = ("_scheduler", "_priority")
 
-    def __init__(self, scheduler: LoopScheduler) -> None:
+    def __init__(self, scheduler: LoopScheduler, priority: int) -> None:
         self._scheduler = scheduler
+        self._priority = priority
 
     async def __aenter__(self) -> None:
-        await self._scheduler.wait_in_line()
+        await self._scheduler.wait_in_line(self._priority)
 
     async def __aexit__(self, *exc: object) -> None:
         self._scheduler.hand_on()  # (Note [Handing on]: however this caller leaves)
 
 
-def admission() -> Admission | _Unheld:
-    """``async with admission():`` around a top-level backward call: a place in line
-    when the loop is busy, else nothing (Note [Admission]). A nested backward (started
-    by a node of a running one) is never held back."""
+def admission(priority: int = 0) -> Admission | _Unheld:
+    """``async with admission(priority):`` around a top-level backward call: a place in
+    line (by ``priority``, Note [Task order]) when the loop is busy, else nothing (Note
+    [Admission]). A nested backward (started by a node of a running one) is never held
+    back."""
     scheduler = loop_scheduler()
     if scheduler.runner is None or (not scheduler.admission and time.perf_counter() < scheduler.slice_end):
         return UNHELD
@@ -209,7 +213,7 @@ def admission() -> Admission | _Unheld:
         return UNHELD
     if running_graph_task() is not None:
         return UNHELD
-    return Admission(scheduler)
+    return Admission(scheduler, priority)
 
 
 def grant_admission_pass() -> None:
@@ -253,8 +257,8 @@ class LoopScheduler:
 
     def __init__(self, loop: asyncio.AbstractEventLoop | None) -> None:
         self.loop = loop  # None on trio (Wakeup picks its primitive by it)
-        self.queue: deque[GraphTask] = deque()
-        self.queued: set[GraphTask] = set()
+        # GraphTasks with nodes to run inline, in the order the runner serves them
+        self.queue: TaskOrder[GraphTask] = TaskOrder()
         self.runner: GraphTask | None = None  # the GraphTask whose driver runs the queue
         self.slice_start = 0.0  # perf_counter() when the current slice began
         self.slice_end = 0.0  # perf_counter() when the current slice of the loop's time ends
@@ -264,7 +268,7 @@ class LoopScheduler:
         # perf_counter() when the loop last ran a kernel's arrival, right after a turn
         # (Note [A turn the loop just had])
         self.turn_at = 0.0
-        self.admission: deque[Wakeup] = deque()  # callers waiting to start a backward (Note [Admission])
+        self.admission: TaskOrder[Wakeup] = TaskOrder()  # callers waiting to start a backward (Note [Admission])
         # ``await check_cancelled()``: a checkpoint only if the caller's cancel scope was
         # cancelled; ``await checkpoint()``: the back end's plain checkpoint
         self.check_cancelled, self.checkpoint = _back_end_checkpoints()
@@ -275,31 +279,25 @@ class LoopScheduler:
 
     def add(self, task: GraphTask) -> None:
         """Queue ``task`` (it has ready nodes); without a runner, wake its driver."""
-        if task not in self.queued:
-            self.queued.add(task)
-            self.queue.append(task)
+        self.queue.push(task, task.priority)
         if self.runner is None and task.wakeup is not None:  # (``wake`` inlined)
             task.wakeup.set()
 
     def discard(self, task: GraphTask) -> None:
-        if task in self.queued:
-            self.queued.discard(task)
-            self.queue.remove(task)
+        self.queue.remove(task)
 
-    async def wait_in_line(self) -> None:
+    async def wait_in_line(self, priority: int = 0) -> None:
         """Wait until the runner admits this caller (Note [Admission]). While it waits
         it counts as a backward call in flight for BLAS; admitted, it stops counting
         here, and the engine counts the call it starts (``Engine._begin``), so a call
         is counted once at any moment."""
         waiting = self.wakeup()
-        self.admission.append(waiting)
+        self.admission.push(waiting, priority)
         BLAS.backward_started()
         try:
             await waiting.wait()
         except BaseException:
-            if waiting in self.admission:
-                self.admission.remove(waiting)
-            else:  # chosen, then cancelled before it took over: choose another
+            if not self.admission.remove(waiting):  # chosen, then cancelled before it took over: choose another
                 self.hand_on()
             raise
         finally:
@@ -311,6 +309,10 @@ class LoopScheduler:
         Waking one too many is harmless (the role is taken synchronously, by one)."""
         if self.runner is not None:
             return
+        first = self.queue.first()
+        if first is not None and first.wakeup is not None and first.wakeup.waiting:
+            first.wakeup.set()  # (the common case, without walking the order)
+            return
         for task in self.queue:
             waiting = task.wakeup
             if waiting is not None and waiting.waiting:
@@ -321,9 +323,9 @@ class LoopScheduler:
     def admit_next(self) -> bool:
         """Wake the first caller in line that still waits (a cancelled one leaves the
         line by itself, in ``wait_in_line``). False when there is none."""
-        for waiting in self.admission:
+        admission = self.admission
+        while (waiting := admission.pop()) is not None:
             if waiting.waiting:
-                self.admission.remove(waiting)
                 waiting.set()
                 return True
         return False
@@ -343,8 +345,7 @@ class LoopScheduler:
         """Take ``task`` off the queue and wake its driver; when every node ran, first
         complete the backward for the waiting caller (Note [The runner completes small
         backward calls]). Returns the loop time to charge for the wake-up."""
-        self.queue.popleft()
-        self.queued.discard(task)
+        self.queue.pop()
         waiting = task.wakeup
         if task is self.runner or waiting is None or not waiting.waiting:
             return 0.0  # (this driver, or one that runs anyway)
@@ -394,7 +395,7 @@ class LoopScheduler:
                     self.slice_start = now
                     self.slice_end = now + interval
                 self._run_slice(owner, self.slice_end)
-                if me not in self.queued or me.to_start or me.error is not None or not self.queue:
+                if me not in self.queue or me.to_start or me.error is not None or not self.queue:
                     return
         finally:
             self.runner = None
@@ -413,8 +414,7 @@ class LoopScheduler:
             deadline -= self.wake_cost
             if deadline - clock() - self.wake_cost <= self.half_interval:
                 break
-        while queue:
-            task = queue[0]
+        while (task := queue.first()) is not None:
             if task.stopping or task.active_children or task.context is None:
                 # its driver handles it (a nested task wakes it at its end)
                 deadline -= self._drop(task, owner)
@@ -434,7 +434,7 @@ class LoopScheduler:
                 if clock() >= deadline:
                     return
             elif clock() >= deadline:
-                queue.rotate(-1)  # its slice ran out: to the back
+                queue.requeue_first(task.priority)  # its slice ran out: to the back
                 return
             elif task.to_start and task is self.runner:
                 return
