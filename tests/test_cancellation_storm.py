@@ -69,7 +69,7 @@ def _expected(ws: list[ag.Tensor], xs: list[ag.Tensor], which: list[int]) -> lis
 def _assert_scheduler_empty() -> None:
     scheduler = loop_scheduler()
     assert scheduler.runner is None
-    assert not scheduler.queue and not scheduler.queued
+    assert not scheduler.queue
     assert not scheduler.admission
 
 

@@ -2,7 +2,9 @@
 at two sizes, asyncgrad beside PyTorch in the same run (issue 15).
 
 Sizes: ``small`` is the GPT of the transformer workload (batch 16, block 64, 128 dims,
-4 heads, vocab 65); ``large`` is batch 32, block 128, 256 dims, 8 heads, vocab 512.
+4 heads, vocab 65); ``large`` is batch 32, block 128, 256 dims, 8 heads, vocab 512. The
+image layers (conv2d, pooling, batch norm) run on 16 images of 16 x 32 x 32 (small) and 32
+of 64 x 16 x 16 (large), with as many output channels as input ones.
 
 Each op is measured as four cases, interleaved round by round with the order rotating
 (asyncgrad forward, torch forward, asyncgrad backward, torch backward, and asyncgrad
@@ -136,7 +138,70 @@ def _cases() -> list[OpCase]:
                lambda x: x.mean(-1), lambda x: x.mean(-1)),
         OpCase("dropout p=0.1", lambda r, s: [_f32(r, *bt(s, 4 * s["C"]))],
                lambda x: AF.dropout(x, 0.1), lambda x: TF.dropout(x, 0.1)),
+        # image layers (issue 32), on the images of IMAGES[size]
+        OpCase("conv2d 3x3 pad 1", lambda r, s: [_f32(r, *_image(s)), _f32(r, *_conv_weight(s, 3)) * 0.1],
+               lambda x, w: AF.conv2d(x, w, padding=1), lambda x, w: TF.conv2d(x, w, padding=1)),
+        OpCase("conv2d 3x3 stride 2", lambda r, s: [_f32(r, *_image(s)), _f32(r, *_conv_weight(s, 3)) * 0.1],
+               lambda x, w: AF.conv2d(x, w, stride=2, padding=1), lambda x, w: TF.conv2d(x, w, stride=2, padding=1)),
+        OpCase("max_pool2d 2x2", lambda r, s: [_f32(r, *_image(s))],
+               lambda x: AF.max_pool2d(x, 2), lambda x: TF.max_pool2d(x, 2)),
+        OpCase("max_pool2d 3x3 stride 2", lambda r, s: [_f32(r, *_image(s))],
+               lambda x: AF.max_pool2d(x, 3, 2, 1), lambda x: TF.max_pool2d(x, 3, 2, 1)),
+        OpCase("avg_pool2d 2x2", lambda r, s: [_f32(r, *_image(s))],
+               lambda x: AF.avg_pool2d(x, 2), lambda x: TF.avg_pool2d(x, 2)),
+        OpCase("batch_norm 2d (train)",
+               lambda r, s: [_f32(r, *_image(s)), _f32(r, _image(s)[1]), _f32(r, _image(s)[1])],
+               lambda x, w, b: AF.batch_norm(x, None, None, w, b, training=True),
+               lambda x, w, b: TF.batch_norm(x, None, None, w, b, training=True)),
     ]
+
+
+# the image layers' inputs (N, C, H, W) at each size: a ResNet's first and a later stage
+IMAGES = {"small": (16, 16, 32, 32), "large": (32, 64, 16, 16)}
+
+
+def _image(s: dict[str, int]) -> tuple[int, int, int, int]:
+    return IMAGES["small" if s["C"] == SIZES["small"]["C"] else "large"]
+
+
+def _conv_weight(s: dict[str, int], k: int) -> tuple[int, int, int, int]:
+    c = _image(s)[1]
+    return (c, c, k, k)
+
+
+def _recurrent_cases() -> list[OpCase]:
+    """LSTM and GRU layers (issue 32): batch B, T steps, C input and C hidden features,
+    batch_first; the output's gradient is the one fed back. The same weights in both
+    libraries (PyTorch's, loaded through the state_dict)."""
+    import asyncgrad as ag
+
+    try:
+        import torch
+    except ImportError:
+        torch = None  # type: ignore[assignment]
+
+    def layers(kind: str, c: int) -> tuple[Any, Any]:
+        mine = getattr(ag.nn, kind)(c, c, batch_first=True)
+        if torch is None:
+            return mine, None
+        theirs = getattr(torch.nn, kind)(c, c, batch_first=True)
+        mine.load_state_dict({k: v.detach().numpy() for k, v in theirs.state_dict().items()})
+        return mine, theirs
+
+    cases = []
+    for kind in ("LSTM", "GRU"):
+        made: dict[int, tuple[Any, Any]] = {}
+
+        def pair(c: int, kind: str = kind, made: dict[int, tuple[Any, Any]] = made) -> tuple[Any, Any]:
+            if c not in made:
+                made[c] = layers(kind, c)
+            return made[c]
+
+        cases.append(OpCase(
+            f"{kind} layer (B, T, C -> C)", lambda r, s: [_f32(r, s["B"], s["T"], s["C"])],
+            lambda x, pair=pair: pair(x.shape[-1])[0](x)[0],
+            lambda x, pair=pair: pair(x.shape[-1])[1](x)[0]))
+    return cases
 
 
 def _ag_impl(op: OpCase, arrays: list[np.ndarray], grad_seed: int) -> tuple[Callable[[], Any], Any]:
@@ -256,7 +321,7 @@ def run(impls: list[str], rounds: int | None = None, sizes: tuple[str, ...] = ("
 
     kernels.wait()  # the path measured is known: compiled if they load (ASYNCGRAD_KERNELS)
     t_start = time.perf_counter()
-    ops = [op for op in _cases() if only is None or op.name in only]
+    ops = [op for op in _cases() + _recurrent_cases() if only is None or op.name in only]
 
     async def main() -> None:
         for size in sizes:

@@ -24,6 +24,10 @@ from ..ops import attention as _A
 from ..ops import nn as _N
 from ..random import Generator, default_generator
 from ..tensor import Tensor
+from ._functional_conv import conv1d, conv2d, conv_transpose2d
+from ._functional_norm import batch_norm, group_norm
+from ._functional_pooling import adaptive_avg_pool2d, adaptive_max_pool2d, avg_pool2d, max_pool2d
+from ._functional_resample import interpolate, pad
 
 
 def relu(input: Tensor, inplace: bool = False) -> Tensor:
@@ -203,4 +207,23 @@ def _fused_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Any, 
 __all__ = [
     "cross_entropy", "dropout", "embedding", "gelu", "layer_norm", "linear", "log_softmax",
     "mse_loss", "nll_loss", "relu", "relu_", "scaled_dot_product_attention", "sigmoid", "softmax", "tanh",
+]
+__all__ += [  # image layers (issue 32)
+    "adaptive_avg_pool2d", "adaptive_max_pool2d", "avg_pool2d", "batch_norm", "conv1d", "conv2d",
+    "conv_transpose2d", "group_norm", "interpolate", "max_pool2d", "pad",
+]
+
+
+# More activations, vector functions and losses (issue 32; in nn/activations.py)
+from .activations import (  # noqa: E402
+    binary_cross_entropy, binary_cross_entropy_with_logits, celu, cosine_similarity, elu, glu,
+    hardsigmoid, hardswish, hardtanh, huber_loss, kl_div, l1_loss, leaky_relu, logsigmoid, mish,
+    normalize, one_hot, pairwise_distance, relu6, selu, silu, smooth_l1_loss, softmin, softplus,
+    softsign, tanhshrink,
+)
+__all__ += [
+    "binary_cross_entropy", "binary_cross_entropy_with_logits", "celu", "cosine_similarity", "elu",
+    "glu", "hardsigmoid", "hardswish", "hardtanh", "huber_loss", "kl_div", "l1_loss", "leaky_relu",
+    "logsigmoid", "mish", "normalize", "one_hot", "pairwise_distance", "relu6", "selu", "silu",
+    "smooth_l1_loss", "softmin", "softplus", "softsign", "tanhshrink"
 ]
