@@ -168,3 +168,14 @@ def test_more_optimizers_follow_pytorchs_updates(name, kwargs):
         topt.step()
     assert np.allclose(w.numpy(), tw.detach().numpy(), rtol=1e-12, atol=1e-14)
     assert set(opt.state[w]) == set(topt.state[tw])
+
+
+def test_where_with_one_argument_and_more_init_functions():
+    rows, cols = ag.where(ag.tensor([[0.0, 1.0], [2.0, 0.0]]) > 0)
+    assert rows.tolist() == [0, 1] and cols.tolist() == [1, 0] and rows.dtype == np.int64
+    w = ag.empty(300)
+    ag.nn.init.trunc_normal_(w, std=1.0, a=-1.0, b=1.5)
+    assert w.numpy().min() >= -1.0 and w.numpy().max() <= 1.5 and w.numpy().std() > 0.3
+    q = ag.nn.init.orthogonal_(ag.empty(3, 5), gain=2.0)
+    assert np.allclose(q.numpy() @ q.numpy().T, 4 * np.eye(3))
+    assert ag.nn.init.eye_(ag.empty(2, 3)).tolist() == [[1, 0, 0], [0, 1, 0]]
