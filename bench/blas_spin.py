@@ -35,7 +35,7 @@ import numpy as np
 
 import asyncgrad as ag
 from asyncgrad import nn
-from asyncgrad.autograd.policy import BLAS
+from asyncgrad.autograd.runtime.blas import BLAS
 from asyncgrad.nn import functional as F
 from asyncgrad.ops import kernels
 

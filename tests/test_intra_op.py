@@ -21,7 +21,7 @@ import pytest
 import asyncgrad as ag
 import asyncgrad.nn.functional as AF
 from asyncgrad.autograd import gradcheck
-from asyncgrad.autograd.policy import BLAS
+from asyncgrad.autograd.runtime.blas import BLAS
 from asyncgrad.ops import _intra, kernels
 
 pytest.importorskip("numba")
@@ -292,7 +292,7 @@ def test_a_child_forked_after_a_parallel_kernel_runs_one_too(k) -> None:
 
 _SWITCH_SCRIPT = textwrap.dedent("""
     import numpy as np
-    from asyncgrad.autograd.policy import BLAS
+    from asyncgrad.autograd.runtime.blas import BLAS
     from asyncgrad.ops import kernels, _intra
     assert kernels.wait(600)
     k = kernels.compiled()

@@ -14,7 +14,8 @@ import pytest
 
 import asyncgrad as ag
 import asyncgrad.nn.functional as AF
-from asyncgrad.autograd import gradcheck, gradgradcheck
+from asyncgrad.autograd import gradgradcheck
+from asyncgrad.autograd import gradcheck
 from asyncgrad.ops import _kernels as K
 from asyncgrad.ops import kernels
 from asyncgrad.ops import nn as N

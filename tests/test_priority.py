@@ -1,5 +1,5 @@
 """``priority=`` on backward calls (API.md §3; Note [Task order] in
-autograd/task_order.py): higher-priority calls' ready nodes run first, equal priorities
+autograd/runtime/task_order.py): higher-priority calls' ready nodes run first, equal priorities
 share the loop round robin, a lower-priority call is slowed but never starved, a nested
 backward inherits its parent's priority, and the worker threads' queue honours it.
 Every test asserts an order of events, never a duration."""
@@ -14,8 +14,8 @@ import pytest
 
 import asyncgrad as ag
 from asyncgrad.autograd import Engine, get_engine, set_engine
-from asyncgrad.autograd.task_order import TURNS_PER_PRIORITY, TaskOrder
-from asyncgrad.autograd.workers import WorkerPool
+from asyncgrad.autograd.runtime.task_order import TURNS_PER_PRIORITY, TaskOrder
+from asyncgrad.autograd.runtime.workers import WorkerPool
 
 BACKENDS = ["asyncio", "trio"]
 

@@ -18,7 +18,7 @@ kernels give the serial bits] in ``_numba_kernels.py``):
 * the process is not busy elsewhere: numpy's BLAS has its own threads (at most one
   backward call in flight, and the hysteresis of Note [BLAS hysteresis] relaxed; not
   pinned at one thread) and no engine BLAS kernel is running (``BLAS.intra_op_ok``, the
-  same adaptive switch as BLAS's threads: Note [BLAS threads] in ``autograd/policy.py``).
+  same adaptive switch as BLAS's threads: Note [BLAS threads] in ``autograd/runtime/blas.py``).
   So several backward calls in flight, or a product on a worker, keep every kernel serial,
   and the second core is left to the engine's workers and BLAS;
 * the switch is on. It is off by default: ``ASYNCGRAD_INTRA_OP=1`` at start-up, or
@@ -138,7 +138,7 @@ def _pin_blas() -> None:
     """Hold BLAS at one thread per call for one pool (once)."""
     global _pin, _blas
     if _pin is None:
-        from ..autograd.policy import BLAS
+        from ..autograd.runtime.blas import BLAS
 
         _blas = BLAS
         _pin = BLAS.pinned(1)
@@ -160,7 +160,7 @@ def allowed() -> bool:
     if not (_enabled and available):
         return False
     if _blas is None:
-        from ..autograd.policy import BLAS
+        from ..autograd.runtime.blas import BLAS
 
         _blas = BLAS
     if one_pool and _pin is None:  # ASYNCGRAD_INTRA_OP=pool: pinned at the first kernel
@@ -171,4 +171,4 @@ def allowed() -> bool:
     return True
 
 
-_blas: Any = None  # autograd.policy.BLAS, imported at first use (ops load before autograd)
+_blas: Any = None  # autograd.runtime.blas.BLAS, imported at first use (ops load before autograd)
