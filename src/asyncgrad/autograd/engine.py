@@ -32,9 +32,9 @@ same every 60 levels).
 Note [A task group only for async nodes]: kernels on worker threads come back as
 callbacks (Note [Completion by callback] in sched/offload.py) and need no task of their own;
 only a node with an ``async def`` backward runs as a task, in a task group the driver
-opens when the first such node is to start. A large backward of built-in nodes (the MLP
-benchmark's one hop) then pays no task group: its cancel scope's entry and exit were
-~20 us each on the critical path, before the hop and after it.
+opens when the first such node is to start. A large backward of built-in nodes then
+pays no task group, whose cancel scope's entry and exit lie on the critical path before
+the hop and after it (docs/benchmarks.md, "Figures behind the Notes").
 
 Note [The fixed cost of a call]: a small backward call pays the driver's own steps
 besides its nodes' work, so ``execute`` keeps them out of coroutines when they have
@@ -43,8 +43,8 @@ rest, if any, in ``run_steps``, which yields), a commit that is inline and relea
 one step runs as a plain call (``commit_at_once``; else ``commit_shielded``), final
 callbacks run only when queued, the one-time set-up is a flag test, ``api.backward``
 awaits the engine directly, and the BLAS call counters take their lock without the
-Condition's Python-level wrapper and skip ``_adapt`` when there is nothing to adapt.
-Each is a coroutine or Python call fewer (160 -> 140 Python calls per trivial backward).
+Condition's Python-level wrapper and skip ``_adapt`` when there is nothing to adapt:
+each a coroutine or Python call fewer (docs/benchmarks.md counts them).
 
 Cancellation: cancelling the awaiting task stops starting nodes at once; kernels already
 on worker threads run to their end (a thread cannot be interrupted) and the ``await``
@@ -336,10 +336,7 @@ class Engine:
     def _begin(self, task: GraphTask) -> GraphTask | None:
         parent = running_graph_task()
         if parent is not None:
-            task.parent = parent
-            task.depth = parent.depth + 1
-            task.priority = parent.priority  # (Note [Task order] in runtime/task_order.py)
-            parent.active_children += 1
+            task.nest_in(parent)
         with self._lock:
             self._started += 1
         if parent is None:  # a nested backward runs for its parent's node: no second call (Note [BLAS threads])
@@ -349,13 +346,11 @@ class Engine:
     def _end(self, task: GraphTask, parent: GraphTask | None, outcome: str) -> None:
         if parent is None:
             BLAS.backward_ended()
-        else:
-            parent.active_children -= 1
-            if not parent.active_children and parent.context is not None and parent.has_ready():
-                try:
-                    loop_scheduler().add(parent)
-                except RuntimeError:  # (a synchronous drain off any loop: its own driver goes on)
-                    pass
+        elif task.leave_parent():  # the parent may go on: queue it
+            try:
+                loop_scheduler().add(parent)
+            except RuntimeError:  # (a synchronous drain off any loop: its own driver goes on)
+                pass
         with self._lock:
             self._nodes_inline += task.nodes_inline
             self._nodes_offloaded += task.nodes_offloaded

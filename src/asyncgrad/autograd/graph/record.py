@@ -252,11 +252,9 @@ def record(spec: OpSpec, inputs: tuple[Any, ...], out: np.ndarray, aux: Any = No
             _init(result, out, None, 0, None)
             return result
         fn = t.grad_fn
-        if fn is None:
+        if fn is None:  # a leaf: its AccumulateGrad, made on first use
             ref = t._acc_ref
-            fn = None if ref is None else ref()
-            if fn is None:
-                fn = _for_leaf(t)
+            fn = (ref is not None and ref()) or _for_leaf(t)
             edges: tuple[Any, ...] = ((fn, 0),)
         else:
             edges = ((fn, t.output_nr),)
@@ -271,12 +269,9 @@ def record(spec: OpSpec, inputs: tuple[Any, ...], out: np.ndarray, aux: Any = No
             if type(t) is Tensor and t._requires_grad:
                 requires = True
                 fn = t.grad_fn
-                if fn is None:
+                if fn is None:  # (as above)
                     ref = t._acc_ref
-                    fn = None if ref is None else ref()
-                    if fn is None:
-                        fn = _for_leaf(t)
-                    edge_list.append((fn, 0))
+                    edge_list.append(((ref is not None and ref()) or _for_leaf(t), 0))
                 else:
                     edge_list.append((fn, t.output_nr))
                 d = t._data

@@ -32,16 +32,13 @@ products BLAS's helper threads part of the time, the case where a busy core make
 two-threaded call many times slower (``python -m bench.blas_flips 2`` measures both).
 So BLAS goes single-threaded at once when a second backward starts, but gets its own
 threads back only once no second backward has been in flight for ``RELAX_SECONDS``.
-Seconds, not calls, because the cost being avoided is measured in seconds: after a
-product that used them, OpenBLAS's helper threads spin for work for ~0.1 s
-(``OPENBLAS_THREAD_TIMEOUT``'s default, 2^28 cycles; the count BLAS is set to does not
-stop them, and only the environment before numpy loads can shorten it). When backward
-calls overlap again within that time, the spinning helper takes a core from them: a
-service whose requests came one by one, then together, in rounds of ~60 ms ran its
-concurrent rounds 1.17-1.39x slower than with BLAS pinned at one thread, its helper
-thread burning 50-69 ms of CPU per round (``python -m bench.blas_spin`` measures it; with
-this rule the helper's CPU there is 0). Half a second without overlap is
-several such spins: a service with requests in flight now and then stays
+Seconds, not calls, because the cost being avoided lasts a time: after a product that
+used them, OpenBLAS's helper threads spin for work for a while
+(``OPENBLAS_THREAD_TIMEOUT``; the count BLAS is set to does not stop them, and only the
+environment before numpy loads can shorten it), and when backward calls overlap again
+within that time the spinning helper takes a core from them (``python -m
+bench.blas_spin`` measures it; docs/benchmarks.md has the figures). ``RELAX_SECONDS``
+is several such spins: a service with requests in flight now and then stays
 single-threaded between them, and one caller running backward after backward alone (a
 training loop), or one long backward alone, gets BLAS's threads half a second after the
 last overlap, even in the middle of a backward (the decision is revisited as each call
@@ -249,10 +246,9 @@ def keep_large_allocations() -> None:
     fault every time; that cost ate the gain of running branches in parallel. So the
     engine raises glibc's mmap and trim thresholds (mallopt, process-wide, once), and
     freed blocks are reused: the process keeps up to ``TRIM_THRESHOLD`` of freed memory
-    per arena. The trim threshold is above what one large backward frees at its end:
-    freeing the saved tensors of the wide benchmark (~190 MB) took 4-12 ms on the loop
-    with a 128 MB threshold (glibc handed the pages back to the OS, and the next forward
-    faulted them in again) and 0.1 ms with 256 MB.
+    per arena. The trim threshold is above what one large backward frees at its end,
+    so glibc does not hand those pages back to the OS for the next forward to fault
+    in again (docs/benchmarks.md, "Figures behind the Notes").
     ``Engine(tune_malloc=False)`` leaves malloc alone; a no-op off glibc."""
     global _malloc_tuned
     if _malloc_tuned:

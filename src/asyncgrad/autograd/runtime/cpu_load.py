@@ -3,10 +3,9 @@ load]), sampled at most every ``INTERVAL`` seconds from ``/proc/stat``.
 
 Note [Other processes' load]: a BLAS call on two threads splits its product in two and
 waits for both halves. When another process keeps one of the two cores busy, the half
-on that core waits for its time slice: a (1024 x 512)^T (1024 x 128) float32 product
-took 0.9 ms on two threads on a quiet machine, 8-20 ms with one busy process beside it,
-and 1.1-2.0 ms on one thread (median of 30 calls each; PyTorch's products did the same:
-10-24 ms against 1.1). So the engine counts, between two backward calls at least
+on that core waits for its time slice, and the product takes many times longer than
+on one thread (docs/benchmarks.md, "Figures behind the Notes"). So the engine counts,
+between two backward calls at least
 ``INTERVAL`` apart, the CPU time the cores this process may run on (its affinity) spent
 busy (user, system, interrupts, and time stolen by the hypervisor) less this process's
 own CPU time, and gives BLAS only the cores that load leaves free

@@ -55,7 +55,7 @@ then the tasks they woke, then the runner. Trio runs I/O and timers between its 
 of tasks, so a plain checkpoint is its turn.
 
 Note [A turn the loop just had]: a driver that waited for a worker kernel (a large
-backward's single hop, ~20 ms) resumes long after the slice it last ran in ended, and
+backward's single hop) resumes long after the slice it last ran in ended, and
 gave the loop a turn (``loop_turn``: a timer, a future, one more pass of the loop) before
 running again, though the loop had just had one: the kernel's arrival is a callback the
 loop runs right after its ``select``, in the batch with the timers that fell due there
@@ -64,8 +64,8 @@ instead: ``slice_end = turn_at + interval``, when the arrival came after the sli
 and that end is still ahead. The renewed slice ends no later than one interval after the
 loop's turn, as if the runner had yielded right then, and the loop's timers wait no
 longer than the yield interval allows; it happens at most once per turn (the renewed
-slice ends after ``turn_at``, so only a later arrival renews it again). About 0.2 ms of
-the MLP benchmark's backward (one loop pass fewer after its hop).
+slice ends after ``turn_at``, so only a later arrival renews it again): one loop pass
+fewer after each hop.
 
 Note [Start the hop before the turn]: when the slice ends and the runner's own GraphTask
 has next in its ready queue a node that goes to a worker as it is (a large built-in
@@ -74,8 +74,7 @@ its driver before the loop's turn instead of after: ``run_inline`` queues it on
 ``to_start`` without computing anything, the driver submits it and waits, and that wait
 is the loop's turn. The kernel then starts one loop pass earlier, and its worker wakes
 while the loop runs its timers. The loop's time between two turns grows by the
-submission only (tens of microseconds, no kernel). On the MLP benchmark the loss's two
-elementwise nodes end the slice and the first linear layer's hop follows them. A driver
+submission only, no kernel. A driver
 that started its kernels and has nothing else ready leaves the queue (``Engine._serve``)
 rather than taking the runner's role for one more turn only to find nothing to run.
 

@@ -38,15 +38,15 @@ heavy branches still run at once on separate workers. A heavy node that would sp
 adds between a block's layers have two edges each). A leaf's gradient (its
 AccumulateGrad, when no hook watches it) is no fork: it is staged on the loop when the
 chain comes back, so a linear layer chains into the ReLU and the layer below (an MLP's
-backward is one hop: 1.30x -> 1.07x the numpy floor on the MLP benchmark, hop per layer
-vs chain in one run; the ReLUs run on the worker, not the loop), and a GPT's backward
-is one hop from the head's product to the first block's ln_1 (was three per block,
-~0.3 ms each, and the views and splits between them on the loop). A chain with a BLAS
+backward is one hop, its ReLUs on the worker, not the loop), and a GPT's backward is
+one hop from the head's product to the first block's ln_1, not three per block with
+the views and splits between them on the loop (docs/benchmarks.md, "Figures behind the
+Notes"). A chain with a BLAS
 node holds BLAS slots (``run_blas``) while it runs. Light nodes may sit between heavy
 ones, at most ``MAX_LIGHT_RUN`` in a row: a long run of light nodes is Python holding
 the GIL against the loop, so the chain ends at its last heavy node. A node whose rule
-costs nothing (``work == 0``: a view's, a transpose's, an add's pass-through; 5-10 us
-each in ``bench.step_trace``) counts a quarter of a light node, so a block's six q, k,
+costs nothing (``work == 0``: a view's, a transpose's, an add's pass-through)
+counts a quarter of a light node, so a block's six q, k,
 v views and its split are less than two. Whether a leaf's gradient is a fresh array
 (Note [Owned gradients] in task/step.py) is judged on the worker against the inputs each
 node was given: an add passes one array on two edges, to a leaf and to the next node of

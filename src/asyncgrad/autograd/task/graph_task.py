@@ -241,6 +241,23 @@ class GraphTask:
             if d is not None:  # (None: pruned, nothing needed lies behind this edge)
                 add(child, nr, g, d)
 
+    def nest_in(self, parent: GraphTask) -> None:
+        """Note [Reentrant backwards] in engine.py: this backward runs for a node of
+        ``parent``: one level deeper, at the parent's priority (Note [Task order] in
+        runtime/task_order.py); the parent starts no new node until it ends."""
+        self.parent = parent
+        self.depth = parent.depth + 1
+        self.priority = parent.priority
+        parent.active_children += 1
+
+    def leave_parent(self) -> bool:
+        """Undo ``nest_in`` as this backward ends; True when the parent has no nested
+        backward left and ready nodes to go on with."""
+        parent = self.parent
+        assert parent is not None and parent.active_children > 0
+        parent.active_children -= 1
+        return not parent.active_children and parent.context is not None and parent.has_ready()
+
     def has_ready(self) -> bool:
         return bool(self.ready_leaves or self.heap)
 

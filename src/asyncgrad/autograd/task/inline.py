@@ -62,13 +62,8 @@ def run_inline(task: GraphTask, threshold: float, deadline: float) -> bool:
     fused = not tools and not task.create_graph
     kernel = kernel_for(task, False) if tools else run_kernel
     plain = task.exec_info is None
-    keep = task.keep_graph
-    executed = task.executed
-    fresh = task.fresh
-    to_start = task.to_start
-    clock = time.perf_counter
-    push = heappush
-    acc_nr = ACCUMULATE_GRAD_SEQUENCE_NR
+    keep, executed, fresh, to_start = task.keep_graph, task.executed, task.fresh, task.to_start
+    clock, push, acc_nr = time.perf_counter, heappush, ACCUMULATE_GRAD_SEQUENCE_NR
     count = 0
     node: Node | None = None
     try:

@@ -31,16 +31,12 @@ still get a kernel each: they may be two large products.
 Note [The loop takes a small split's first part]: a split node whose halves are each
 below ``inline_threshold`` (``Policy.first_part_here``), with nothing else ready or in
 flight in its GraphTask, computes its first group (the input gradient, else the first
-leaf's) on the loop, after handing the others to workers. Measured on the op table's
-attention product (att @ v, GPT-small, BLAS at one thread, per-event perf_counter
-stamps; 2 cores), both parts on workers: submit -> kernel start 0.13-0.18 ms for the
-first part and 0.45 ms for the second (a second thread to wake, on the core the loop
-still holds), each kernel about twice its time alone (0.92 and 0.39 ms vs 0.42 and
-0.22) while the loop's warm core sat idle, end -> arrival on the loop 0.1-0.18 ms;
-splitting still beat one kernel on one worker (1.83 vs 2.05 ms). With the first part on
-the loop: one hop, the two kernels side by side on both cores, and the loop blocked
-no longer than a node below the threshold blocks it anyway (1.75 -> 1.48 ms, inline
-1.16; q @ k^T 1.58 -> 1.36, inline 1.12). Its gradients are routed as the part ends,
+leaf's) on the loop, after handing the others to workers. With both parts on workers
+the second part waits for a second thread to wake on the core the loop still holds,
+while the loop's warm core sits idle; with the first part on the loop the two kernels
+run side by side on both cores after one hop, and the loop is blocked no longer than
+by a node below the threshold (docs/benchmarks.md, "Figures behind the Notes"). Its
+gradients are routed as the part ends,
 as a worker's would be (``part_arrival``); no BLAS slot is taken, as for an inline
 product. Not while other nodes are ready or in flight: their arrivals and starts would
 wait behind the loop's part.

@@ -121,9 +121,9 @@ def prepare(task: GraphTask, node: Node, ready: ReadyInputs) -> list[Any] | None
 # ``run_inline`` stages it with ``stage_plain`` (``stage_leaf``'s last steps) when it
 # leaves the ready queue, without ``prepare``'s general path. It still goes through the
 # queue, so leaves are staged in the order they became ready (the commit and
-# post-accumulate-grad hooks follow that order). (Staging it right as its producer
-# routes it, skipping the queue, was tried: it made one run of tests/test_concurrency.py's
-# four-loops test in two hang, so it was not kept.)
+# post-accumulate-grad hooks follow that order). (Staging a leaf where its producer
+# routes it, skipping the queue, once hung a run of tests/test_concurrency.py's
+# four-loops test; the cause is not found yet: issue 30.)
 def stage_leaf(task: GraphTask, node: AccumulateGrad, buf: list[Any]) -> None:
     """AccumulateGrad's step: tensor hooks, captures, pre-hooks, stage for the commit
     (Note [Commit on success] in task/commit.py), post-hooks. Records whether the engine
@@ -247,17 +247,17 @@ def finish(task: GraphTask, node: Node, inputs: ReadyInputs, outputs: list[Any])
 # array). The engine's fused inline step then computes it once and adds it to itself in
 # place: ``t + t`` is bit for bit the ``g * y + g * x`` the buffer would have added, and
 # the second product, a second fresh array and a deferred sum on the consumer's worker
-# (Note [Deferred sums] in task/input_buffer.py) are saved: on the MLP benchmark's loss,
-# 256 x 1024 float32, about 0.4 ms of its ~2 ms of engine time beside the numpy floor.
+# (Note [Deferred sums] in task/input_buffer.py) are saved (docs/benchmarks.md, "Figures
+# behind the Notes").
 # The second edge then routes nothing: the first settles both dependencies (the slot
 # already has the sum), so the child needs no InputBuffer for it. Only the fused step
 # does it (a plain backward, no hooks on the node), so hooks and
 # ``create_graph`` see PyTorch's two gradients.
 # Note [Mean's gradient as a view]: mean's gradient is ``g / n`` at every position, and
 # writing it out over the input's shape (Note [Mean's gradient in one pass] in
-# ops/reductions.py) is the MLP benchmark's largest single step outside the kernels
-# (0.38 ms for 256 x 1024 float32, against 0.20 ms as a view; the multiplication that
-# reads it is faster too). A read-only broadcast view (strides 0) costs no write pass,
+# ops/reductions.py) is the MLP benchmark's largest single step outside the kernels, and
+# the multiplication that reads it is faster from a view too. A read-only broadcast view
+# (strides 0) costs no write pass,
 # but it must never reach code that may write into it or keep it: a ``.grad`` (the
 # commit adopts fresh arrays, Note [Owned gradients]), a hook's argument (tensor hooks,
 # retain_grad, node pre- and post-hooks), an ``inputs=``/``grad()`` capture, a custom
