@@ -38,7 +38,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
+from ...backend import xp
 
 from ...tensor import Tensor
 from ..graph.accumulate import COMMIT_LOCK, _accumulate, _take, grad_lock  # noqa: F401  (grad_lock: the old path)
@@ -99,7 +99,7 @@ def sum_fresh(task: GraphTask) -> Prepared:
                 data = current.data
                 # (asarray: np.add of 0-d arrays returns a numpy scalar, not an array)
                 out.append((var, current, current._version_counter.value, data,
-                            np.asarray(np.add(data, g, dtype=data.dtype, casting="unsafe")), g))
+                            xp.asarray(xp.add(data, g, dtype=data.dtype, casting="unsafe")), g))
     return out
 
 

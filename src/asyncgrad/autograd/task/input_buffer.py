@@ -29,7 +29,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
+from ...backend import xp
+
+ARRAY = xp.array_type  # (Note [One array backend] in backend.py)
 
 LAZY_SUM_MIN = 65_536  # elements; below this, adding on the loop is cheaper than deferring
 
@@ -52,9 +54,9 @@ class PendingSum(list[Any]):
         out = value(self[0]) + value(self[1])
         for term in self[2:]:
             v = value(term)
-            if type(out) is np.ndarray and type(v) is np.ndarray and v.shape == out.shape \
-                    and np.result_type(out, v) == out.dtype:
-                np.add(out, v, out=out)  # ``out`` is our own fresh array
+            if type(out) is ARRAY and type(v) is ARRAY and v.shape == out.shape \
+                    and xp.result_type(out, v) == out.dtype:
+                xp.add(out, v, out=out)  # ``out`` is our own fresh array
             else:
                 out = out + v
         return out
@@ -121,7 +123,7 @@ def combine(old: Any, g: Any) -> Any:
     if type(old) is PendingSum:
         old.append(g)
         return old
-    if type(old) is np.ndarray and (type(g) is np.ndarray or type(g) is PendingSum) \
+    if type(old) is ARRAY and (type(g) is ARRAY or type(g) is PendingSum) \
             and old.size >= LAZY_SUM_MIN:
         return PendingSum((old, g))
     return old + value(g)

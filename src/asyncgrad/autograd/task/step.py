@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-import numpy as np
+
+from ...backend import Array, xp
 
 from ... import _context
 from ..graph import ACCUMULATE_GRAD_SEQUENCE_NR, AccumulateGrad, Node
@@ -25,6 +26,8 @@ from ..graph.hooks import run_leaf_tensor_hooks, run_post_hooks, run_pre_hooks, 
 from .input_buffer import PendingSum, ReadyInputs, combine, inputs_of, slots_of
 from ..graph.record import OpNode
 from ..graph.validate import validate_outputs
+
+ARRAY = xp.array_type  # (Note [One array backend] in backend.py)
 
 Kernel = Callable[[Node, list[Any], Any], list[Any]]
 AsyncKernel = Callable[[Node, list[Any], Any], Coroutine[Any, Any, list[Any]]]
@@ -169,7 +172,7 @@ def fresh_leaf_edges(node: Node, inputs: list[Any], outputs: list[Any]) -> tuple
     acc_nr = ACCUMULATE_GRAD_SEQUENCE_NR
     saved = node.saved
     return tuple(i for i, ((child, _), gi) in enumerate(zip(node.next_edges, outputs))
-                 if child is not None and child.sequence_nr == acc_nr and type(gi) is np.ndarray
+                 if child is not None and child.sequence_nr == acc_nr and type(gi) is ARRAY
                  and is_fresh(gi, inputs, outputs, saved))
 
 
@@ -182,7 +185,7 @@ def own_leaf_edges(task: GraphTask, node: Node, outputs: list[Any], edges: tuple
         task.fresh[leaf] = outputs[i]
 
 
-def own_if_fresh(task: GraphTask, leaf: Node, gi: np.ndarray, inputs: Any, outputs: Any,
+def own_if_fresh(task: GraphTask, leaf: Node, gi: Array, inputs: Any, outputs: Any,
                  saved: Any) -> None:
     """Note [Owned gradients]: ``gi``, a built-in kernel's output for ``leaf``, is the
     engine's own when it is a new array: not a view, not one of the kernel's inputs or
@@ -191,7 +194,7 @@ def own_if_fresh(task: GraphTask, leaf: Node, gi: np.ndarray, inputs: Any, outpu
         task.fresh[leaf] = gi
 
 
-def is_fresh(gi: np.ndarray, inputs: Any, outputs: Any, saved: Any) -> bool:
+def is_fresh(gi: Array, inputs: Any, outputs: Any, saved: Any) -> bool:
     """``own_if_fresh``'s test: ``gi`` is a new array the kernel made."""
     if gi.base is not None or not gi.flags.writeable:
         return False
