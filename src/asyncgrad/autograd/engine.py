@@ -3,7 +3,7 @@
 The walk of one ``await backward(loss)`` (docs/architecture.md has it in full):
 ``api.backward`` builds a GraphTask and calls ``Engine.execute``, which sets it up
 (``GraphTask.setup_steps``), queues it on the loop's scheduler and drains it
-(``_drain``: the loop's runner runs nodes inline with ``execute.run_inline``; nodes that
+(``_drain``: the loop's runner runs nodes inline with ``inline.run_inline``; nodes that
 must go elsewhere are started by this driver: ``offload.WorkerKernels.start``, whose
 completion callbacks route their gradients on the loop), then runs
 pre-commit functions, commits (task/commit.py) and runs final callbacks, unless the runner

@@ -297,7 +297,7 @@ class LoopScheduler:
         interval = me.policy.yield_interval
         self.runner = me
         self.half_interval = interval / 2
-        owner = _context.node_owner.get()  # this driver's task (sync_driver.enter_task set it)
+        owner = _context.node_owner.get()  # this driver's task (blocking.enter_task set it)
         clock = time.perf_counter
         try:
             while True:

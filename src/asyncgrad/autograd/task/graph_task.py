@@ -74,11 +74,11 @@ class GraphTask:
         # -- the plan: written by set_roots (creating thread, before execute), read-only
         # once the driver starts
         self.exec_info: ExecMap | None = None  # None: every reachable node runs (task/exec_info.py)
-        # grad(): one result per target; its slots are written by execute.prepare /
+        # grad(): one result per target; its slots are written by step.prepare /
         # stage_leaf on the task's thread
         self.captured: list[Any] = []
         self._root: tuple[Node, list[Any]] | None = None  # read once by setup_steps
-        # -- the walk: written on the task's thread only (setup_steps, execute.run_inline,
+        # -- the walk: written on the task's thread only (setup_steps, inline.run_inline,
         # route/add_gradient, sched/offload.py's tasks); worker threads never see these
         self.dependencies: dict[Node, int] = {}  # edges each waiting node has yet to hear from
         # InputBuffers of nodes still waiting for gradients; a node that becomes ready
@@ -92,7 +92,7 @@ class GraphTask:
         # this task's thread (a nested backward is started by one of its nodes)
         self.active_children = 0
         self.in_flight = 0  # nodes started elsewhere, not yet finished (offload.WorkerKernels, run_async_node)
-        # -- results: written on the task's thread (execute.stage_leaf, graph/hooks.py's
+        # -- results: written on the task's thread (step.stage_leaf, graph/hooks.py's
         # retain_grad, route); task/commit.py reads them on that thread, or commit.sum_fresh
         # on one worker thread while the driver awaits it (nobody writes meanwhile)
         self.staged: dict[Tensor, Any] = {}  # leaf -> gradient for .grad (task/commit.py)
@@ -262,7 +262,7 @@ class GraphTask:
         return bool(self.ready_leaves or self.heap)
 
     def pop_ready(self) -> tuple[Node, ReadyInputs]:
-        """The next ready node and its inputs (Note [Ready-queue order]); execute.run_inline
+        """The next ready node and its inputs (Note [Ready-queue order]); inline.run_inline
         does the same in its locals."""
         if self.ready_leaves:
             return self.ready_leaves.popleft()

@@ -56,7 +56,7 @@ from ..graph.record import OpNode
 def split_groups(node: Node, splits: bool) -> list[list[int]] | None:
     """The edges of a split node, grouped into its kernels, the input gradients (edges
     to nodes that are not leaves) first (Note [Input gradient first]); None: one
-    kernel. ``splits``: policy.splits' decision, one kernel per gradient (a product's
+    kernel. ``splits``: placement's decision (Policy.splits), one kernel per gradient (a product's
     leaves together: Note [One kernel for a product's leaves])."""
     if type(node) is not OpNode or node.spec.variadic:
         return None

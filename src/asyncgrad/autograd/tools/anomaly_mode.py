@@ -16,7 +16,7 @@ as in PyTorch: two asyncio tasks on one loop each keep their own setting, and ke
 offloaded to worker threads see the setting of the task that offloaded them.
 
 Note [Anomaly mode costs nothing when off]: the ContextVar holds ``None`` when the mode
-is off. The recorder (``recording.record``) and the engine (``engine.run_kernel``) test
+is off. The recorder (``record.record``) and the engine (``step.run_kernel``) test
 it once per node and only then call into this module, so with the mode off no stack is
 walked and no gradient is scanned.
 """
@@ -75,7 +75,7 @@ class AnomalyMode:
         return f"AnomalyMode(check_nan={self.check_nan})"
 
     def run_node(self, node: Node, inputs: list[Any], math: Any) -> list[Any]:
-        """``engine.run_kernel`` under anomaly mode: apply and validate the node with it
+        """``step.run_kernel`` under anomaly mode: apply and validate the node with it
         marked as running (the parent of nodes built meanwhile), then check for NaN."""
         from ..graph.validate import validate_outputs
 

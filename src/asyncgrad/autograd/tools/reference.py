@@ -1,11 +1,11 @@
 """The reference executor: the one obviously correct way to run a backward.
 
-Every ready node, in ready-queue order, goes through ``execute.prepare``,
+Every ready node, in ready-queue order, goes through ``step.prepare``,
 ``run_kernel`` (or ``run_async_kernel``, awaited; wrapped by the profiler when one
-records) and ``execute.finish``, one at a time on the driving thread: no fused step, no
+records) and ``step.finish``, one at a time on the driving thread: no fused step, no
 offload, no worker chains, no scheduler. (So under ``pytest --reference-engine`` the
 tests that check overlapping or offloaded nodes themselves skip.) The
-fast paths (the loop's scheduler, the fused step of ``execute.run_inline``, sched/offload.py)
+fast paths (the loop's scheduler, the fused step of ``inline.run_inline``, sched/offload.py)
 are checked against it in tests (tests/test_reference_executor.py, and the whole suite
 with ``pytest --reference-engine``).
 """
