@@ -28,7 +28,7 @@ import itertools
 import operator
 from collections.abc import Hashable, Iterator
 from heapq import heappop, heappush
-from typing import Generic, TypeVar
+from typing import TypeVar
 
 TURNS_PER_PRIORITY = 16  # places of head start per priority level
 
@@ -44,24 +44,26 @@ def check_priority(priority: object) -> int:
     return operator.index(priority)
 
 
-class TaskOrder(Generic[T]):
+class TaskOrder(dict[T, list[object]]):
     """Entries served by priority with aging (Note [Task order]). An entry is in the
-    order at most once; ``push`` of one already in it does nothing."""
+    order at most once; ``push`` of one already in it does nothing. The order is a
+    dict of its entries (``in``, ``len`` and truth are the dict's, at C speed) beside
+    the heap that serves them."""
 
-    __slots__ = ("_heap", "_entries", "_seq")
+    __slots__ = ("_heap", "_seq")
 
     def __init__(self) -> None:
+        super().__init__()
         self._heap: list[list[object]] = []  # [key, seq, item or None (removed)]
-        self._entries: dict[T, list[object]] = {}
         self._seq = itertools.count()
 
     def push(self, item: T, priority: int = 0) -> None:
         """Queue ``item`` behind the entries of its priority that joined before it."""
-        if item in self._entries:
+        if item in self:
             return
         seq = next(self._seq)
         entry: list[object] = [seq - priority * TURNS_PER_PRIORITY, seq, item]
-        self._entries[item] = entry
+        self[item] = entry
         heappush(self._heap, entry)
 
     def first(self) -> T | None:
@@ -74,41 +76,32 @@ class TaskOrder(Generic[T]):
             heappop(heap)
         return None
 
-    def pop(self) -> T | None:
+    def take_first(self) -> T | None:
         """Remove and return the entry served next (None when empty)."""
         item = self.first()
         if item is not None:
             heappop(self._heap)
-            del self._entries[item]
+            del self[item]
         return item
 
     def requeue_first(self, priority: int = 0) -> None:
         """Send the first entry to the back of its priority (its turn ran out)."""
-        item = self.pop()
+        item = self.take_first()
         if item is not None:
             self.push(item, priority)
 
     def remove(self, item: T) -> bool:
         """Take ``item`` out; False when it was not in the order."""
-        entry = self._entries.pop(item, None)
+        entry = dict.pop(self, item, None)
         if entry is None:
             return False
         entry[2] = None
-        if len(self._heap) > 2 * len(self._entries) + 8:  # mostly dead: rebuild
+        if len(self._heap) > 2 * len(self) + 8:  # mostly dead: rebuild
             self._heap = [e for e in self._heap if e[2] is not None]
             self._heap.sort()
         return True
 
-    def __contains__(self, item: object) -> bool:
-        return item in self._entries
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def __bool__(self) -> bool:
-        return bool(self._entries)
-
-    def __iter__(self) -> Iterator[T]:
+    def in_order(self) -> Iterator[T]:
         """The entries in the order they would be served (first one first)."""
         first = self.first()
         if first is None:

@@ -241,7 +241,7 @@ class LoopScheduler:
         if first is not None and first.wakeup is not None and first.wakeup.waiting:
             first.wakeup.set()  # (the common case, without walking the order)
             return
-        for task in self.queue:
+        for task in self.queue.in_order():
             waiting = task.wakeup
             if waiting is not None and waiting.waiting:
                 waiting.set()
@@ -252,7 +252,7 @@ class LoopScheduler:
         """Wake the first caller in line that still waits (a cancelled one leaves the
         line by itself, in ``wait_in_line``). False when there is none."""
         admission = self.admission
-        while (waiting := admission.pop()) is not None:
+        while (waiting := admission.take_first()) is not None:
             if waiting.waiting:
                 waiting.set()
                 return True
@@ -273,7 +273,7 @@ class LoopScheduler:
         """Take ``task`` off the queue and wake its driver; when every node ran, first
         complete the backward for the waiting caller (Note [The runner completes small
         backward calls]). Returns the loop time to charge for the wake-up."""
-        self.queue.pop()
+        self.queue.take_first()
         waiting = task.wakeup
         if task is self.runner or waiting is None or not waiting.waiting:
             return 0.0  # (this driver, or one that runs anyway)
