@@ -6,7 +6,7 @@
 The ``concurrent`` workload's pass (small MLP, 4 layers, width 128, batch 32, float32,
 ``sleep(0)`` after each pass) on N asyncio tasks. Printed: microseconds per pass, the
 ``set_num_threads`` calls the engine made (Note [BLAS hysteresis] in
-src/asyncgrad/autograd/policy.py), and how many forward passes ran with single-threaded
+src/asyncgrad/autograd/runtime/blas.py), and how many forward passes ran with single-threaded
 BLAS. Use ``PYTHONPATH=<other checkout>/src`` to measure another version of asyncgrad.
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 import asyncgrad as ag
-from asyncgrad.autograd import policy
+from asyncgrad.autograd.runtime import blas as policy
 
 from . import nets
 

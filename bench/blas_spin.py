@@ -11,7 +11,7 @@ per combination, medians over the rounds: wall time, and CPU time per thread gro
 each thread's CPU clock (the loop's thread, the engine's worker threads, and the rest:
 BLAS's own helper threads). After a product that used them, OpenBLAS's helpers
 spin for work for ~0.1 s, so the helper's CPU in a round where BLAS is single-threaded is
-spin (Note [BLAS hysteresis] in src/asyncgrad/autograd/policy.py).
+spin (Note [BLAS hysteresis] in src/asyncgrad/autograd/runtime/blas.py).
 
 ``--checkpoint``: a training step alone (4 linear layers of 1,024 with GELU, batch 256,
 one reentrant checkpoint per layer): its time and the BLAS threads per call the engine
@@ -35,7 +35,7 @@ import numpy as np
 
 import asyncgrad as ag
 from asyncgrad import nn
-from asyncgrad.autograd.policy import BLAS
+from asyncgrad.autograd.runtime.blas import BLAS
 from asyncgrad.nn import functional as F
 from asyncgrad.ops import kernels
 

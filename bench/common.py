@@ -117,7 +117,7 @@ def measure_async(setup: Callable[[], Any], timed: Callable[[Any], Awaitable[Any
 def _engine_blas() -> Any:
     """asyncgrad's process-wide BLAS policy (``policy.BLAS``), or None without asyncgrad."""
     try:
-        from asyncgrad.autograd.policy import BLAS as engine_blas
+        from asyncgrad.autograd.runtime.blas import BLAS as engine_blas
     except ImportError:
         return None
     return engine_blas
@@ -127,7 +127,7 @@ class BlasThreads:
     """Keeps each implementation's BLAS thread count its own in one shared process.
 
     asyncgrad's engine adapts numpy's BLAS threads (process-wide, through threadpoolctl;
-    Note [BLAS threads] in policy.py), and sets them only when its decision changes. So
+    Note [BLAS threads] in runtime/blas.py), and sets them only when its decision changes. So
     before each measurement the runner sets numpy's BLAS to the process's original count
     for the peers and the numpy floor, and back to the count asyncgrad's engine last chose
     for asyncgrad (``policy.BLAS.chosen``; the original count before its first backward).

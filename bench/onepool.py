@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> None:
         return
 
     import asyncgrad as ag
-    from asyncgrad.autograd.policy import BLAS
+    from asyncgrad.autograd.runtime.blas import BLAS
     from asyncgrad.ops.kernels import intra_op as _intra
     from asyncgrad.ops import kernels as compiled_kernels
     from bench import gpt

@@ -50,9 +50,9 @@ from bench.workloads import chain  # noqa: E402
 
 def _validate() -> Any:
     try:
-        from asyncgrad.autograd.validation import validate_outputs  # type: ignore[import-not-found]
+        from asyncgrad.autograd.graph.validate import validate_outputs  # type: ignore[import-not-found]
     except ImportError:
-        from asyncgrad.autograd.graph_task import validate_outputs
+        from asyncgrad.autograd.task.graph_task import validate_outputs
     return validate_outputs
 
 
@@ -206,9 +206,9 @@ def mlp_breakdown(rounds: int = 9) -> dict[str, float]:
 # --- sampling with py-spy ----------------------------------------------------------------------------
 CATEGORIES = [
     ("rule arithmetic (ops/*.py rules, numpy)", ("/ops/", "numpy/")),
-    ("node.apply / unpacking (recording.py)", ("recording.py",)),
-    ("validate_outputs", ("validation.py", "validate_outputs")),
-    ("routing / ready queue (graph_task.py)", ("graph_task.py",)),
+    ("node.apply / unpacking (graph/record.py)", ("graph/record.py",)),
+    ("validate_outputs", ("graph/validate.py", "validate_outputs")),
+    ("routing / ready queue (task/graph_task.py)", ("task/graph_task.py",)),
     ("engine loop (engine.py)", ("engine.py",)),
     ("anyio / asyncio / sniffio", ("anyio/", "asyncio/", "sniffio/")),
     ("threads / concurrent.futures", ("threading.py", "concurrent/")),

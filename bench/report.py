@@ -57,6 +57,58 @@ CHOOSING = """\
   the figures to compare. Run the suite on your own machine before deciding on numbers.
 """
 
+# What was measured when the engine's design notes chose their ideas (the Notes state
+# the problem and the idea; their figures live here).
+_NOTES_FIGURES_ROWS = [  # (Note (module), what was measured)
+    ('[Worker chains] (`sched/placement.py`)',
+     'MLP backward 1.30x -> 1.07x the numpy floor, hop per layer vs one chain, in one run; a GPT backward '
+     "went from three hops per block (~0.3 ms each) to one; a view's or pass-through's rule costs 5-10 us "
+     'each (`python -m bench.step_trace`)'),
+    ('[BLAS hysteresis] (`runtime/blas.py`)',
+     "OpenBLAS's helper threads spin ~0.1 s after a product (`OPENBLAS_THREAD_TIMEOUT`'s default, 2^28 "
+     'cycles); a service whose requests came one by one, then together, in rounds of ~60 ms ran its '
+     'concurrent rounds 1.17-1.39x slower than with BLAS pinned at one thread, its helper burning 50-69 ms'
+     ' of CPU per round; with the half-second rule that CPU is 0 (`python -m bench.blas_spin`)'),
+    ('[Page faults] (`runtime/blas.py`)',
+     "freeing the wide workload's saved tensors (~190 MB) took 4-12 ms on the loop with a 128 MB trim "
+     'threshold, 0.1 ms with 256 MB'),
+    ("[Other processes' load] (`runtime/cpu_load.py`)",
+     'a (1024 x 512)^T (1024 x 128) float32 product: 0.9 ms on two threads on a quiet machine, 8-20 ms '
+     "with one busy process beside it, 1.1-2.0 ms on one thread (medians of 30 calls; PyTorch's: 10-24 ms "
+     'against 1.1)'),
+    ('[A task group only for async nodes] (`engine.py`)',
+     "a task group's cancel scope cost ~20 us to enter and ~20 us to leave, both on the critical path of a"
+     " large backward's one hop"),
+    ('[The fixed cost of a call] (`engine.py`)',
+     '160 -> 140 Python calls per trivial backward'),
+    ('[A turn the loop just had] (`sched/loop.py`)',
+     "a large backward's hop is ~20 ms; renewing the slice at the arrival saved ~0.2 ms of the MLP "
+     'backward'),
+    ('[Start the hop before the turn] (`sched/loop.py`)',
+     "the submission adds tens of microseconds to the loop's time between two turns; on the MLP the loss's"
+     " two elementwise nodes end the slice and the first layer's hop follows them"),
+    ("[The loop takes a small split's first part] (`task/split_node.py`)",
+     "attention's att @ v (GPT-small, BLAS at one thread): both parts on workers, submit -> start "
+     '0.13-0.18 ms and 0.45 ms, kernels 0.92 and 0.39 ms vs 0.42 and 0.22 alone, arrival 0.1-0.18 ms, 1.83'
+     ' ms in all (one kernel on one worker: 2.05); first part on the loop 1.75 -> 1.48 ms (inline 1.16); q'
+     ' @ k^T 1.58 -> 1.36 (inline 1.12)'),
+    ('[A tensor times itself] (`task/step.py`)',
+     'on the MLP loss (256 x 1024 float32) about 0.4 ms of its ~2 ms of engine time beside the numpy floor'),
+    ("[Mean's gradient as a view] (`task/step.py`)",
+     "writing mean's gradient out: 0.38 ms for 256 x 1024 float32, 0.20 ms as a view"),
+]
+NOTES_FIGURES = "\n".join([
+    '## Figures behind the Notes',
+    '',
+    "The engine's design notes (`Note [...]` in `src/asyncgrad/autograd/`) state a problem and",
+    'the idea that solves it; what was measured when each idea was chosen is kept here, as',
+    'measured then (2-core machine, the workloads above unless said otherwise).',
+    "",
+    "| Note (module) | measured |",
+    "|---|---|",
+    *(f"| {note} | {figures} |" for note, figures in _NOTES_FIGURES_ROWS),
+]) + "\n"
+
 RUNNING = """\
 ## How to run it
 
@@ -213,7 +265,7 @@ def render(payload: dict[str, Any], figures: str | None = "img") -> str:
     parts += [*contents, ""]
     for w in workloads:
         parts += [render_workload(w, figures), ""]
-    parts += [RUNNING]
+    parts += [NOTES_FIGURES, RUNNING]
     return "\n".join(parts).rstrip() + "\n"
 
 

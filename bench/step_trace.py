@@ -33,7 +33,7 @@ Event = tuple[str, str, Any, float, float]
 
 
 def _instrument(events: list[Event], hops: list[tuple[str, str, float]]) -> None:
-    from asyncgrad.autograd import offload
+    from asyncgrad.autograd.sched import offload
     from asyncgrad.ops._spec import OpSpec
 
     clock = time.perf_counter

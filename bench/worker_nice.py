@@ -1,5 +1,5 @@
 """The worker threads' niceness (Note [Worker threads yield the CPU to the loop] in
-workers.py): 10 MLP backwards (4 layers, batch 256, width 1024) under a 1 ms ticker on
+runtime/workers.py): 10 MLP backwards (4 layers, batch 256, width 1024) under a 1 ms ticker on
 the loop, with ``Engine(worker_nice=n)`` for each n, interleaved rounds, medians; with
 ``--busy``, next to one other process that spins on a core the whole time.
 

@@ -1,7 +1,7 @@
 import os
 
 # BLAS threads follow other processes' load (Note [Other processes' load] in
-# autograd/cpu_load.py): off in the suite, so what a test sees does not depend on what else
+# autograd/runtime/cpu_load.py): off in the suite, so what a test sees does not depend on what else
 # the machine runs; tests/test_cpu_load.py checks it with injected samples.
 os.environ.setdefault("ASYNCGRAD_ADAPT_TO_LOAD", "0")
 
@@ -35,7 +35,7 @@ def _reference_engine(request):
     if not request.config.getoption("--reference-engine"):
         yield
         return
-    from asyncgrad.autograd.reference import ReferenceEngine
+    from asyncgrad.autograd.tools.reference import ReferenceEngine
 
     prev = ag.autograd.get_engine()
     ag.autograd.set_engine(ReferenceEngine())
@@ -80,7 +80,7 @@ def restore_engine():
 def blas_single(monkeypatch):
     """BLAS single-threaded (several backward calls in flight, or pinned at one): a
     product's gradients are split into one kernel each (Policy.splits)."""
-    from asyncgrad.autograd.policy import BlasThreads
+    from asyncgrad.autograd.runtime.blas import BlasThreads
 
     monkeypatch.setattr(BlasThreads, "per_call", property(lambda self: 1))
 
@@ -88,8 +88,8 @@ def blas_single(monkeypatch):
 @pytest.fixture
 def blas_threaded(monkeypatch):
     """BLAS as when one backward runs alone: threads of its own, so a product is not
-    split into one kernel per gradient (Note [BLAS threads] in policy.py)."""
-    from asyncgrad.autograd.policy import BlasThreads
+    split into one kernel per gradient (Note [BLAS threads] in runtime/blas.py)."""
+    from asyncgrad.autograd.runtime.blas import BlasThreads
 
     monkeypatch.setattr(BlasThreads, "per_call", property(lambda self: 2))
 
@@ -98,14 +98,16 @@ def blas_threaded(monkeypatch):
 def adopted(monkeypatch):
     """The ``owned`` flag of every first ``.grad`` the commit makes, in order (Note
     [Owned gradients]): True where the commit adopted the engine's fresh array as ``.grad``."""
-    from asyncgrad.autograd import commit
+    from asyncgrad.autograd.graph import accumulate
+    from asyncgrad.autograd.task import commit
 
     flags: list[bool] = []
-    real_take = commit._take
+    real_take = accumulate._take
 
     def take(g, dtype, owned):
         flags.append(owned)
         return real_take(g, dtype, owned)
 
-    monkeypatch.setattr(commit, "_take", take)
+    monkeypatch.setattr(accumulate, "_take", take)  # (the in-place commit, through _accumulate)
+    monkeypatch.setattr(commit, "_take", take)  # (the commit summed on a worker)
     return flags

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import asyncgrad as ag
-from asyncgrad.autograd import anomaly_mode
+from asyncgrad.autograd.tools import anomaly_mode
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Anomaly Detection has been enabled", "ignore:Error detected in", "ignore:\n\nPrevious calculation",

@@ -54,7 +54,7 @@ def test_bench_blas_threads_give_asyncgrad_its_engines_choice_after_a_one_thread
     rows (the transformer's) ran on one BLAS thread while its engine believed it had all."""
     import pytest
 
-    from asyncgrad.autograd.policy import BLAS as ENGINE_BLAS
+    from asyncgrad.autograd.runtime.blas import BLAS as ENGINE_BLAS
     from bench.common import BlasThreads
 
     blas = BlasThreads()
@@ -83,7 +83,7 @@ def test_bench_blas_threads_give_asyncgrad_its_engines_choice_after_a_one_thread
 ONE_THREAD_SECTION = """
 import asyncio, sys
 import asyncgrad as ag
-from asyncgrad.autograd import policy
+from asyncgrad.autograd.runtime import blas as policy
 from bench.common import BlasThreads
 
 blas = BlasThreads()

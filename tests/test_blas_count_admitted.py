@@ -1,6 +1,6 @@
 """A backward call that waited in the admission line (Note [Admission] in
-autograd/scheduler.py) counts once as a backward call in flight for BLAS (Note [BLAS
-threads] in autograd/policy.py): while it waits, and then while it runs, never twice."""
+autograd/sched/loop.py) counts once as a backward call in flight for BLAS (Note [BLAS
+threads] in autograd/sched/placement.py): while it waits, and then while it runs, never twice."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 
 import asyncgrad as ag
 from asyncgrad.autograd import Engine, get_engine, set_engine
-from asyncgrad.autograd.policy import BLAS
-from asyncgrad.autograd.scheduler import LoopScheduler, loop_scheduler
+from asyncgrad.autograd.runtime.blas import BLAS
+from asyncgrad.autograd.sched.loop import LoopScheduler, loop_scheduler
 
 LONG = 3000  # nodes of the backward that holds the runner's role meanwhile
 

@@ -17,7 +17,7 @@ _SCRIPT = r"""
 import asyncio, json
 from threadpoolctl import threadpool_info
 import asyncgrad as ag
-from asyncgrad.autograd.policy import BLAS
+from asyncgrad.autograd.runtime.blas import BLAS
 
 def threads():
     return max(i["num_threads"] for i in threadpool_info()

@@ -8,9 +8,9 @@ import pytest
 
 import asyncgrad as ag
 from asyncgrad.autograd import Engine
-from asyncgrad.autograd import graph_task as graph_task_module
-from asyncgrad.autograd.graph_task import GraphTask
-from asyncgrad.autograd.policy import BLAS
+from asyncgrad.autograd.task import graph_task as graph_task_module
+from asyncgrad.autograd.task.graph_task import GraphTask
+from asyncgrad.autograd.runtime.blas import BLAS
 
 
 def _graph(events):
@@ -58,7 +58,7 @@ async def test_no_callback_queued_commits_and_releases():
 
 async def test_setup_longer_than_a_slice_lets_the_loop_run_and_completes(monkeypatch):
     """With a zero yield interval and a step per node, the set-up steps leave the slice
-    at once: the rest runs in ``_run_steps``, which gives the loop turns (a task started
+    at once: the rest runs in ``run_steps``, which gives the loop turns (a task started
     before the call runs before the call returns), and the gradients are those of the
     whole graph."""
     monkeypatch.setattr(graph_task_module, "SETUP_STEP", 1)
@@ -129,7 +129,7 @@ async def test_first_call_starts_the_setup_once():
 async def test_setup_that_outruns_its_slice_gives_the_loop_its_turn_before_the_next_step(monkeypatch):
     """With a zero yield interval and a step per node, the slice ends after the first
     set-up step: the loop's turn (another task) comes before the second step, not after
-    one more step of a fresh interval in ``_run_steps``."""
+    one more step of a fresh interval in ``run_steps``."""
     monkeypatch.setattr(graph_task_module, "SETUP_STEP", 1)
     events: list[str] = []
     real_setup = GraphTask.setup_steps

@@ -1,5 +1,5 @@
 """Cancelling some backward calls never stalls the others (Note [Handing on] in
-autograd/scheduler.py).
+autograd/sched/loop.py).
 
 The storm from the report: 20 concurrent backward calls on a 3-layer MLP, every third
 cancelled 3 ms after it starts. Then the same hole at each wait of the scheduler, hit
@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 import asyncgrad as ag
-from asyncgrad.autograd.scheduler import LoopScheduler, loop_scheduler
-from asyncgrad.autograd.wakeup import Wakeup
+from asyncgrad.autograd.sched.loop import LoopScheduler, loop_scheduler
+from asyncgrad.autograd.sched.wakeup import Wakeup
 
 CALLS = 20
 WIDTH, BATCH = 256, 64

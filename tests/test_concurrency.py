@@ -197,7 +197,7 @@ async def test_wait_for_timeout_leaves_grads_and_allows_retry(offload_all):
 
 async def test_cancel_waits_for_running_kernels(offload_all, monkeypatch):
     """The await ends only after every kernel it started has finished."""
-    from asyncgrad.autograd import recording
+    from asyncgrad.autograd.graph import record as recording
 
     finished: list[float] = []
     original = recording.OpNode.apply
@@ -503,14 +503,20 @@ async def test_deepcopy_and_pickle_of_a_leaf_share_no_graph():
 async def test_fresh_leaf_gradient_is_stolen_not_copied(engine, threshold, monkeypatch):
     """Like PyTorch's AccumulateGrad, a gradient nobody else holds becomes .grad without
     a copy (a copy per leaf would double the commit's memory); others are copied."""
-    from asyncgrad.autograd import commit
+    from asyncgrad.autograd.graph import accumulate
+    from asyncgrad.autograd.task import commit
     from asyncgrad.functional import linear
 
     if threshold is not None:
         engine.inline_threshold = threshold
     stolen: list[bool] = []
-    real_take = commit._take
-    monkeypatch.setattr(commit, "_take", lambda g, dt, owned: stolen.append(owned) or real_take(g, dt, owned))
+    real_take = accumulate._take
+
+    def take(g, dt, owned):
+        return stolen.append(owned) or real_take(g, dt, owned)
+
+    monkeypatch.setattr(accumulate, "_take", take)  # (in place: through _accumulate)
+    monkeypatch.setattr(commit, "_take", take)  # (summed on a worker)
     w = ag.tensor(np.ones((3, 4)), requires_grad=True)
     x = ag.tensor(np.ones((5, 4)))
     await ag.backward(linear(x, w).sum())
@@ -617,7 +623,8 @@ async def test_a_gradient_from_an_executor_that_keeps_its_futures_is_still_taken
     over without a copy."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from asyncgrad.autograd import commit
+    from asyncgrad.autograd.graph import accumulate
+    from asyncgrad.autograd.task import commit
     from asyncgrad.functional import linear
 
     class Keeping(ThreadPoolExecutor):
@@ -633,8 +640,13 @@ async def test_a_gradient_from_an_executor_that_keeps_its_futures_is_still_taken
         ag.autograd.set_engine(Engine(executor=executor, inline_threshold=0))
         try:
             stolen: list[bool] = []
-            real_take = commit._take
-            monkeypatch.setattr(commit, "_take", lambda g, dt, owned: stolen.append(owned) or real_take(g, dt, owned))
+            real_take = accumulate._take
+
+            def take(g, dt, owned):
+                return stolen.append(owned) or real_take(g, dt, owned)
+
+            monkeypatch.setattr(accumulate, "_take", take)
+            monkeypatch.setattr(commit, "_take", take)
             w = ag.tensor(np.ones((3, 4)), requires_grad=True)
             await ag.backward(linear(ag.tensor(np.ones((5, 4))), w).sum())
             assert len(Keeping.kept) >= 2  # the kernel and the commit's sums ran on it

@@ -1,4 +1,4 @@
-"""Note [Other processes' load] (autograd/cpu_load.py): BLAS gets the cores other
+"""Note [Other processes' load] (autograd/runtime/cpu_load.py): BLAS gets the cores other
 processes leave free. Samples are injected (a fake /proc/stat, process CPU time and
 clock), so these tests check the order of events and the decisions, not timings."""
 
@@ -8,9 +8,9 @@ import os
 
 import pytest
 
-from asyncgrad.autograd import cpu_load
-from asyncgrad.autograd.cpu_load import INTERVAL, OtherLoad, read_busy_seconds
-from asyncgrad.autograd.policy import BlasThreads
+from asyncgrad.autograd.runtime import cpu_load
+from asyncgrad.autograd.runtime.cpu_load import INTERVAL, OtherLoad, read_busy_seconds
+from asyncgrad.autograd.runtime.blas import BlasThreads
 
 
 class FakeMachine:

@@ -1,4 +1,4 @@
-"""Deferred input-buffer sums (Note [Deferred sums] in autograd/input_buffer.py): large
+"""Deferred input-buffer sums (Note [Deferred sums] in autograd/task/input_buffer.py): large
 gradients meeting at one input are added by the consumer (a worker thread when it is
 offloaded, the commit for a leaf), with exactly the result of eager summation."""
 
@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import asyncgrad as ag
-from asyncgrad.autograd import Engine, input_buffer, set_engine
+from asyncgrad.autograd import Engine, set_engine
+from asyncgrad.autograd.task import input_buffer
 
 N = input_buffer.LAZY_SUM_MIN + 17  # large enough to be deferred
 

@@ -1,5 +1,5 @@
 """The engine's fast paths for small backward calls (issue 11) behave exactly as the
-general paths: plain leaves staged in place (Note [Plain leaves] in execute.py), the
+general paths: plain leaves staged in place (Note [Plain leaves] in task/step.py), the
 one-leading-axis sum in validation.fix_gradient, the in-place commit loop, and the
 scalar ``backward(loss)`` preparation. Values, orders and errors, never durations."""
 
@@ -11,8 +11,8 @@ import pytest
 import asyncgrad as ag
 from asyncgrad.autograd import Engine
 from asyncgrad.autograd.graph import AccumulateGrad
-from asyncgrad.autograd.reference import ReferenceEngine
-from asyncgrad.autograd.validation import fix_gradient
+from asyncgrad.autograd.tools.reference import ReferenceEngine
+from asyncgrad.autograd.graph.validate import fix_gradient
 from asyncgrad.functional import linear
 from asyncgrad.ops._broadcast import sum_to
 

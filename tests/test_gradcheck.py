@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import asyncgrad as ag
-from asyncgrad.autograd import GradcheckError, gradcheck, gradgradcheck
+from asyncgrad.autograd import GradcheckError, gradgradcheck
+from asyncgrad.autograd import gradcheck
 
 
 class WrongExp(ag.autograd.Function):

@@ -21,7 +21,7 @@ import pytest
 import asyncgrad as ag
 import asyncgrad.nn.functional as AF
 from asyncgrad.autograd import gradcheck
-from asyncgrad.autograd.policy import BLAS
+from asyncgrad.autograd.runtime.blas import BLAS
 from asyncgrad.ops import kernels
 from asyncgrad.ops.kernels import intra_op as _intra
 
@@ -294,7 +294,7 @@ def test_a_child_forked_after_a_parallel_kernel_runs_one_too(k) -> None:
 
 _SWITCH_SCRIPT = textwrap.dedent("""
     import numpy as np
-    from asyncgrad.autograd.policy import BLAS
+    from asyncgrad.autograd.runtime.blas import BLAS
     from asyncgrad.ops import kernels
     from asyncgrad.ops.kernels import intra_op as _intra
     assert kernels.wait(600)

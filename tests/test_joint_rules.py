@@ -14,8 +14,9 @@ import pytest
 
 import asyncgrad as ag
 import asyncgrad.nn.functional as AF
-from asyncgrad.autograd import Engine, get_engine, gradcheck, gradgradcheck, set_engine
-from asyncgrad.autograd.recording import record
+from asyncgrad.autograd import Engine, get_engine, gradgradcheck, set_engine
+from asyncgrad.autograd import gradcheck
+from asyncgrad.autograd.graph.record import record
 from asyncgrad.ops import nn
 from asyncgrad.ops._array_math import ArrayMath
 from asyncgrad.ops._spec import defop

@@ -1,4 +1,4 @@
-"""A backward's lifecycle hooks (API.md §3, autograd/lifecycle.py): the start hook
+"""A backward's lifecycle hooks (API.md §3, autograd/task/lifecycle.py): the start hook
 (``register_backward_start_hook``), the abort functions (``queue_on_abort``), and a
 pre-commit that adds leaves the backward did not reach (Note [Pre-commit]). Each test
 checks the order of events, the values committed, or the error raised."""
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import asyncgrad as ag
-from asyncgrad.autograd import lifecycle
+from asyncgrad.autograd.task import lifecycle
 from asyncgrad.autograd.engine import Engine, get_engine, set_engine
 
 F = ag.autograd

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 import asyncgrad as ag
-from asyncgrad.autograd import scheduler as scheduler_module
+from asyncgrad.autograd.sched import admission as admission_module
+from asyncgrad.autograd.sched import loop as scheduler_module
 
 
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
@@ -102,18 +103,18 @@ async def test_a_caller_that_starts_at_once_and_one_that_waits_in_line_both_comm
         assert scheduler.runner is None
         await ag.backward((w * 1.0).sum())  # at once
         held = []
-        real = scheduler_module.Admission.__aenter__
+        real = admission_module.Admission.__aenter__
 
         async def counted(self):
             held.append(1)
             await real(self)
 
-        scheduler_module.Admission.__aenter__ = counted  # type: ignore[method-assign]
+        admission_module.Admission.__aenter__ = counted  # type: ignore[method-assign]
         try:
             results = await asyncio.gather(*(ag.backward((w * float(i)).sum()) for i in range(16)),
                                            *(ag.grad((w * float(i)).sum(), w) for i in range(16)))
         finally:
-            scheduler_module.Admission.__aenter__ = real  # type: ignore[method-assign]
+            admission_module.Admission.__aenter__ = real  # type: ignore[method-assign]
         assert held  # some waited in line
         assert w.grad.tolist() == [1.0 + sum(range(16))] * 3
         assert [r[0].tolist() for r in results[16:]] == [[float(i)] * 3 for i in range(16)]

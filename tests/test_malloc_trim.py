@@ -1,4 +1,4 @@
-"""Note [Page faults] (autograd/policy.py): once the engine tuned malloc, freeing what a
+"""Note [Page faults] (autograd/sched/placement.py): once the engine tuned malloc, freeing what a
 large backward saved (the wide benchmark: ~190 MB at its end) keeps the memory in the
 process for the next arrays instead of handing it back to the OS page by page."""
 
@@ -15,7 +15,7 @@ import asyncgrad
 
 SCRIPT = textwrap.dedent("""
     import os, numpy as np
-    from asyncgrad.autograd.policy import keep_large_allocations
+    from asyncgrad.autograd.runtime.blas import keep_large_allocations
     keep_large_allocations()
     page = os.sysconf("SC_PAGE_SIZE")
     def rss():

@@ -1,4 +1,4 @@
-"""Note [Mean's gradient as a view] (autograd/execute.py): the fused inline step hands
+"""Note [Mean's gradient as a view] (autograd/task/step.py): the fused inline step hands
 mean's gradient as a read-only broadcast view to a built-in, hook-free ``takes_views``
 child (``mul``); every other route gets a fresh writeable array, as before."""
 

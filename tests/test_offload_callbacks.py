@@ -1,5 +1,5 @@
 """Kernels on worker threads completed by a loop callback (Note [Completion by callback]
-in autograd/offload.py), and a split node's input gradient routed before its leaf
+in autograd/sched/offload.py), and a split node's input gradient routed before its leaf
 gradients (Note [Input gradient first]).
 
 What must hold: a cancelled or failed backward returns only after the kernels a
@@ -20,7 +20,7 @@ import pytest
 
 import asyncgrad as ag
 from asyncgrad.autograd import Engine, Function, get_engine, set_engine
-from asyncgrad.autograd.recording import record
+from asyncgrad.autograd.graph.record import record
 from asyncgrad.functional import linear
 from asyncgrad.ops._spec import defop
 

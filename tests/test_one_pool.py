@@ -14,7 +14,7 @@ import pytest
 import asyncgrad as ag
 import asyncgrad.nn.functional as AF
 from asyncgrad.autograd import gradcheck
-from asyncgrad.autograd.policy import BLAS
+from asyncgrad.autograd.runtime.blas import BLAS
 from asyncgrad.ops import kernels
 from asyncgrad.ops.kernels import intra_op as _intra
 from asyncgrad.ops import linalg as L
@@ -199,7 +199,7 @@ def test_the_environment_variable_turns_one_pool_on_at_start_up(k) -> None:
 
     script = textwrap.dedent("""
         import numpy as np
-        from asyncgrad.autograd.policy import BLAS
+        from asyncgrad.autograd.runtime.blas import BLAS
         from asyncgrad.ops import kernels, linalg as L
         from asyncgrad.ops.kernels import intra_op as _intra
         assert kernels.wait(600)

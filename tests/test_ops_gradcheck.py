@@ -15,7 +15,8 @@ import pytest
 import asyncgrad as ag
 import asyncgrad.functional as AF
 import asyncgrad.nn.functional as NF
-from asyncgrad.autograd import gradcheck, gradgradcheck
+from asyncgrad.autograd import gradgradcheck
+from asyncgrad.autograd import gradcheck
 
 
 def _t(arr: Any, grad: bool = True) -> ag.Tensor:

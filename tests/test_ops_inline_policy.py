@@ -1,4 +1,4 @@
-"""Where the default engine runs a node (Note [Inline or offload] in policy.py): the
+"""Where the default engine runs a node (Note [Inline or offload] in sched/placement.py): the
 per-token nodes of a small transformer inline, a matrix product weighed by its
 multiply-adds, and a commit into fresh leaves without a worker hop. Observed through
 the engine's statistics and which function the engine sends to a worker."""
@@ -13,9 +13,9 @@ import pytest
 
 import asyncgrad as ag
 import asyncgrad.nn.functional as AF
-from asyncgrad.autograd import commit
+from asyncgrad.autograd.task import commit
 from asyncgrad.autograd.engine import DEFAULT_INLINE_THRESHOLD, Engine
-from asyncgrad.autograd.recording import MULTIPLY_ADDS_PER_ELEMENT
+from asyncgrad.autograd.graph.record import MULTIPLY_ADDS_PER_ELEMENT
 
 
 def _backward_on(engine: Engine, out: ag.Tensor, grad: ag.Tensor | None = None) -> tuple[int, int]:

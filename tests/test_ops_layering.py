@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import asyncgrad  # noqa: F401 - the engine registers its gate at import
-from asyncgrad.autograd.policy import BLAS
+from asyncgrad.autograd.runtime.blas import BLAS
 from asyncgrad.ops.kernels import intra_op
 
 SRC = Path(__file__).resolve().parent.parent / "src"

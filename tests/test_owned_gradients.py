@@ -1,4 +1,4 @@
-"""Note [Owned gradients] (autograd/execute.py): a commit adopts a staged array as a
+"""Note [Owned gradients] (autograd/task/step.py): a commit adopts a staged array as a
 leaf's first ``.grad`` only when the engine made it and nobody else holds it. Every
 array somebody else holds (a hook, a retained non-leaf gradient, a custom Function's
 result, the caller's ``gradient=``) is copied, so a later commit's in-place addition

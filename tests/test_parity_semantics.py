@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 import asyncgrad as ag
-from asyncgrad.autograd import Function, GradcheckError, gradcheck
+from asyncgrad.autograd import Function, GradcheckError
+from asyncgrad.autograd import gradcheck
 from asyncgrad.autograd.graph import saved_tensors_hooks
 
 

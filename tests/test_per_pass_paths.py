@@ -14,7 +14,7 @@ import pytest
 
 import asyncgrad as ag
 from asyncgrad.autograd import Engine
-from asyncgrad.autograd.reference import ReferenceEngine
+from asyncgrad.autograd.tools.reference import ReferenceEngine
 from asyncgrad.functional import linear
 
 

@@ -1,5 +1,5 @@
 """``priority=`` on backward calls (API.md §3; Note [Task order] in
-autograd/task_order.py): higher-priority calls' ready nodes run first, equal priorities
+autograd/runtime/task_order.py): higher-priority calls' ready nodes run first, equal priorities
 share the loop round robin, a lower-priority call is slowed but never starved, a nested
 backward inherits its parent's priority, and the worker threads' queue honours it.
 Every test asserts an order of events, never a duration."""
@@ -14,8 +14,8 @@ import pytest
 
 import asyncgrad as ag
 from asyncgrad.autograd import Engine, get_engine, set_engine
-from asyncgrad.autograd.task_order import TURNS_PER_PRIORITY, TaskOrder
-from asyncgrad.autograd.workers import WorkerPool
+from asyncgrad.autograd.runtime.task_order import TURNS_PER_PRIORITY, TaskOrder
+from asyncgrad.autograd.runtime.workers import WorkerPool
 
 BACKENDS = ["asyncio", "trio"]
 
@@ -43,10 +43,10 @@ def test_equal_priorities_are_first_come_first_served_and_rotate():
     order: TaskOrder[str] = TaskOrder()
     for name in "abc":
         order.push(name)
-    assert list(order) == ["a", "b", "c"]
+    assert list(order.in_order()) == ["a", "b", "c"]
     order.requeue_first()  # a's turn ran out: behind the others
-    assert [order.pop(), order.pop(), order.pop()] == ["b", "c", "a"]
-    assert order.pop() is None and not order
+    assert [order.take_first(), order.take_first(), order.take_first()] == ["b", "c", "a"]
+    assert order.take_first() is None and not order
 
 
 def test_a_higher_priority_overtakes_and_removal_keeps_the_rest_in_order():
@@ -55,10 +55,10 @@ def test_a_higher_priority_overtakes_and_removal_keeps_the_rest_in_order():
     order.push("low2")
     order.push("high", 1)
     order.push("low1", 5)  # already queued: nothing changes
-    assert list(order) == ["high", "low1", "low2"]
+    assert list(order.in_order()) == ["high", "low1", "low2"]
     assert order.remove("low1") and not order.remove("low1")
     assert "low1" not in order and len(order) == 2
-    assert list(order) == ["high", "low2"]
+    assert list(order.in_order()) == ["high", "low2"]
 
 
 def test_a_waiting_low_priority_entry_ages_past_a_stream_of_high_ones():
@@ -69,7 +69,7 @@ def test_a_waiting_low_priority_entry_ages_past_a_stream_of_high_ones():
     served = []
     for i in range(100):
         order.push(f"high{i}", 2)
-        served.append(order.pop())
+        served.append(order.take_first())
         if served[-1] == "low":
             break
     assert served[-1] == "low"

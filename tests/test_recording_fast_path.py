@@ -1,4 +1,4 @@
-"""The recording fast path (Note [The recording fast path] in autograd/recording.py): the
+"""The recording fast path (Note [The recording fast path] in autograd/graph/record.py): the
 inlined constructors build the same objects as the classes' own, and the checks the fast
 path must keep (version counters, saved-tensor hooks, anomaly mode, grad mode) still run."""
 
@@ -9,7 +9,7 @@ import pytest
 
 import asyncgrad as ag
 from asyncgrad.autograd.graph import AccumulateGrad, SavedTensor
-from asyncgrad.autograd.recording import OpNode
+from asyncgrad.autograd.graph.record import OpNode
 from asyncgrad.tensor import Tensor
 
 

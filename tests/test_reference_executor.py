@@ -1,4 +1,4 @@
-"""Every fast path of the engine against the reference executor (autograd/reference.py):
+"""Every fast path of the engine against the reference executor (autograd/tools/reference.py):
 the fused inline step, the loop's shared scheduler, offloaded kernels, worker chains,
 per-input splits, deferred sums and the synchronous driver must give the gradients, and
 (when every node runs inline) the hook order, that running each node through the plain
@@ -16,7 +16,7 @@ import pytest
 
 import asyncgrad as ag
 from asyncgrad.autograd import Engine
-from asyncgrad.autograd.reference import ReferenceEngine
+from asyncgrad.autograd.tools.reference import ReferenceEngine
 from asyncgrad.nn.functional import linear
 from asyncgrad.utils.checkpoint import checkpoint
 

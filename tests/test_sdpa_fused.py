@@ -14,7 +14,8 @@ import pytest
 
 import asyncgrad as ag
 import asyncgrad.nn.functional as NF
-from asyncgrad.autograd import gradcheck, gradgradcheck
+from asyncgrad.autograd import gradgradcheck
+from asyncgrad.autograd import gradcheck
 
 FUSED = "ScaledDotProductFlashAttentionForCpuBackward0"
 

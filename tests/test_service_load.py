@@ -18,7 +18,7 @@ import pytest
 
 import asyncgrad as ag
 from asyncgrad.autograd import Engine
-from asyncgrad.autograd import scheduler as scheduler_module
+from asyncgrad.autograd.sched import loop as scheduler_module
 from asyncgrad.nn.functional import linear
 
 LEAVES, SIZE = 8, 200_000  # large: the commit's sums are computed off the loop
@@ -315,7 +315,7 @@ def test_first_backward_of_a_process_inspects_blas_off_the_loop():
         threadpoolctl.ThreadpoolController = Recorded
         import sys
         import asyncgrad as ag
-        from asyncgrad.autograd import policy
+        from asyncgrad.autograd.runtime import blas as policy
         # anyio's asyncio back end is imported with asyncgrad, not in the first backward
         assert "anyio._backends._asyncio" in sys.modules
         async def main():
@@ -341,7 +341,7 @@ async def test_blas_is_single_threaded_while_several_backward_calls_run(engine, 
         return max(lib["num_threads"] for lib in threadpoolctl.threadpool_info()
                    if lib["user_api"] == "blas" and "numpy" in lib["filepath"])
 
-    from asyncgrad.autograd.policy import BLAS, RELAX_SECONDS
+    from asyncgrad.autograd.runtime.blas import BLAS, RELAX_SECONDS
 
     clock = _Clock(time.monotonic() + 3600.0)  # later than any overlap the process has seen
     monkeypatch.setattr(BLAS, "_overlap_at", BLAS._overlap_at)  # (restored after the clock)
@@ -382,7 +382,7 @@ async def test_a_reentrant_checkpoints_nested_backward_is_not_a_second_call_for_
     run for its parent's node) does not make BLAS single-threaded: a training step with
     checkpoints alone keeps BLAS's own threads, inside the nested backward too."""
     threadpoolctl = pytest.importorskip("threadpoolctl")
-    from asyncgrad.autograd.policy import BLAS
+    from asyncgrad.autograd.runtime.blas import BLAS
     from asyncgrad.utils.checkpoint import checkpoint
 
     def blas_threads() -> int:
@@ -439,7 +439,7 @@ def test_blas_threads_do_not_flip_per_call_while_calls_alternate():
     count of calls in flight going 1, 2, 1, 2, ...) switch BLAS to one thread once, not
     twice per call; a lone caller gets BLAS's threads back once no call overlapped
     another for RELAX_SECONDS, and an overlap before that starts the wait again."""
-    from asyncgrad.autograd.policy import RELAX_SECONDS, BlasThreads
+    from asyncgrad.autograd.runtime.blas import RELAX_SECONDS, BlasThreads
 
     blas = BlasThreads(2)
     blas.clock = clock = _Clock()
@@ -477,7 +477,7 @@ def test_blas_threads_do_not_flip_per_call_while_calls_alternate():
 
 
 # --- the runner completes small backward calls for waiting callers ----------------------------
-# Note [The runner completes small backward calls] (scheduler.py). A long backward started
+# Note [The runner completes small backward calls] (sched/loop.py). A long backward started
 # first makes its driver the loop's runner for many slices; a small backward started next
 # is run *and completed* by that runner while its own caller waits. Each test checks that
 # premise (the completion ran in a task other than the small backward's caller).
@@ -695,7 +695,7 @@ def test_a_cancellation_after_the_runner_committed_arrives_at_the_callers_next_a
     anyio.run(main, backend=backend)
 
 
-# --- admission (Note [Admission] in scheduler.py) ------------------------------------------------
+# --- admission (Note [Admission] in sched/admission.py) ------------------------------------------------
 
 async def test_a_burst_of_callers_is_admitted_in_order_a_few_per_turn(monkeypatch):
     """64 callers started at once while a long backward runs start their backward in the
@@ -769,7 +769,7 @@ async def test_a_caller_cancelled_while_waiting_in_line_commits_nothing_and_bloc
 
 
 # --- a finished backward leaves nothing for the garbage collector ------------------------------
-# Note [A finished GraphTask is freed at once] (sync_driver.py): the GraphTask and the graph it
+# Note [A finished GraphTask is freed at once] (sched/blocking.py): the GraphTask and the graph it
 # walked are freed by reference counting when the call returns, however it was completed.
 
 def _watched_backward_graph() -> tuple[ag.Tensor, ag.Tensor, list[object]]:
@@ -777,7 +777,7 @@ def _watched_backward_graph() -> tuple[ag.Tensor, ag.Tensor, list[object]]:
     (filled in by a hook while the backward runs) its GraphTask."""
     import weakref
 
-    from asyncgrad.autograd.threads import running_graph_task
+    from asyncgrad.autograd.runtime.threads import running_graph_task
 
     w = ag.tensor([1.0, 2.0], requires_grad=True)
     y = w * 3.0

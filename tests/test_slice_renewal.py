@@ -1,4 +1,4 @@
-"""Note [A turn the loop just had] (scheduler.py): a driver resuming right after its
+"""Note [A turn the loop just had] (sched/loop.py): a driver resuming right after its
 worker kernel's arrival runs in a slice renewed from that arrival, without one more
 loop turn; an arrival older than the yield interval renews nothing. Time is a fake
 clock (the real one plus an offset the test moves), so nothing depends on durations.
@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 import asyncgrad as ag
-from asyncgrad.autograd import execute as execute_module
-from asyncgrad.autograd import offload as offload_module
-from asyncgrad.autograd import scheduler as scheduler_module
+from asyncgrad.autograd.task import inline as execute_module
+from asyncgrad.autograd.sched import offload as offload_module
+from asyncgrad.autograd.sched import loop as scheduler_module
 
 INTERVAL = 5.0  # far longer than any real stall of the test
 JUMP = 2 * INTERVAL  # what a "long kernel" moves the fake clock by

@@ -156,7 +156,7 @@ def test_compiled_binary_on_every_layout_equals_the_numpy_rule(on_path, dtype) -
 # consumers, and a child with several outputs gets the sum in the right slot.
 def _reference_grads(build, leaves):
     """The same gradients by the reference executor (every node through prepare/run/finish)."""
-    from asyncgrad.autograd.reference import ReferenceEngine
+    from asyncgrad.autograd.tools.reference import ReferenceEngine
 
     from asyncgrad.autograd import get_engine, set_engine
 
@@ -206,7 +206,7 @@ def test_a_square_settles_both_edges_and_the_child_still_waits_for_the_rest(dtyp
 
 
 def test_a_square_makes_no_input_buffer_for_its_one_gradient(monkeypatch) -> None:
-    from asyncgrad.autograd import graph_task
+    from asyncgrad.autograd.task import graph_task
 
     made = []
 
@@ -234,7 +234,7 @@ def test_a_square_makes_no_input_buffer_for_its_one_gradient(monkeypatch) -> Non
 # cache miss; it must equal save_for_backward's (SavedTensor(v)), cached the same way.
 def test_a_saved_input_missing_the_cache_is_save_for_backwards_entry() -> None:
     from asyncgrad.autograd.graph import SavedTensor, save_for_backward
-    from asyncgrad.autograd.saved import _LEAF, _NONLEAF, _PLAIN
+    from asyncgrad.autograd.graph.saved import _LEAF, _NONLEAF, _PLAIN
 
     slots = [s for c in SavedTensor.__mro__ for s in getattr(c, "__slots__", ())]
     rng = np.random.default_rng(10)

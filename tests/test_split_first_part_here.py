@@ -1,5 +1,5 @@
 """A small split node's first gradient computed on the loop (Note [The loop takes a
-small split's first part] in autograd/split_node.py): its other gradients go to a
+small split's first part] in autograd/task/split_node.py): its other gradients go to a
 worker meanwhile, one thread hop instead of one per gradient; gradients as finite
 differences. Observed through the engine's thread hops."""
 
@@ -12,8 +12,9 @@ from typing import Any
 import numpy as np
 
 import asyncgrad as ag
-from asyncgrad.autograd import Engine, gradcheck, set_engine
-from asyncgrad.autograd import split_node
+from asyncgrad.autograd import Engine, set_engine
+from asyncgrad.autograd import gradcheck
+from asyncgrad.autograd.task import split_node
 
 
 
@@ -46,7 +47,7 @@ def test_a_small_split_product_computes_its_first_gradient_on_the_loop(blas_sing
         threads.append(threading.current_thread() is threading.main_thread())
         return apply_edges(node, group, *args)
 
-    monkeypatch.setattr("asyncgrad.autograd.offload.apply_edges", spy)
+    monkeypatch.setattr("asyncgrad.autograd.sched.offload.apply_edges", spy)
     assert _hops(engine, loss) == 1
     assert sorted(threads) == [False, True]  # one part on the loop, one on a worker
     ga, gv = a.grad.numpy().copy(), v.grad.numpy().copy()

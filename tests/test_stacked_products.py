@@ -1,7 +1,7 @@
 """Stacked matrix products (ops/linalg.py): the right operand copied row-major first
 (Note [Stacked products]), gradients written in their input's memory layout (Note
 [Gradients in their input's layout]), and a product's leaf gradients in one kernel
-(Note [One kernel for a product's leaves] in autograd/split_node.py). Values against
+(Note [One kernel for a product's leaves] in autograd/task/split_node.py). Values against
 the plain numpy products, against torch where installed, and finite differences."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 import asyncgrad as ag
-from asyncgrad.autograd import Engine, gradcheck, set_engine
+from asyncgrad.autograd import Engine, set_engine
+from asyncgrad.autograd import gradcheck
 from asyncgrad.ops import linalg
 from asyncgrad.ops._array_math import ARRAY_MATH
 

@@ -1,7 +1,7 @@
 """Each GraphTask runs with its own engine's settings, whoever runs its nodes.
 
 The loop's scheduler is shared by every engine on the loop (Note [One runner per loop]
-in autograd/scheduler.py): the runner, a driver of one engine's backward, runs the
+in autograd/sched/loop.py): the runner, a driver of one engine's backward, runs the
 queued nodes of every other backward on the loop. Each backward takes a snapshot of its
 engine's policy when it is created (``GraphTask.policy``), and the runner runs its
 nodes, and decides whether it may complete it, by that snapshot.
@@ -15,7 +15,7 @@ import pytest
 
 import asyncgrad as ag
 from asyncgrad.autograd import Engine
-from asyncgrad.autograd.graph_task import GraphTask
+from asyncgrad.autograd.task.graph_task import GraphTask
 
 LONG, SHORT = 3000, 30  # nodes in the runner's chain and in the other engine's chain
 

@@ -1,4 +1,4 @@
-"""Note [A tensor times itself] (autograd/execute.py): ``x * x`` in the fused inline step
+"""Note [A tensor times itself] (autograd/task/step.py): ``x * x`` in the fused inline step
 computes its one gradient once and adds it to itself, bit for bit what the two rules
 and the buffer's sum give; hooks and ``create_graph`` still see two gradients."""
 

@@ -1,5 +1,5 @@
 """Worker chains through light forks and joins (Note [Worker chains] in
-autograd/policy.py): a fork whose branches are all light runs whole on the worker, and
+autograd/sched/placement.py): a fork whose branches are all light runs whole on the worker, and
 a node whose remaining gradients all come from the chain follows in it.
 
 The graphs are shaped as a transformer block's backward: q, k and v of one split
@@ -15,11 +15,12 @@ import numpy as np
 import pytest
 
 import asyncgrad as ag
-from asyncgrad.autograd import Engine, gradcheck, set_engine
+from asyncgrad.autograd import Engine, set_engine
+from asyncgrad.autograd import gradcheck
 
 N = 4096  # elements per branch
 # a sin over N elements (its gradient and its saved input: 2N) is light, anything
-# larger heavy (Note [Inline or offload] in policy.py)
+# larger heavy (Note [Inline or offload] in sched/placement.py)
 THRESHOLD = 2 * N + 1
 
 
@@ -253,7 +254,7 @@ async def test_no_split_while_other_processes_leave_one_core(monkeypatch, blas_s
     one kernel per gradient, on two workers at once. With one core left by other
     processes (Note [Other processes' load]) the parts would only take turns, and the
     split would end the worker chain: the blocks run whole, in one chain."""
-    from asyncgrad.autograd.policy import BlasThreads
+    from asyncgrad.autograd.runtime.blas import BlasThreads
 
     hops = {}
     for free in (2, 1):

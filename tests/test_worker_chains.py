@@ -1,4 +1,4 @@
-"""Worker chains (Note [Worker chains] in autograd/graph_task.py): a branch of heavy
+"""Worker chains (Note [Worker chains] in autograd/task/graph_task.py): a branch of heavy
 nodes runs on one worker thread, one hop, with the bookkeeping back on the loop.
 
 These tests pin what chaining must not change (gradients, error attribution, cancellation,
@@ -166,7 +166,7 @@ async def test_cancelling_stops_a_chain_between_nodes_and_the_backward_can_be_re
     np.testing.assert_allclose(x.grad.numpy(), expected, rtol=1e-12)
 
 
-# --- leaves do not end a chain (Note [Worker chains] in policy.py) ------------------------
+# --- leaves do not end a chain (Note [Worker chains] in sched/placement.py) ------------------------
 def _linear_relu(params, x):
     from asyncgrad.functional import linear
 

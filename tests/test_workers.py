@@ -1,4 +1,4 @@
-"""The engine's worker threads (autograd/workers.py): bounded, most-recently-idle first,
+"""The engine's worker threads (autograd/runtime/workers.py): bounded, most-recently-idle first,
 lowered priority, idle threads exit, queued calls can be withdrawn."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import pytest
 
 import asyncgrad as ag
 from asyncgrad.autograd import Engine, get_engine, set_engine
-from asyncgrad.autograd.threads import run_in_executor
-from asyncgrad.autograd.workers import WorkerPool, shared_pool
+from asyncgrad.autograd.runtime.threads import run_in_executor
+from asyncgrad.autograd.runtime.workers import WorkerPool, shared_pool
 
 BACKENDS = ["asyncio", pytest.param("trio", marks=pytest.mark.skipif(
     __import__("importlib").util.find_spec("trio") is None, reason="trio not installed"))]
@@ -207,7 +207,7 @@ def test_blas_kernels_from_several_loops_share_one_bound():
     """BLAS kernels run threads of their own, so the engine bounds the BLAS threads of
     the kernels running at once process-wide (to the cores), not per event loop; with
     four loops' backward calls in flight BLAS is single-threaded (Note [BLAS threads])."""
-    from asyncgrad.autograd.policy import BLAS, CORES
+    from asyncgrad.autograd.runtime.blas import BLAS, CORES
 
     engine = Engine(inline_threshold=0)
     matmuls = _Concurrency()

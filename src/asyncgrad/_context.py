@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 from collections.abc import Callable
 
 if TYPE_CHECKING:
-    from .autograd.anomaly_mode import AnomalyMode
-    from .autograd.graph_task import GraphTask
+    from .autograd.tools.anomaly_mode import AnomalyMode
+    from .autograd.task.graph_task import GraphTask
 
 #: Whether operations are recorded into the autograd graph.
 grad_enabled: ContextVar[bool] = ContextVar("asyncgrad_grad_enabled", default=True)
@@ -49,5 +49,12 @@ checkpoint_debug: ContextVar[bool | None] = ContextVar("asyncgrad_checkpoint_deb
 
 #: Who runs the current node: the asyncio/trio task or the worker thread's id (set by
 #: the engine around the nodes it runs). A backward started elsewhere, e.g. in a task
-#: created from a hook, is not nested (Note [Explicit nesting] in autograd/threads.py).
+#: created from a hook, is not nested (Note [Explicit nesting] in autograd/runtime/threads.py).
 node_owner: ContextVar[object | None] = ContextVar("asyncgrad_node_owner", default=None)
+
+
+# The engine's entry points that Tensor's methods call (``Tensor.backward``):
+# autograd/api.py installs them as it loads (``import asyncgrad`` loads it), so the
+# Tensor layer imports nothing above it and the engine stays out of its import cycle.
+# Written once at import, read-only afterwards.
+engine_entry: dict[str, Callable[..., Any]] = {}

@@ -1,7 +1,7 @@
 """The differentiable operations, as ``ag.*`` functions (Tensor methods delegate here).
 
 Each function normalises its arguments, runs the primitive's numpy kernel and hands the
-result to :func:`asyncgrad.autograd.recording.record`. Derivative rules live in
+result to :func:`asyncgrad.autograd.graph.record.record`. Derivative rules live in
 ``asyncgrad.ops``; nothing here knows about the engine.
 """
 
@@ -18,7 +18,7 @@ from . import _context
 from ._aliases import numpy_aliases
 from ._dtype import as_array, get_default_dtype
 from ._dtype import scalar_type_name as _scalar_type_name
-from .autograd.recording import record, record_views
+from .autograd.graph.record import record, record_views
 from .ops import copies as C
 from .ops import elementwise as E
 from .ops import linalg as L

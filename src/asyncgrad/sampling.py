@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .autograd.recording import record
+from .autograd.graph.record import record
 from .ops import elementwise as E
 from .ops._spec import OpSpec
 from .random import Generator, default_generator

@@ -31,7 +31,7 @@ else:
     # bound by bind_functional: these modules import this one
     F = T = creation = sampling = None
     # functional's dispatch helpers, called directly by the hottest methods (one frame
-    # fewer than F.add -> F._binary: Note [The recording fast path] in recording.py)
+    # fewer than F.add -> F._binary: Note [The recording fast path] in graph/record.py)
     _binary = _unary = None
 
 _NONLEAF_GRAD_WARNING = (
@@ -393,10 +393,8 @@ class Tensor:
                  create_graph: bool = False, inputs: Any = None) -> None:
         """Synchronous backward (``ag.backward_sync(self, ...)``); ``await ag.backward`` in
         async code."""
-        from .autograd.api import backward_sync
-
-        backward_sync(self, gradient, retain_graph=retain_graph, create_graph=create_graph,
-                      inputs=inputs)
+        _context.engine_entry["backward_sync"](self, gradient, retain_graph=retain_graph, create_graph=create_graph,
+                                               inputs=inputs)
 
     # --- in-place machinery ---------------------------------------------------------------
     def _check_inplace(self, args: tuple[Any, ...] = ()) -> None:

@@ -11,33 +11,35 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from . import function, graph, profiler
-    from .anomaly_mode import detect_anomaly, is_anomaly_check_nan_enabled, is_anomaly_enabled, set_detect_anomaly
+    from . import function, graph
+    from .tools import profiler
+    from .tools.anomaly_mode import detect_anomaly, is_anomaly_check_nan_enabled, is_anomaly_enabled, set_detect_anomaly
     from .api import backward, backward_sync, grad, grad_sync
     from .engine import Engine, get_engine, set_engine
     from .errors import EngineInternalError
     from .function import Function, FunctionCtx, once_differentiable
-    from .gradcheck import GradcheckError, gradcheck, gradgradcheck
+    from .tools.gradcheck import GradcheckError, gradcheck, gradgradcheck
     from .api import queue_callback, queue_pre_commit
-    from .lifecycle import queue_on_abort, register_backward_start_hook
-    from .statistics import (
+    from .task.lifecycle import queue_on_abort, register_backward_start_hook
+    from .task.statistics import (
         EngineStatistics, GraphTaskStatistics, current_graph_task_id, current_graph_task_statistics,
     )
 
 _WHERE = {
     "backward": "api", "backward_sync": "api", "grad": "api", "grad_sync": "api",
     "Engine": "engine", "get_engine": "engine", "set_engine": "engine",
-    "EngineStatistics": "statistics", "GraphTaskStatistics": "statistics",
-    "current_graph_task_id": "statistics", "current_graph_task_statistics": "statistics",
+    "EngineStatistics": "task.statistics", "GraphTaskStatistics": "task.statistics",
+    "current_graph_task_id": "task.statistics", "current_graph_task_statistics": "task.statistics",
     "queue_callback": "api", "queue_pre_commit": "api",
-    "queue_on_abort": "lifecycle", "register_backward_start_hook": "lifecycle",
+    "queue_on_abort": "task.lifecycle", "register_backward_start_hook": "task.lifecycle",
     "EngineInternalError": "errors",
-    "GradcheckError": "gradcheck", "gradcheck": "gradcheck", "gradgradcheck": "gradcheck",
-    "detect_anomaly": "anomaly_mode", "is_anomaly_check_nan_enabled": "anomaly_mode",
-    "is_anomaly_enabled": "anomaly_mode", "set_detect_anomaly": "anomaly_mode",
+    "GradcheckError": "tools.gradcheck", "gradcheck": "tools.gradcheck", "gradgradcheck": "tools.gradcheck",
+    "detect_anomaly": "tools.anomaly_mode", "is_anomaly_check_nan_enabled": "tools.anomaly_mode",
+    "is_anomaly_enabled": "tools.anomaly_mode", "set_detect_anomaly": "tools.anomaly_mode",
     "Function": "function", "FunctionCtx": "function", "once_differentiable": "function",
 }
-_SUBMODULES = {"graph", "profiler", "function"}
+# the public submodules (``profiler`` is an alias of tools/profiler.py)
+_SUBMODULES = {"graph": "graph", "profiler": "profiler", "function": "function"}
 
 __all__ = [
     "Engine", "EngineInternalError", "EngineStatistics", "Function", "FunctionCtx", "GradcheckError",
@@ -52,7 +54,7 @@ assert sorted(__all__) == sorted([*_WHERE, *_SUBMODULES])
 
 def __getattr__(name: str) -> Any:
     if name in _SUBMODULES:
-        return importlib.import_module(f"{__name__}.{name}")
+        return importlib.import_module(f"{__name__}.{_SUBMODULES[name]}")
     where = _WHERE.get(name)
     if where is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -67,7 +69,7 @@ def __dir__() -> list[str]:
 
 def load_all() -> None:
     """Bind every public name now (the top-level package calls this once ``tensor`` and
-    ``functional`` are complete). Needed because importing the ``gradcheck`` submodule
-    sets this package's ``gradcheck`` attribute to the module, shadowing the function."""
+    ``functional`` are complete), so that no later import of a submodule can shadow
+    one of them."""
     for name in __all__:
         __getattr__(name)

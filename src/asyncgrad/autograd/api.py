@@ -21,10 +21,10 @@ from .. import _context
 from ..tensor import Tensor
 from .engine import get_engine
 from .graph import Edge
-from .graph_task import GraphTask
-from .scheduler import UNHELD, admission
-from .task_order import check_priority
-from .threads import in_event_loop_thread, running_graph_task
+from .task.graph_task import GraphTask
+from .sched.admission import UNHELD, admission
+from .runtime.task_order import check_priority
+from .runtime.threads import in_event_loop_thread, running_graph_task
 
 _CREATE_GRAPH_WARNING = (
     "Using backward() with create_graph=True will create a reference cycle between the "
@@ -241,11 +241,11 @@ async def backward(tensors: Any, grad_tensors: Any = None, *, retain_graph: bool
 
     ``priority``: on this loop, the ready nodes of higher-priority calls run first;
     equal priorities share the loop fairly; a lower-priority call is slowed, never
-    starved (Note [Task order] in task_order.py). A nested backward runs at its
+    starved (Note [Task order] in runtime/task_order.py). A nested backward runs at its
     parent's priority."""
     if type(priority) is not int:
         priority = check_priority(priority)
-    held = admission(priority)  # (Note [Admission] in scheduler.py)
+    held = admission(priority)  # (Note [Admission] in sched/admission.py)
     if held is UNHELD:  # it starts at once: nothing to enter or leave (the common case)
         task = _prepare_backward(tensors, grad_tensors, retain_graph, create_graph, inputs, priority)
         token = _saved_hooks.set(_saved_hooks.get())  # (``_execute`` inlined: one coroutine less)
@@ -269,7 +269,7 @@ async def grad(outputs: Any, inputs: Any, grad_outputs: Any = None, *,
         priority = check_priority(priority)
     args = (outputs, inputs, grad_outputs, retain_graph, create_graph, allow_unused, materialize_grads,
             priority)
-    held = admission(priority)  # (Note [Admission] in scheduler.py)
+    held = admission(priority)  # (Note [Admission] in sched/admission.py)
     if held is UNHELD:  # it starts at once (as in ``backward``)
         task, ins, allow = await _run_grad(*args)
     else:
@@ -299,7 +299,7 @@ def backward_sync(tensors: Any, grad_tensors: Any = None, *, retain_graph: bool 
     """Blocking ``backward``. Inside a running backward (a hook, a Function's backward,
     a callback) it runs a nested (reentrant) backward on this thread, at its parent's
     priority. ``priority`` orders its kernels on the engine's worker threads among
-    other calls' (Note [Task order] in task_order.py)."""
+    other calls' (Note [Task order] in runtime/task_order.py)."""
     _check_sync_allowed("backward_sync")
     if type(priority) is not int:
         priority = check_priority(priority)
@@ -333,7 +333,7 @@ def queue_callback(fn: Callable[[], Any]) -> None:
 
 def queue_pre_commit(fn: Callable[[dict[Any, Any]], Any]) -> None:
     """Run ``fn(staged)`` (sync or async) after every node of the current backward has
-    finished and before its commit (Note [Pre-commit] in commit.py). ``staged`` maps
+    finished and before its commit (Note [Pre-commit] in task/commit.py). ``staged`` maps
     each tensor whose ``.grad`` will change to its staged gradient (a Tensor); ``fn`` may
     replace entries with Tensors of the same shape and dtype, and (``backward()`` only)
     add entries for leaves that require grad which this backward did not reach: they
@@ -349,3 +349,5 @@ def queue_pre_commit(fn: Callable[[dict[Any, Any]], Any]) -> None:
 
 
 __all__ = ["backward", "grad", "backward_sync", "grad_sync", "queue_callback", "queue_pre_commit"]
+
+_context.engine_entry["backward_sync"] = backward_sync  # what Tensor.backward calls (_context.py)

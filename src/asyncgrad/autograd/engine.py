@@ -3,12 +3,12 @@
 The walk of one ``await backward(loss)`` (docs/architecture.md has it in full):
 ``api.backward`` builds a GraphTask and calls ``Engine.execute``, which sets it up
 (``GraphTask.setup_steps``), queues it on the loop's scheduler and drains it
-(``_drain``: the loop's runner runs nodes inline with ``execute.run_inline``; nodes that
+(``_drain``: the loop's runner runs nodes inline with ``inline.run_inline``; nodes that
 must go elsewhere are started by this driver: ``offload.WorkerKernels.start``, whose
 completion callbacks route their gradients on the loop), then runs
-pre-commit functions, commits (commit.py) and runs final callbacks, unless the runner
-did those for it (Note [The runner completes small backward calls] in scheduler.py). The
-synchronous driver is in sync_driver.py.
+pre-commit functions, commits (task/commit.py) and runs final callbacks, unless the runner
+did those for it (Note [The runner completes small backward calls] in sched/loop.py). The
+synchronous driver is in sched/blocking.py.
 
 Note [Each call runs by its engine's policy]: the loop's scheduler is shared by every
 engine on the loop, and its runner (the driver of one engine's backward) runs the queued
@@ -20,7 +20,7 @@ run inline, whether the runner may complete it, and how long its nodes may keep 
 engine's ``inline_threshold`` applies to its later calls.
 
 Note [Reentrant backwards]: a backward started while a node of another backward runs,
-in that node's own task or thread (Note [Explicit nesting] in threads.py), is *nested*:
+in that node's own task or thread (Note [Explicit nesting] in runtime/threads.py), is *nested*:
 depth + 1, and its parent starts no new node until it finished. ``await ag.backward``
 from an ``async def backward`` runs the nested GraphTask on the loop like any other. A
 synchronous ``backward_sync`` cannot await, so it drains the nested GraphTask on the
@@ -30,21 +30,21 @@ to a fresh thread so deep nesting never hits Python's recursion limit (PyTorch d
 same every 60 levels).
 
 Note [A task group only for async nodes]: kernels on worker threads come back as
-callbacks (Note [Completion by callback] in offload.py) and need no task of their own;
+callbacks (Note [Completion by callback] in sched/offload.py) and need no task of their own;
 only a node with an ``async def`` backward runs as a task, in a task group the driver
-opens when the first such node is to start. A large backward of built-in nodes (the MLP
-benchmark's one hop) then pays no task group: its cancel scope's entry and exit were
-~20 us each on the critical path, before the hop and after it.
+opens when the first such node is to start. A large backward of built-in nodes then
+pays no task group, whose cancel scope's entry and exit lie on the critical path before
+the hop and after it (docs/benchmarks.md, "Figures behind the Notes").
 
 Note [The fixed cost of a call]: a small backward call pays the driver's own steps
 besides its nodes' work, so ``execute`` keeps them out of coroutines when they have
-nothing to await: the set-up steps run within the slice (``_steps_within_slice``; the
-rest, if any, in ``_run_steps``, which yields), a commit that is inline and releases in
-one step runs as a plain call (``_commit_inline``; else ``_commit``, shielded), final
+nothing to await: the set-up steps run within the slice (``steps_within_slice``; the
+rest, if any, in ``run_steps``, which yields), a commit that is inline and releases in
+one step runs as a plain call (``commit_at_once``; else ``commit_shielded``), final
 callbacks run only when queued, the one-time set-up is a flag test, ``api.backward``
 awaits the engine directly, and the BLAS call counters take their lock without the
-Condition's Python-level wrapper and skip ``_adapt`` when there is nothing to adapt.
-Each is a coroutine or Python call fewer (160 -> 140 Python calls per trivial backward).
+Condition's Python-level wrapper and skip ``_adapt`` when there is nothing to adapt:
+each a coroutine or Python call fewer (docs/benchmarks.md counts them).
 
 Cancellation: cancelling the awaiting task stops starting nodes at once; kernels already
 on worker threads run to their end (a thread cannot be interrupted) and the ``await``
@@ -56,8 +56,7 @@ from __future__ import annotations
 
 import os
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
 
@@ -65,28 +64,33 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 
-from . import commit, lifecycle
-from .completion import check_complete, commit_and_release, commits_in_one_step
+from .task import lifecycle
+from .task.completion import (
+    after_runner_completed, check_complete, commit_at_once, commit_shielded, run_callbacks, run_pre_commits,
+    run_steps, steps_within_slice,
+)
 from .errors import EngineInternalError
-from .graph_task import GraphTask
-from .lifecycle import START_HOOKS
-from .offload import WorkerKernels, run_async_node
-from .policy import BLAS, Policy, TaskPolicy
-from .scheduler import LoopScheduler, grant_admission_pass, loop_scheduler, wake
-from .statistics import EngineStatistics
-from .sync_driver import drain_sync, enter_task, execute_sync_here, exit_task
-from .threads import (
-    as_owner, is_awaitable, redeliver_cancellation, run_in_executor, run_on_fresh_thread,
+from .task.graph_task import GraphTask
+from .task.lifecycle import START_HOOKS
+from .sched.offload import WorkerKernels, run_async_node
+from .runtime.blas import BLAS
+from .sched.placement import Policy, TaskPolicy
+from .sched.admission import grant_admission_pass
+from .sched.loop import LoopScheduler, loop_scheduler, wake
+from .task.statistics import EngineStatistics
+from .sched.blocking import drain_sync, enter_task, execute_sync_here, exit_task
+from .runtime.threads import (
+    as_owner, redeliver_cancellation, run_in_executor, run_on_fresh_thread,
     running_graph_task,
 )
-from .wakeup import Wakeup
-from .threads import in_event_loop_thread, run_on_fresh_thread as _run_on_fresh_thread  # noqa: F401  (gradcheck.py)
-from .workers import WorkerPool, shared_pool
+from .sched.wakeup import Wakeup
+from .runtime.threads import in_event_loop_thread, run_on_fresh_thread as _run_on_fresh_thread  # noqa: F401  (tools/gradcheck.py)
+from .runtime.workers import WorkerPool, shared_pool
 
 REENTRANT_HANDOFF_DEPTH = 40
-DEFAULT_INLINE_THRESHOLD = 1_500_000  # Note [Inline or offload] in policy.py
+DEFAULT_INLINE_THRESHOLD = 1_500_000  # Note [Inline or offload] in sched/placement.py
 YIELD_INTERVAL = 0.0005
-WORKER_NICE = 0  # Note [Worker threads yield the CPU to the loop] in workers.py: opt-in
+WORKER_NICE = 0  # Note [Worker threads yield the CPU to the loop] in runtime/workers.py: opt-in
 
 
 class Engine:
@@ -94,9 +98,9 @@ class Engine:
     ``inline_threshold`` (elements) decides which nodes run inline, ``executor``
     replaces the engine's own worker threads with any ``concurrent.futures.Executor``,
     ``worker_nice`` lowers those threads' scheduling priority (default 0: not at all;
-    Note [Worker threads yield the CPU to the loop] in workers.py), ``yield_interval``
+    Note [Worker threads yield the CPU to the loop] in runtime/workers.py), ``yield_interval``
     is the longest the loop goes without a turn (Note [One runner per loop] in
-    scheduler.py)."""
+    sched/loop.py)."""
 
     def __init__(self, *, max_workers: int | None = None, inline_threshold: int | None = None,
                  executor: Executor | None = None, yield_interval: float = YIELD_INTERVAL,
@@ -160,9 +164,9 @@ class Engine:
         try:
             setup = task.setup_steps()
             try:
-                if not self._steps_within_slice(setup):
+                if not steps_within_slice(setup, task.policy.yield_interval):
                     await anyio.lowlevel.checkpoint()  # (the slice ran out: the loop's turn first)
-                    await self._run_steps(setup)
+                    await run_steps(setup, task.policy.yield_interval)
             finally:
                 if START_HOOKS:
                     lifecycle.finish_setup(setup)
@@ -170,15 +174,15 @@ class Engine:
                 await lifecycle.run_start_hooks(task)
             completed = await self._drain(task)
             if completed is not None:  # by the loop's runner, for this driver
-                await self._after_runner_completed(task, completed)
+                await after_runner_completed(task, completed)
             else:
                 check_complete(task)
                 if task.pre_commits:
-                    await self._run_pre_commits(task)
-                if not self._commit_inline(task):
-                    await self._commit(task)
+                    await run_pre_commits(task)
+                if not commit_at_once(task):
+                    await commit_shielded(task)
                 if task.callbacks:
-                    await self._run_callbacks(task)
+                    await run_callbacks(task)
             outcome = "succeeded"
         except anyio.get_cancelled_exc_class() as e:
             await lifecycle.abort(task, e)
@@ -202,7 +206,7 @@ class Engine:
 
     # --- drivers --------------------------------------------------------------------------
     def _drain_sync(self, task: GraphTask) -> None:
-        """Every node inline on this thread (sync_driver.py; the reference engine
+        """Every node inline on this thread (sched/blocking.py; the reference engine
         replaces it)."""
         drain_sync(task)
 
@@ -226,7 +230,7 @@ class Engine:
             task.stopping = True  # cancelled: chains on worker threads stop early
             raise
         finally:
-            await kernels.settle()  # (Note [Completion by callback] in offload.py)
+            await kernels.settle()  # (Note [Completion by callback] in sched/offload.py)
         return None if type(served) is bool else served
 
     async def _serve(self, task: GraphTask, scheduler: LoopScheduler, tg: anyio.abc.TaskGroup | None,
@@ -237,7 +241,7 @@ class Engine:
         ran (or it failed), False when a node must start and there are no ``kernels``,
         or it has an async backward and there is no ``tg``, the wake-up when the runner
         completed the backward (Note [The runner completes small backward calls] in
-        scheduler.py)."""
+        sched/loop.py)."""
         try:
             while True:
                 if task.error is not None:
@@ -293,7 +297,7 @@ class Engine:
                     return waiting
         except BaseException:  # failed or cancelled at any await: hand the runner role on
             scheduler.discard(task)
-            scheduler.hand_on()  # (Note [Handing on] in scheduler.py)
+            scheduler.hand_on()  # (Note [Handing on] in sched/loop.py)
             raise
 
     def node_done(self, task: GraphTask) -> None:
@@ -328,94 +332,11 @@ class Engine:
         if self.executor is None:
             (self._pool or self._start_pool()).submit(int)
 
-    # --- commit and callbacks -------------------------------------------------------------
-    def _commit_inline(self, task: GraphTask) -> bool:
-        """``_commit`` without a coroutine when it has nothing to await: a commit small
-        enough for the loop and saved tensors released in one step. False (nothing
-        done) otherwise."""
-        if not commits_in_one_step(task, task.policy.inline_threshold):
-            return False
-        commit_and_release(task)
-        return True
-
-    async def _commit(self, task: GraphTask) -> None:
-        """Commit on success (Note [Atomic commits] in commit.py). Shielded from
-        cancellation once started: it happens entirely or not at all. From here on the
-        backward is never aborted (Note [Abort functions] in lifecycle.py)."""
-        lifecycle.disarm(task)
-        if task.create_graph or commit.staged_size(task) < task.policy.inline_threshold:
-            commit.commit_inline(task)
-        else:
-            with anyio.CancelScope(shield=True):
-                prepared = await self.offload(commit.sum_fresh, task, priority=task.priority)
-            commit.publish(task, prepared)
-        try:
-            commit.after_commit(task)
-        finally:
-            if len(task.executed) <= commit.RELEASE_STEP:  # one step: nothing to wait for
-                commit.release_all(task)
-            else:
-                with anyio.CancelScope(shield=True):  # bookkeeping after the commit: finish it
-                    await self._run_steps(commit.release_steps(task))
-
-    def _steps_within_slice(self, steps: Iterator[None]) -> bool:
-        """Run ``steps`` for up to yield_interval without a coroutine; True when they
-        are exhausted, False when the rest needs ``_run_steps``."""
-        clock = time.perf_counter
-        deadline = clock() + self.yield_interval
-        for _ in steps:
-            if clock() >= deadline:
-                return False
-        return True
-
-    async def _run_steps(self, steps: Iterator[None]) -> None:
-        """Exhaust a step generator, yielding to the loop every yield_interval."""
-        interval = self.yield_interval
-        deadline = time.perf_counter() + interval
-        for _ in steps:
-            if time.perf_counter() >= deadline:
-                await anyio.lowlevel.checkpoint()
-                deadline = time.perf_counter() + interval
-
-    @staticmethod
-    async def _run_callbacks(task: GraphTask, start: int = 0) -> None:
-        i = start
-        while i < len(task.callbacks):  # a callback may queue more
-            result = task.callbacks[i]()
-            if is_awaitable(result):
-                await result
-            i += 1
-
-    async def _after_runner_completed(self, task: GraphTask, completed: Wakeup) -> None:
-        """The runner committed: raise what its completion raised, or run the final
-        callbacks it left to this driver (from an async one on)."""
-        if completed.error is not None:
-            raise completed.error
-        if completed.pending is not None:
-            await completed.pending
-            await self._run_callbacks(task, completed.callbacks_from)
-
-    @staticmethod
-    async def _run_pre_commits(task: GraphTask) -> None:
-        """Note [Pre-commit] in commit.py: after every node finished, before the commit.
-        Not shielded: a cancellation or an error here commits nothing."""
-        view = commit.pre_commit_view(task)
-        i = 0
-        while i < len(task.pre_commits):  # a function may queue more
-            result = task.pre_commits[i](view)
-            if is_awaitable(result):
-                await result
-            i += 1
-        commit.end_pre_commit(task)
-
     # --- bookkeeping ----------------------------------------------------------------------
     def _begin(self, task: GraphTask) -> GraphTask | None:
         parent = running_graph_task()
         if parent is not None:
-            task.parent = parent
-            task.depth = parent.depth + 1
-            task.priority = parent.priority  # (Note [Task order] in task_order.py)
-            parent.active_children += 1
+            task.nest_in(parent)
         with self._lock:
             self._started += 1
         if parent is None:  # a nested backward runs for its parent's node: no second call (Note [BLAS threads])
@@ -425,13 +346,11 @@ class Engine:
     def _end(self, task: GraphTask, parent: GraphTask | None, outcome: str) -> None:
         if parent is None:
             BLAS.backward_ended()
-        else:
-            parent.active_children -= 1
-            if not parent.active_children and parent.context is not None and parent.has_ready():
-                try:
-                    loop_scheduler().add(parent)
-                except RuntimeError:  # (a synchronous drain off any loop: its own driver goes on)
-                    pass
+        elif task.leave_parent():  # the parent may go on: queue it
+            try:
+                loop_scheduler().add(parent)
+            except RuntimeError:  # (a synchronous drain off any loop: its own driver goes on)
+                pass
         with self._lock:
             self._nodes_inline += task.nodes_inline
             self._nodes_offloaded += task.nodes_offloaded

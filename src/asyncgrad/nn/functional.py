@@ -19,7 +19,7 @@ from .. import functional as _F
 from ..functional import (
     cross_entropy, gelu, linear, log_softmax, mse_loss, nll_loss, sigmoid, softmax, tanh,
 )
-from ..autograd.recording import record
+from ..autograd.graph.record import record
 from ..ops import attention as _A
 from ..ops import nn as _N
 from ..random import Generator, default_generator

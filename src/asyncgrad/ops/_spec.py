@@ -1,7 +1,7 @@
 """How an operation is declared: its forward kernel and its derivative rules, side by side.
 
 An :class:`OpSpec` is pure data about one differentiable primitive. It never touches the
-graph or the engine; ``asyncgrad.autograd.recording`` turns a call into a node.
+graph or the engine; ``asyncgrad.autograd.graph.record`` turns a call into a node.
 
 * ``forward(*arrays, **fwd_params) -> ndarray`` (or ``(ndarray, aux)`` when ``has_aux``)
   is the numpy kernel.
@@ -59,9 +59,9 @@ class OpSpec:
     joint: Rule | None = None
     # two inputs that play the same part: input 1's rule at (x, y) is input 0's at (y, x),
     # so for one tensor twice (``x * x``) both gradients are one value (Note [A tensor
-    # times itself] in autograd/execute.py)
+    # times itself] in autograd/task/step.py)
     symmetric: bool = False
-    # Note [Mean's gradient as a view] in autograd/execute.py: ``view_vjp`` may return a
+    # Note [Mean's gradient as a view] in autograd/task/step.py: ``view_vjp`` may return a
     # read-only broadcast view (strides 0) of the gradient, for input 0; the engine calls
     # it in place of ``vjps[0]`` only for a child declared ``takes_views``, whose rules
     # read their gradient at any strides and return new arrays (never it or a view of it)

@@ -91,7 +91,7 @@ rsub = defop("RsubBackward1", np.subtract,  # ``scalar - tensor``, named as PyTo
 mul = defop("MulBackward0", np.multiply,
             lambda m, g, ans, x, y: g * y,
             lambda m, g, ans, x, y: g * x, save="x@1 y@0", symmetric=True,
-            takes_views=True)  # (Note [Mean's gradient as a view] in autograd/execute.py)
+            takes_views=True)  # (Note [Mean's gradient as a view] in autograd/task/step.py)
 # Kernels that can divide by zero, overflow or leave their domain are ``quiet``: PyTorch
 # returns inf/nan there without a warning, numpy warns (see _quiet.py).
 div = defop("DivBackward0", quiet(np.true_divide, 2),

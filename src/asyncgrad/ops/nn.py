@@ -338,7 +338,7 @@ def _ln_joint_numpy(g, xhat, rstd, w, need, g_shape, shape):  # type: ignore[no-
 def _reshaped(a: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     """``a`` in ``shape``, itself when it has that shape already: a fresh array the rules
     return can become ``.grad`` without the engine's copy, a view (even of the same shape)
-    cannot (``commit._take``)."""
+    cannot (``graph.accumulate._take``)."""
     return a if a.shape == shape else a.reshape(shape)
 
 
@@ -350,7 +350,7 @@ def _sum_rows(a: np.ndarray) -> np.ndarray:
 
 
 # Note [Layer norm's cost factor]: a node's work counts the elements its kernel reads
-# (Note [Inline or offload] in autograd/policy.py), and layer_norm's backward reads x's
+# (Note [Inline or offload] in autograd/sched/placement.py), and layer_norm's backward reads x's
 # size twice (the gradient and x-hat). Its compiled joint pass takes about 0.34 ns per
 # counted element at the ops table's large size (4096 rows of 256, 0.71 ms), an elementwise
 # backward 0.3-0.65 ns (tanh, sigmoid, exp, GELU) and numpy's binary ones more (mul 0.86,

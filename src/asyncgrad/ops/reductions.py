@@ -138,7 +138,7 @@ def _mean_rule(m, g, ans, x, *, dim, keepdim, shape):  # type: ignore[no-untyped
     PyTorch's: a custom Function or hook may write into it, which a zero-stride view
     (sum's gradient) refuses. Under ``create_graph`` the rule stays as PyTorch's. (The
     engine's fused step may take ``_mean_view_rule``'s view instead, for a child that
-    only reads it: Note [Mean's gradient as a view] in autograd/execute.py.)"""
+    only reads it: Note [Mean's gradient as a view] in autograd/task/step.py.)"""
     n = _count(shape, dim)
     if m.tensor_mode:
         return _expand_back(m, g, dim, keepdim, shape) / n
@@ -158,7 +158,7 @@ def _mean_view_rule(m, g, ans, x, *, dim, keepdim, shape):  # type: ignore[no-un
     """``_mean_rule`` as a read-only broadcast view of ``g / n`` (strides 0): no write
     pass over the input's shape, for the engine's fused step only, which hands it to a
     built-in child that reads it and keeps nothing (Note [Mean's gradient as a view] in
-    autograd/execute.py). A small gradient takes ``_mean_rule``'s own path."""
+    autograd/task/step.py). A small gradient takes ``_mean_rule``'s own path."""
     n = _count(shape, dim)
     if n * g.size < SMALL_MEAN_GRAD:
         return _mean_rule(m, g, ans, x, dim=dim, keepdim=keepdim, shape=shape)

@@ -6,9 +6,9 @@ a backward that still holds the old values raises instead of using the new ones)
 
 Concurrency: ``step()`` is synchronous and runs to completion without yielding to the
 event loop, and ``step()`` and ``zero_grad()`` hold the engine's commit lock
-(``autograd.commit.grad_lock``), so neither sees nor makes a half-committed ``.grad``,
+(``autograd.graph.accumulate.grad_lock``), so neither sees nor makes a half-committed ``.grad``,
 also when backward calls commit from other threads (Note [Atomic commits] in
-autograd/commit.py).
+autograd/task/commit.py).
 Run it when the backward calls whose gradients it should use have returned, and not
 while another backward that reads the parameters is still running.
 """
@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from ..autograd.commit import grad_lock
+from ..autograd.graph.accumulate import grad_lock
 from ..tensor import Tensor
 
 

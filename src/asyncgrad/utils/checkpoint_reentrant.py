@@ -14,12 +14,12 @@ from typing import Any
 
 from .. import _context
 from ..autograd.engine import get_engine
-from ..autograd.exec_info import plan_capture
+from ..autograd.task.exec_info import plan_capture
 from ..autograd.graph import (
     FREED_MESSAGE, NO_EDGE, AccumulateGrad, Edge, GraphRoot, Node, next_sequence_nr,
     save_for_backward, saved_tensors_hooks,
 )
-from ..autograd.graph_task import GraphTask
+from ..autograd.task.graph_task import GraphTask
 from ..grad_mode import enable_grad
 from ..tensor import Tensor
 from .checkpoint_rng import restored_rng

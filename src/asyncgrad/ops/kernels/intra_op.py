@@ -18,7 +18,7 @@ kernels give the serial bits] in ``numba_kernels.py``):
 * the process is not busy elsewhere: numpy's BLAS has its own threads (at most one
   backward call in flight, and the hysteresis of Note [BLAS hysteresis] relaxed; not
   pinned at one thread) and no engine BLAS kernel is running (``BLAS.intra_op_ok``, the
-  same adaptive switch as BLAS's threads: Note [BLAS threads] in ``autograd/policy.py``).
+  same adaptive switch as BLAS's threads: Note [BLAS threads] in ``autograd/runtime/blas.py``).
   So several backward calls in flight, or a product on a worker, keep every kernel serial,
   and the second core is left to the engine's workers and BLAS;
 * the switch is on. It is off by default: ``ASYNCGRAD_INTRA_OP=1`` at start-up, or
@@ -181,7 +181,7 @@ class Gate(Protocol):
         ...
 
 
-_gate: Gate | None = None  # registered by the engine at import (autograd/policy.py)
+_gate: Gate | None = None  # registered by the engine at import (autograd/runtime/blas.py)
 
 
 def use_gate(gate: Gate) -> None:

@@ -1,0 +1,406 @@
+"""Recording: turning a call of a primitive (an :class:`OpSpec`) into a Tensor and a node.
+
+This is the forward hot path: run the numpy kernel, and only when grad mode is on and
+some input requires grad, build one :class:`OpNode` that saves what the rule needs.
+
+Note [The recording fast path]: ``record`` runs once per op of every forward, and its
+Python bookkeeping (not the kernel) was most of a small op's cost (``a + b`` on 16 floats:
+~4.6 us against numpy's 0.4). So it inlines what it used to call: ``OpNode.__init__`` and
+``Node.__init__`` (the node's slots are set directly), ``Tensor._init`` for the result,
+``VersionCounter()``, the hit of ``AccumulateGrad.for_leaf`` (the leaf's live weak
+reference) and of ``_meta``'s interning dict, ``SavedTensor(result, is_output=True)``
+for a saved output, and ``save_for_backward`` for a saved input, its cache hit and its
+miss (``SavedTensor(v)`` and the cache store: a weight, a leaf, misses on every forward,
+~2 us a call through the functions on the small MLP's four layers); Tensor's
+hottest methods call ``functional._binary``/``_unary`` directly. What keeps it correct:
+
+* the checks are the ones of the code it inlines, only without the calls: grad mode is
+  read on every call; ``saved_tensors_hooks`` are read once per node and, when any is
+  active, every saved value goes through ``save_for_backward`` (HookedSavedTensor);
+  anomaly mode is read after the node is built, as before;
+* a cached SavedTensor is reused only if its array, grad_fn and version still match the
+  tensor's and the tensor is not a leaf that requires grad (the cases
+  ``save_for_backward`` reuses it: a SavedTensor whose ``ref`` is the tensor's grad_fn
+  has the kind that grad_fn implies); anything else takes ``save_for_backward``. The
+  version counter check at backward (``OpNode.plain_args``) is untouched, so an in-place
+  change of a saved tensor still raises;
+* the inlined constructors set every slot their classes declare (tests compare them with
+  the constructors'), so a slot added to Tensor, Node, OpNode or SavedTensor must be
+  added here too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ... import _context
+from ...ops._spec import OpSpec
+from ...tensor import Tensor, VersionCounter, _init
+from .validate import validate_one
+from . import (FREED_MESSAGE, NO_EDGE, AccumulateGrad, HookedSavedTensor, Node, SavedTensor, next_sequence_nr,
+                    save_for_backward)
+from .saved import _LEAF, _NONLEAF, _OUTPUT, _PLAIN
+
+_grad_enabled = _context.grad_enabled
+# A BLAS multiply-add costs about this fraction of an elementwise pass over one element
+# (Note [Inline or offload] in sched/placement.py): a matrix product's backward counts as
+# (output elements x inner dimension) / this many elements of work.
+MULTIPLY_ADDS_PER_ELEMENT = 4
+_wrap = Tensor._wrap
+_nonleaf = Tensor._nonleaf
+_for_leaf = AccumulateGrad.for_leaf
+_new_tensor = object.__new__
+_new_node = object.__new__
+_new_saved = object.__new__
+_new_counter = object.__new__
+_next_sequence_nr = next_sequence_nr
+_anomaly = _context.anomaly_mode
+_saved_hooks = _context.saved_tensors_hooks
+
+
+class OpNode(Node):
+    """The node of a built-in primitive: its spec, saved values and backward params.
+
+    ``saved`` is laid out as the rules' arguments ``(ans, x, y, ...)`` and holds the raw
+    values (arrays, constant operands, None where no needed rule reads the value), so a
+    plain backward passes it to the rules as it is. ``checks`` holds the SavedTensors
+    behind those arrays (with their position), for the version check and to rebuild
+    Tensors under create_graph. ``()`` means nothing was saved; ``None`` that the saved
+    values were released.
+    """
+
+    __slots__ = ("spec", "saved", "checks", "params", "input_shapes", "input_dtypes", "work")
+
+    def __init__(self, spec: OpSpec, edges: tuple[Any, ...], params: dict[str, Any] | None,
+                 aux: Any, meta: tuple[tuple[Any, ...], tuple[Any, ...]], work: int) -> None:
+        Node.__init__(self, edges)
+        self.spec = spec
+        self.saved: tuple[Any, ...] | None = ()
+        self.checks: tuple[Any, ...] = ()
+        # a forward's auxiliary constant (max's tie weights...) travels as the rule's
+        # ``aux`` keyword, so it needs no slot of its own
+        self.params = params if aux is None else {**(params or {}), "aux": aux}
+        self.input_shapes, self.input_dtypes = meta
+        self.work = work
+
+    def name(self) -> str:
+        return self.spec.node_name
+
+    def rule_args(self, m: Any) -> tuple[Any, dict[str, Any] | None]:
+        """The rules' arguments ``(ans, x, y, ...)`` and keyword params, unpacked (with
+        the in-place modification check)."""
+        saved = self.saved
+        if saved is None:
+            raise RuntimeError(FREED_MESSAGE)
+        checks = self.checks
+        if m.tensor_mode or (checks and type(checks[0]) is HookedSavedTensor):
+            args: Any = list(saved) if saved else list(self.spec.no_args)
+            for pos, e in self.saved_entries():
+                args[pos] = e.unpack_tensor(self) if m.tensor_mode else e.unpack_array(self)
+        else:
+            args = self.plain_args()
+        params = self.params
+        if m.tensor_mode and self.spec.has_aux and params is not None:
+            params = {**params, "aux": m.constant(params["aux"])}
+        return args, params
+
+    def plain_args(self) -> tuple[Any, ...]:
+        """The saved arrays as the rules' arguments, once checked unmodified since saved
+        (PyTorch's version-counter check; raises its error). Saved values not released,
+        no saved-tensor hooks."""
+        for e in self.checks:
+            if e.version.value != e.saved_version:
+                e.unpack_array(self)  # raises the in-place modification error
+        return self.saved or self.spec.no_args
+
+    def saved_entries(self) -> list[tuple[int, Any]]:
+        """``(position among the rule arguments, SavedTensor)`` for every saved tensor.
+        A SavedTensor may be shared by several nodes, so its position is found by the
+        identity of its array (a hooked one, never shared, carries its position)."""
+        saved = self.saved or ()
+        out: list[tuple[int, Any]] = []
+        for e in self.checks:
+            if type(e) is HookedSavedTensor:
+                out.append((e.pos, e))
+            else:
+                out.extend((k, e) for k, v in enumerate(saved) if v is e.data)
+        return out
+
+    def apply(self, grads: list[Any], m: Any) -> list[Any]:
+        g = grads[0]
+        edges = self.next_edges
+        if g is None:  # a built-in node passes None on (PyTorch: undefined grads)
+            return [None] * len(edges)
+        args, params = self.rule_args(m)
+        spec = self.spec
+        vjps: tuple[Any, ...] = spec.vjps  # (an edge that needs a gradient has a rule)
+        if spec.variadic:
+            rule = vjps[0]
+            return [None if node is None else rule(m, g, *args, index=i, **(params or {}))
+                    for i, (node, _) in enumerate(edges)]
+        if len(edges) == 1:  # unary: most nodes
+            return [vjps[0](m, g, *args, **params) if params else vjps[0](m, g, *args)]
+        mask = spec.joint_for(edges, m.tensor_mode)
+        if mask is not None and spec.joint is not None:  # one call (Note [Joint rules])
+            return list(spec.joint(g, *args, mask=mask, **(params or {})))
+        if params:
+            return [None if node is None else vjps[i](m, g, *args, **params)
+                    for i, (node, _) in enumerate(edges)]
+        return [None if node is None else vjps[i](m, g, *args)
+                for i, (node, _) in enumerate(edges)]
+
+    def apply_edge(self, i: int, grads: list[Any], m: Any,
+                   unpacked: tuple[Any, dict[str, Any] | None]) -> Any:
+        """The gradient for input ``i`` alone, validated, from arguments ``rule_args``
+        unpacked once for the node: lets the engine compute the gradients of a large
+        multi-input node (a linear layer's dx and dW) in parallel."""
+        g = grads[0]
+        if g is None:
+            return None
+        args, params = unpacked
+        vjps: tuple[Any, ...] = self.spec.vjps
+        if self.spec.variadic:
+            out = vjps[0](m, g, *args, index=i, **(params or {}))
+        else:
+            out = vjps[i](m, g, *args, **(params or {}))
+        return validate_one(self, i, out)
+
+    def release_variables(self) -> None:
+        # Nodes that saved nothing stay usable: the "second time" error is lazy (PyTorch 5.3).
+        if self.saved or self.spec.saves_params:
+            self.saved = None
+            self.checks = ()
+
+
+class MultiViewNode(Node):
+    """The one node behind several views of one input returned together (``unbind``,
+    ``split``, ``chunk``): one gradient slot per view, combined by ``rule(m, grads,
+    **params)`` into the input's gradient in one pass (PyTorch's UnbindBackward0...)."""
+
+    __slots__ = ("node_name", "rule", "params", "num_outputs", "input_shapes", "input_dtypes", "work")
+
+    def __init__(self, node_name: str, rule: Any, edge: Any, params: dict[str, Any], num_outputs: int,
+                 shape: tuple[int, ...], dtype: np.dtype) -> None:
+        Node.__init__(self, (edge,))
+        self.node_name = node_name
+        self.rule = rule
+        self.params = params
+        self.num_outputs = num_outputs
+        self.input_shapes = (shape,)
+        self.input_dtypes = (dtype,)
+        self.work = int(np.prod(shape, dtype=np.int64))
+
+    def name(self) -> str:
+        return self.node_name
+
+    def apply(self, grads: list[Any], m: Any) -> list[Any]:
+        if all(g is None for g in grads):
+            return [None]
+        return [self.rule(m, list(grads), **self.params)]
+
+
+def record_views(node_name: str, rule: Any, x: Any, outs: list[np.ndarray], params: dict[str, Any]) -> list[Any]:
+    """Wrap the arrays ``outs`` (views of ``x``) as Tensors that share one
+    :class:`MultiViewNode` when grad mode is on and ``x`` requires grad."""
+    if not _grad_enabled.get() or not x._requires_grad:
+        return [_wrap(o) for o in outs]
+    node = MultiViewNode(node_name, rule, x._gradient_edge(), params, len(outs), x.data.shape, x.data.dtype)
+    if _anomaly.get() is not None:
+        from ..tools.anomaly_mode import record_forward_trace
+
+        record_forward_trace(node)
+    return [_nonleaf(o, node, i, None) for i, o in enumerate(outs)]
+
+
+# Input shapes/dtypes tuples are interned: nodes with the same input signature share one
+# pair of tuples instead of allocating their own (graph memory per node matters for deep
+# graphs). The cache is bounded so that ever-changing shapes cannot grow it without limit.
+_META_CACHE: dict[tuple[Any, ...], tuple[tuple[Any, ...], tuple[Any, ...]]] = {}
+_META_CACHE_MAX = 4096
+
+
+def _meta(key: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    meta = _META_CACHE.get(key)
+    if meta is None:
+        meta = (key[0::2], key[1::2])
+        if len(_META_CACHE) < _META_CACHE_MAX:
+            _META_CACHE[key] = meta
+    return meta
+
+
+def record(spec: OpSpec, inputs: tuple[Any, ...], out: np.ndarray, aux: Any = None,
+           params: dict[str, Any] | None = None) -> Any:
+    """Wrap ``out`` (already computed from ``inputs``) as a Tensor, recording a node when
+    grad mode is on and some input requires grad. Non-Tensor inputs are constants.
+
+    The forward's hot path (every op of every forward): see Note [The recording fast
+    path]."""
+    if type(out) is not np.ndarray:
+        out = np.asarray(out)
+    if not _grad_enabled.get():
+        result = _new_tensor(Tensor)
+        _init(result, out, None, 0, None)
+        return result
+    # the edges (Tensor._gradient_edge and AccumulateGrad.for_leaf's hit, inlined) and the
+    # input metadata the engine validates gradients against
+    if len(inputs) == 1:
+        t = inputs[0]
+        if type(t) is not Tensor or not t._requires_grad:
+            result = _new_tensor(Tensor)
+            _init(result, out, None, 0, None)
+            return result
+        fn = t.grad_fn
+        if fn is None:  # a leaf: its AccumulateGrad, made on first use
+            ref = t._acc_ref
+            fn = (ref is not None and ref()) or _for_leaf(t)
+            edges: tuple[Any, ...] = ((fn, 0),)
+        else:
+            edges = ((fn, t.output_nr),)
+        d = t._data
+        key1 = (d.shape, d.dtype)
+        meta = _META_CACHE.get(key1) or _meta(key1)
+    else:
+        edge_list: list[Any] = []
+        key: list[Any] = []
+        requires = False
+        for t in inputs:
+            if type(t) is Tensor and t._requires_grad:
+                requires = True
+                fn = t.grad_fn
+                if fn is None:  # (as above)
+                    ref = t._acc_ref
+                    edge_list.append(((ref is not None and ref()) or _for_leaf(t), 0))
+                else:
+                    edge_list.append((fn, t.output_nr))
+                d = t._data
+                key.append(d.shape)
+                key.append(d.dtype)
+            else:
+                edge_list.append(NO_EDGE)
+                key.append(None)
+                key.append(None)
+        if not requires:
+            result = _new_tensor(Tensor)
+            _init(result, out, None, 0, None)
+            return result
+        edges = tuple(edge_list)
+        key2 = tuple(key)
+        meta = _META_CACHE.get(key2) or _meta(key2)
+    # OpNode.__init__ (and Node.__init__), inlined
+    node = _new_node(OpNode)
+    node.sequence_nr = _next_sequence_nr()
+    node.next_edges = edges
+    node._hooks = None
+    node._extra = None
+    node.spec = spec
+    node.params = params if aux is None else {**(params or {}), "aux": aux}
+    node.input_shapes, node.input_dtypes = meta
+    # _init(result, out, node, 0, None), inlined
+    result = _new_tensor(Tensor)
+    result._data = out
+    result._requires_grad = True
+    result.grad_fn = node
+    result.output_nr = 0
+    result._grad = None
+    version = _new_counter(VersionCounter)
+    version.value = 0
+    result._version_counter = version
+    result._base = None
+    result._hooks = None
+    result._post_acc_hooks = None
+    result._retains_grad = False
+    result._acc_ref = None
+    result._saved = None
+    result._views = None
+    result._creation_meta = 0
+    # elements the kernel reads: the incoming gradient and every saved array, scaled by
+    # the op's cost factor; a matrix product's by its multiply-adds (Note [Inline or
+    # offload] in sched/placement.py)
+    work = out.size
+    if spec.save_inputs or spec.save_ans:
+        hooked = bool(_saved_hooks.get())
+        # laid out as the rules' arguments: (ans, input 0, input 1, ...)
+        saved: list[Any] = list(spec.no_args)
+        checks: list[Any] = []
+        for pos, users in zip(spec.save_inputs, spec.save_when):
+            if users is not None:
+                for u in users:
+                    if edges[u] is not NO_EDGE:
+                        break
+                else:
+                    continue  # no rule that would read it will run
+            v = inputs[pos]
+            if type(v) is not Tensor:
+                saved[pos + 1] = v
+                continue
+            if hooked:
+                entry: Any = save_for_backward(v)
+                if type(entry) is HookedSavedTensor:
+                    entry.pos = pos + 1
+            else:
+                # save_for_backward's cache hit, inlined (its other checks follow
+                # from these: Note [The recording fast path])
+                entry = v._saved
+                if entry is None or entry.data is not v._data or entry.ref is not v.grad_fn \
+                        or entry.saved_version != v._version_counter.value \
+                        or (entry.ref is None and v._requires_grad):
+                    # save_for_backward's miss, inlined: SavedTensor(v) (its
+                    # _graph_place too), cached on v unless v is a leaf that requires grad
+                    entry = _new_saved(SavedTensor)
+                    entry.data = v._data
+                    vc = v._version_counter
+                    entry.version = vc
+                    entry.saved_version = vc.value
+                    entry.output_nr = v.output_nr
+                    vfn = v.grad_fn
+                    if vfn is not None:
+                        entry.ref = vfn
+                        entry.kind = _NONLEAF
+                        v._saved = entry
+                    elif v._requires_grad:
+                        entry.ref = v
+                        entry.kind = _LEAF
+                    else:
+                        entry.ref = None
+                        entry.kind = _PLAIN
+                        v._saved = entry
+            if entry not in checks:
+                checks.append(entry)
+                if type(entry) is SavedTensor:
+                    work += entry.data.size
+            saved[pos + 1] = entry.data
+        if spec.save_ans:
+            if hooked:
+                entry = save_for_backward(result, is_output=True)
+                if type(entry) is HookedSavedTensor:
+                    entry.pos = 0
+                else:
+                    work += out.size
+            else:
+                # SavedTensor(result, is_output=True), inlined: result is new (version 0)
+                entry = _new_saved(SavedTensor)
+                entry.data = out
+                entry.version = result._version_counter
+                entry.saved_version = 0
+                entry.output_nr = 0
+                entry.ref = None
+                entry.kind = _OUTPUT
+                work += out.size  # (its array is ``out``)
+            checks.append(entry)
+            saved[0] = entry.data
+        node.saved = tuple(saved)
+        node.checks = tuple(checks)
+    else:
+        node.saved = ()
+        node.checks = ()
+    if spec.blas:
+        first = inputs[0]._data if type(inputs[0]) is Tensor else np.asarray(inputs[0])
+        work += out.size * (first.shape[-1] if first.ndim else 1) // MULTIPLY_ADDS_PER_ELEMENT
+    node.work = work if spec.cost == 1.0 else int(work * spec.cost)
+    if _anomaly.get() is not None:
+        from ..tools.anomaly_mode import record_forward_trace
+
+        record_forward_trace(node)
+    return result

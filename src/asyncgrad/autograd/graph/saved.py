@@ -1,0 +1,238 @@
+"""Saved tensors: what a node keeps of a forward value for its backward.
+
+``save_for_backward`` makes a :class:`SavedTensor` (the array, its version and its place
+in the graph), or a :class:`HookedSavedTensor` inside ``saved_tensors_hooks``; unpacking
+checks the version (PyTorch's in-place modification error). ``increment_version`` marks
+a change made behind autograd's back.
+
+Note [The graph layer never imports Tensor]: tensor.py imports the graph layer
+(graph/__init__.py, and through it this module), so neither can import tensor.py back (that
+ring ran half a package while tensor.py was half-initialised). Tensor registers itself
+here instead, once its class exists (``register_tensor_type``, as HIPS autograd's box
+types register with its tracer); saved tensors need it only to rebuild a Tensor when
+unpacked, and nodes only when called directly, long after every import finished.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ... import _context
+
+if TYPE_CHECKING:
+    from ...tensor import Tensor
+    from . import Node
+
+__all__ = ["FREED_MESSAGE", "HookedSavedTensor", "SavedTensor", "increment_version", "register_tensor_type",
+           "save_for_backward", "saved_tensors_hooks", "tensor_type"]
+
+_tensor_cls: Any = None
+
+
+def register_tensor_type(cls: type) -> None:
+    """Called once by tensor.py: the class saved tensors are unpacked into."""
+    global _tensor_cls
+    _tensor_cls = cls
+
+
+def tensor_type() -> Any:
+    """The registered Tensor class (Note [The graph layer never imports Tensor])."""
+    return _tensor_cls
+
+
+FREED_MESSAGE = (
+    "Trying to backward through the graph a second time (or directly access saved tensors "
+    "after they have already been freed). Saved intermediate values of the graph are freed "
+    "when you call .backward() or autograd.grad(). Specify retain_graph=True if you need to "
+    "backward through the graph a second time or if you need to access saved tensors after "
+    "calling backward."
+)
+
+
+def _describe(data: np.ndarray) -> str:
+    return f"[{data.dtype.name} tensor {list(data.shape)}]"
+
+
+# What a SavedTensor refers to besides the data (``SavedTensor.kind``).
+_PLAIN, _LEAF, _NONLEAF, _OUTPUT = 0, 1, 2, 3
+
+
+def _graph_place(value: Tensor, is_output: bool) -> tuple[Any, int]:
+    """What a saved tensor must remember to rebuild its place in the graph: the grad_fn
+    of a non-leaf, the leaf itself, or nothing (an output of the saving node: the node is
+    passed in at unpack time; a tensor outside the graph)."""
+    if is_output:
+        return None, _OUTPUT
+    if value.grad_fn is not None:
+        return value.grad_fn, _NONLEAF
+    if value._requires_grad:
+        return value, _LEAF
+    return None, _PLAIN
+
+
+class SavedTensor:
+    """A tensor saved for backward, with the version it had when saved.
+
+    Unpacking checks that the tensor was not modified in place since (PyTorch's
+    version-counter check). Like PyTorch's SavedVariable it keeps the array, the version
+    counter and the tensor's place in the graph (its grad_fn and output_nr, or the leaf
+    itself), not the Tensor object, so a saved output is no reference cycle and a chain
+    of saved intermediates costs little memory.
+    """
+
+    __slots__ = ("data", "version", "saved_version", "ref", "kind", "output_nr")
+
+    def __init__(self, value: Tensor, is_output: bool = False) -> None:
+        self.data = value._data  # (the slot: Tensor.data is a property)
+        self.version = value._version_counter
+        self.saved_version = self.version.value
+        self.output_nr = value.output_nr
+        self.ref, self.kind = _graph_place(value, is_output)
+
+    def unpack_array(self, node: Node | None = None) -> Any:
+        if self.version.value != self.saved_version:
+            self._raise_modified(node)
+        return self.data
+
+    def unpack_tensor(self, node: Node | None = None) -> Any:
+        """The saved value as a Tensor that keeps its place in the graph (create_graph)."""
+        if self.version.value != self.saved_version:
+            self._raise_modified(node)
+        kind = self.kind
+        if kind == _LEAF:
+            return self.ref
+        if kind == _NONLEAF:
+            return _tensor_cls._nonleaf(self.data, self.ref, self.output_nr, self.version)
+        if kind == _OUTPUT:
+            return _tensor_cls._nonleaf(self.data, node, self.output_nr, self.version)
+        t = _tensor_cls._wrap(self.data)
+        t._version_counter = self.version
+        return t
+
+    def _raise_modified(self, node: Node | None) -> None:
+        if self.kind == _NONLEAF:
+            which = f", which is output {self.output_nr} of {self.ref.name()},"
+        elif self.kind == _OUTPUT and node is not None:
+            which = f", which is output {self.output_nr} of {node.name()},"
+        else:
+            which = ""
+        raise RuntimeError(
+            "one of the variables needed for gradient computation has been modified by an "
+            f"inplace operation: {_describe(self.data)}{which} is at version "
+            f"{self.version.value}; expected version {self.saved_version} instead. Hint: "
+            "enable anomaly detection to find the operation that failed to compute its "
+            "gradient, with asyncgrad.autograd.set_detect_anomaly(True, check_nan=False)."
+        )
+
+
+class HookedSavedTensor:
+    """A saved tensor that went through ``saved_tensors_hooks``: ``pack`` ran at save
+    time and ``unpack`` runs each time backward needs the value. Like PyTorch, it keeps
+    the saved tensor's place in the graph, so under ``create_graph`` the unpacked value
+    is re-attached to it (and higher-order gradients flow through the saved value)."""
+
+    __slots__ = ("packed", "unpack", "pos", "data", "ref", "kind", "output_nr")
+    pos: int
+
+    def __init__(self, value: Tensor, pack: Callable[[Any], Any], unpack: Callable[[Any], Any],
+                 is_output: bool = False) -> None:
+        self.packed = pack(value)
+        self.unpack = unpack
+        self.data = None  # nothing is kept but what pack returned
+        self.output_nr = value.output_nr
+        self.ref, self.kind = _graph_place(value, is_output)
+
+    def unpack_array(self, node: Node | None = None) -> Any:
+        out = self.unpack(self.packed)
+        return out.data if isinstance(out, _tensor_cls) else np.asarray(out)
+
+    def unpack_tensor(self, node: Node | None = None) -> Any:
+        kind = self.kind
+        if kind == _PLAIN:  # outside the graph: the unpack hook's Tensor itself, as PyTorch
+            out = self.unpack(self.packed)
+            return out if isinstance(out, _tensor_cls) else _tensor_cls._wrap(np.asarray(out))
+        data = self.unpack_array(node)
+        if kind == _NONLEAF:
+            return _tensor_cls._nonleaf(data, self.ref, self.output_nr, None)
+        if kind == _OUTPUT:
+            return _tensor_cls._nonleaf(data, node, self.output_nr, None)
+        t = _tensor_cls._wrap(data)  # a stand-in for the leaf that feeds its AccumulateGrad
+        t._requires_grad = True
+        t._acc_ref = weakref.ref(self.ref._gradient_edge()[0])
+        return t
+
+
+_saved_hooks = _context.saved_tensors_hooks
+
+
+def save_for_backward(value: Tensor, is_output: bool = False) -> SavedTensor | HookedSavedTensor:
+    """Save ``value`` for backward, through the innermost ``saved_tensors_hooks`` if any.
+
+    A tensor saved by many nodes (a constant, a weight used at every step of a chain)
+    gets one SavedTensor, shared, for as long as its data, version and place in the graph
+    are unchanged: a SavedTensor is immutable, so sharing it changes nothing but memory.
+    (Not for leaves that require grad: the SavedTensor refers to the leaf, and a cache
+    on the leaf would make a reference cycle.)
+    """
+    hooks = _saved_hooks.get()
+    if hooks:
+        pack, unpack = hooks[-1]
+        return HookedSavedTensor(value, pack, unpack, is_output)
+    if is_output:
+        return SavedTensor(value, True)
+    cached = value._saved
+    if cached is not None and cached.data is value._data and cached.ref is value.grad_fn \
+            and cached.saved_version == value._version_counter.value \
+            and cached.kind == (_PLAIN if value.grad_fn is None else _NONLEAF) \
+            and (value.grad_fn is not None or not value._requires_grad):
+        return cached
+    saved = SavedTensor(value)
+    if saved.kind != _LEAF:
+        value._saved = saved
+    return saved
+
+
+class saved_tensors_hooks:
+    """Context manager: ``pack`` every tensor saved for backward inside the block, and
+    ``unpack`` it when backward needs it (e.g. to compress it or move it to disk).
+
+    Context-local (a ContextVar), so concurrent tasks keep their own hooks.
+    """
+
+    def __init__(self, pack_hook: Callable[[Tensor], Any], unpack_hook: Callable[[Any], Tensor]) -> None:
+        self.pack_hook = pack_hook
+        self.unpack_hook = unpack_hook
+        self._tokens: list[tuple[Any, tuple[Any, ...]]] = []  # (token, the stack it set) per enter
+
+    def __enter__(self) -> saved_tensors_hooks:
+        stack = _context.saved_tensors_hooks.get() + ((self.pack_hook, self.unpack_hook),)
+        self._tokens.append((_context.saved_tensors_hooks.set(stack), stack))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        # Undo the enter that made the current stack: not simply the last one, which may
+        # have been made (and confined) inside a backward that ran in this block, e.g. by
+        # this object's own unpack hook.
+        current = _context.saved_tensors_hooks.get()
+        i = len(self._tokens) - 1
+        while i > 0 and self._tokens[i][1] is not current:
+            i -= 1
+        token, _ = self._tokens.pop(i)
+        _context.saved_tensors_hooks.reset(token)
+
+
+def increment_version(tensor: Any) -> None:
+    """Bump the version counter of ``tensor`` (or of each tensor of an iterable), as an
+    in-place operation would: a saved copy of it then raises when backward unpacks it.
+    For code that changes a tensor's memory behind autograd's back (through
+    ``numpy()``)."""
+    tensors = (tensor,) if isinstance(tensor, _tensor_cls) else tuple(tensor)
+    for t in tensors:
+        if not isinstance(t, _tensor_cls):
+            raise TypeError(f"increment_version expects Tensors, got {type(t).__name__}")
+    for t in tensors:
+        t._version_counter.value += 1

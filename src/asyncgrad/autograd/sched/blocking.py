@@ -1,0 +1,96 @@
+"""The synchronous driver (``backward_sync``, reentrant backward calls from a node's
+own thread, checkpoint recomputation), and what both drivers do on entering a backward.
+
+Every node runs inline on the calling thread; an ``async def`` backward is run to its
+end here (threads.block_on). It never waits for a worker slot, so an exhausted pool
+cannot deadlock a nested backward (Note [Reentrant backwards] in engine.py).
+"""
+
+from __future__ import annotations
+
+import contextvars
+from typing import TYPE_CHECKING, Any
+
+from ... import _context
+from ..task import commit, lifecycle
+from ..task.completion import check_complete, commit_and_release, each_queued
+from ..task.inline import run_inline
+from ..task.step import async_kernel_for, finish
+from ..task.graph_task import GraphTask
+from ..runtime.threads import await_blocking, block_on, current_owner
+
+if TYPE_CHECKING:
+    from ..engine import Engine
+
+_INF = float("inf")
+
+
+def execute_sync_here(engine: Engine, task: GraphTask) -> None:
+    """Run ``task`` to its end on this thread: set-up, start hooks, drain, pre-commit
+    functions, commit, final callbacks; or, on an error, its abort functions."""
+    engine.policy.start_setup(engine._warm)
+    parent = engine._begin(task)
+    outcome = "failed"
+    tokens = enter_task(task)
+    try:
+        for _ in task.setup_steps():
+            pass
+        if task.starting:
+            lifecycle.run_start_hooks_sync(task)
+        engine._drain_sync(task)
+        check_complete(task)
+        if task.pre_commits:
+            view = commit.pre_commit_view(task)
+            for fn in each_queued(task.pre_commits):
+                await_blocking(fn(view))
+            commit.end_pre_commit(task)
+        commit_and_release(task)
+        for callback in each_queued(task.callbacks):
+            await_blocking(callback())
+        outcome = "succeeded"
+    except BaseException as e:
+        lifecycle.abort_sync(task, e)
+        raise
+    finally:
+        exit_task(tokens)
+        engine._end(task, parent, outcome)
+
+
+def drain_sync(task: GraphTask) -> None:
+    """Every node inline on this thread."""
+    while run_inline(task, _INF, _INF) or task.to_start:
+        while task.to_start:
+            node, inputs = task.to_start.popleft()
+            try:
+                outputs = block_on(async_kernel_for(task), node, inputs, task.math)
+                task.nodes_inline += 1
+                finish(task, node, inputs, outputs)
+            except BaseException as e:
+                task.fail(e, node)
+                raise
+
+
+# Note [A finished GraphTask is freed at once]: ``task.context`` holds the context
+# variable that names ``task`` as the running backward, so the task and its context form
+# a reference cycle. Left in place, every finished GraphTask, and through its root the
+# whole graph it walked, lived until the cyclic garbage collector found it: memory held
+# for no use, collections that freed thousands of objects at once (millisecond pauses
+# of the loop), and arrays returned to the allocator late, in whatever order the
+# collector freed them. So leaving a backward drops ``task.context``: the task goes
+# with its driver's last reference, and the graph with its own last holder.
+def enter_task(task: GraphTask) -> tuple[Any, Any, Any, GraphTask]:
+    """Make ``task`` the context's running backward, owned by this task or thread (its
+    callbacks run here), and capture the context its nodes run in."""
+    tokens = (_context.current_graph_task.set(task), _context.grad_enabled.set(task.create_graph),
+              _context.node_owner.set(current_owner()), task)
+    task.context = contextvars.copy_context()
+    return tokens
+
+
+def exit_task(tokens: tuple[Any, Any, Any, GraphTask]) -> None:
+    """Undo ``enter_task``, and break the task's reference cycle (Note [A finished
+    GraphTask is freed at once])."""
+    _context.node_owner.reset(tokens[2])
+    _context.grad_enabled.reset(tokens[1])
+    _context.current_graph_task.reset(tokens[0])
+    tokens[3].context = None

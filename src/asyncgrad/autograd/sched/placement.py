@@ -1,0 +1,277 @@
+"""Scheduling policy: pure decisions about where a node's kernel runs, kept in one place.
+
+Note [Inline or offload]: a node whose ``work`` is below ``inline_threshold`` runs
+inline on the event loop; larger kernels run on the engine's worker threads (numpy
+releases the GIL), at most ``max_workers`` of them (runtime/workers.py), so independent branches
+overlap and the loop stays free. ``work`` (graph/record.py) counts the elements the kernel
+reads (the incoming gradient and the saved arrays) times the op's cost factor, plus, for
+a matrix product, its multiply-adds over ``MULTIPLY_ADDS_PER_ELEMENT``: a product's
+backward is two GEMMs, tens of elementwise passes' worth, so it is weighed by what it
+computes, not by what it reads. The default threshold (1.5 M elements) is where a hop repays
+itself: a hop costs the engine a submit, two thread wake-ups, the kernel on a core whose
+caches do not hold its inputs, and the route back on the loop, about what an
+elementwise pass over that many elements takes (docs/benchmarks.md, the op table's
+"bwd" and "bwd inline" columns). Below it an
+elementwise node finishes on the loop sooner than a hop would, in about one of the loop's
+time slices; a transformer's per-token nodes (layer norm, softmax, GELU at GPT-small
+sizes) then run inline and only its matrix products and the very large nodes hop.
+
+Note [Worker chains]: a large node takes the nodes that only it feeds along on the same
+worker hop, since a hop costs as much as a heavy elementwise kernel. ``plan_chain``
+walks the graph from the head as the loop's ready queue would run it (highest
+``sequence_nr`` first), counting for each node it reaches the gradients the chain
+itself sends it: a node C follows when every edge it still waits for
+(``dependencies[C]``, read before the head runs, and only the chain can change it) comes
+from a node of the chain. What C's other inputs sent earlier is in its buffer, final;
+the chain's gradients are held on the worker and added to it in the order the loop
+would add them (by producer, in the chain's order, then by edge), so sums are the
+loop's bit for bit. That covers a residual join: in a transformer block the add
+``x1 = x + attn(..)`` gets the residual gradient from the block's second add and ln_2's,
+both earlier in the same chain. C must be a built-in node without hooks (hooks run on
+the loop; a node with hooks ends the chain there). A fork, when a node makes several
+nodes ready, runs whole on the worker only while every branch node is light: the chain
+goes on once the branches have joined again (the walk is down to one ready node, e.g.
+the q, k, v views of a block joining in the 3-slot SplitBackward0 of ``c_attn``'s
+output); a heavy node while other branches are ready ends the chain before the fork, so
+heavy branches still run at once on separate workers. A heavy node that would split
+(``splits``) ends the chain before it; a light one never would, it runs whole (the
+adds between a block's layers have two edges each). A leaf's gradient (its
+AccumulateGrad, when no hook watches it) is no fork: it is staged on the loop when the
+chain comes back, so a linear layer chains into the ReLU and the layer below (an MLP's
+backward is one hop, its ReLUs on the worker, not the loop), and a GPT's backward is
+one hop from the head's product to the first block's ln_1, not three per block with
+the views and splits between them on the loop (docs/benchmarks.md, "Figures behind the
+Notes"). A chain with a BLAS
+node holds BLAS slots (``run_blas``) while it runs. Light nodes may sit between heavy
+ones, at most ``MAX_LIGHT_RUN`` in a row: a long run of light nodes is Python holding
+the GIL against the loop, so the chain ends at its last heavy node. A node whose rule
+costs nothing (``work == 0``: a view's, a transpose's, an add's pass-through)
+counts a quarter of a light node, so a block's six q, k,
+v views and its split are less than two. Whether a leaf's gradient is a fresh array
+(Note [Owned gradients] in task/step.py) is judged on the worker against the inputs each
+node was given: an add passes one array on two edges, to a leaf and to the next node of
+the chain, which may pass it to another leaf. Bookkeeping stays on the loop:
+``GraphTask.route`` routes the rest afterwards, skipping the edges that stayed in the
+chain.
+
+Note [No one-time stall]: inspecting BLAS (threadpoolctl loads and queries every
+library), applying ``blas_threads``, tuning malloc and starting the first worker thread
+take tens of milliseconds once. They run on a background thread started with the
+engine's first backward, never on the loop. Until they are done the policy assumes BLAS
+uses every core (one BLAS kernel at a time, no split BLAS nodes); a BLAS kernel waits
+for them on its worker thread, never on the loop.
+
+BLAS's threads per call and the slots BLAS kernels share are runtime/blas.py's (Note
+[BLAS threads] there).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from heapq import heappop, heappush
+from typing import TYPE_CHECKING, Any
+
+from ..runtime.blas import BLAS, keep_large_allocations
+from ..graph import AccumulateGrad
+from ..graph.record import MultiViewNode, OpNode
+
+if TYPE_CHECKING:
+    from ..graph import Node
+    from ..task.graph_task import GraphTask
+
+MAX_LIGHT_RUN = 4  # light nodes in a row inside a worker chain (Note [Worker chains])
+LIGHT_UNITS = 4  # what a light node counts in that run; a node whose rule costs nothing counts 1
+
+
+@dataclass(frozen=True, slots=True)
+class TaskPolicy:
+    """The settings one backward call runs by, taken from its engine when the call's
+    GraphTask is created (Note [Each call runs by its engine's policy]): whoever runs
+    its nodes (its own driver, or the loop's runner, the driver of a call on another
+    engine) decides by these."""
+
+    inline_threshold: int  # nodes whose work is below it run inline (Note [Inline or offload])
+    yield_interval: float  # the longest its nodes keep the loop from a turn (sched/loop.py)
+
+
+class Policy:
+    """Where each node runs, for one engine's settings. Read-only once set up, so the
+    loop and worker threads read it without a lock."""
+
+    def __init__(self, max_workers: int, inline_threshold: int, blas_threads: int | None,
+                 tune_malloc: bool) -> None:
+        self.max_workers = max_workers
+        self.inline_threshold = inline_threshold
+        self.blas_threads = blas_threads
+        self.tune_malloc = tune_malloc
+        self.ready = threading.Event()  # set once the one-time set-up finished
+        self._setup_lock = threading.Lock()
+        self.setup_started = False
+        self._blas_limits: Any = None  # threadpoolctl's limiter, kept alive
+
+    @property
+    def blas_threads_per_call(self) -> int:
+        """BLAS's threads per call now (Note [BLAS threads])."""
+        return BLAS.per_call
+
+    # --- decisions --------------------------------------------------------------------
+    def splits(self, task: GraphTask, node: Node) -> bool:
+        """Whether to compute a node's input gradients as separate parallel kernels: a
+        large built-in node with several needed gradients, and no tool wrapping kernels.
+        Not for a joint rule, nor for BLAS kernels while BLAS runs threads of its own (it
+        parallelises them)."""
+        if self.max_workers < 2 or type(node) is not OpNode or not task.plain_kernels():
+            return False
+        if (node.spec.blas and self.blas_threads_per_call > 1) or node.spec.variadic:
+            return False
+        if BLAS.free_cores < 2:
+            # other processes leave one core (Note [Other processes' load] in
+            # runtime/cpu_load.py): the parts would take turns on it, and a split node ends its
+            # worker chain (Note [Worker chains]), so the node runs whole, in the chain
+            return False
+        if node.spec.joint is not None:  # one kernel for all (ops/_spec.py, Note [Joint rules])
+            return False
+        return sum(1 for child, _ in node.next_edges if child is not None) > 1
+
+    def first_part_here(self, task: GraphTask, node: Node, groups: int) -> bool:
+        """Whether the loop computes a split node's first group of gradients itself, its
+        other groups on workers meanwhile (Note [The loop takes a small split's first
+        part] in task/split_node.py): each part is below ``inline_threshold`` (the heaviest
+        two of the node's gradients share its work), and nothing else is ready or in
+        flight in the GraphTask."""
+        if groups < 2 or node.work // 2 >= task.policy.inline_threshold:
+            return False
+        return not (task.heap or task.ready_leaves or task.to_start) and task.in_flight == 1
+
+    def chains(self, task: GraphTask, node: Node) -> bool:
+        """Whether ``node`` may head a worker chain: a plain backward of built-in nodes,
+        no tool wrapping kernels, and a node that is not split."""
+        return (type(node) is OpNode and task.exec_info is None and not task.create_graph
+                and task.plain_kernels() and not self.splits(task, node))
+
+    def plan_chain(self, task: GraphTask, head: Node) -> ChainPlan | None:
+        """The nodes that may run on the worker right after ``head`` (Note [Worker
+        chains]), or None when none may. Walks the graph as the loop's ready queue would
+        run it, counting the gradients the chain itself sends each node."""
+        if head._hooks is not None and head._hooks.post:
+            return None
+        deps = task.dependencies
+        threshold = task.policy.inline_threshold
+        nodes: list[Node] = [head]
+        feeds: dict[Node, list[tuple[int, int, int]]] = {}  # reached node -> (slot, producer, edge)
+        waiting: dict[Node, int] = {}  # reached node -> edges it has yet to hear from
+        ready: list[tuple[int, int, Node]] = []  # made ready by the chain, by -sequence_nr
+        pushed = 0  # (ties: leaves share one sequence_nr)
+        heavy = 1  # the chain up to its last heavy node
+        run = 0  # light units since it (Note [Worker chains]: a view's node is a quarter)
+        node = head
+        while True:
+            k = len(nodes) - 1
+            for i, (child, nr) in enumerate(node.next_edges):
+                if child is None or _quiet_leaf(child):
+                    continue
+                d = waiting.get(child)
+                if d is None:
+                    d = deps.get(child)
+                    if d is None:  # (pruned)
+                        continue
+                    feeds[child] = []
+                waiting[child] = d - 1
+                feeds[child].append((nr, k, i))
+                if d == 1:
+                    pushed += 1
+                    heappush(ready, (-child.sequence_nr, pushed, child))
+            if not ready:
+                break
+            child = heappop(ready)[2]
+            if type(child) not in _FOLLOWERS or child._hooks is not None:
+                break
+            if child.work >= threshold:
+                if ready or self.splits(task, child):  # a fork with a heavy branch; a split node
+                    break
+                heavy = len(nodes) + 1
+                run = 0
+            else:
+                run += LIGHT_UNITS if child.work else 1
+                if run >= MAX_LIGHT_RUN * LIGHT_UNITS:
+                    break
+            nodes.append(child)
+            node = child
+        if heavy == 1:
+            return None
+        del nodes[heavy:]
+        buffers = task.buffers
+        plan = ChainPlan(nodes)
+        for n in nodes[1:]:
+            fed = feeds[n]
+            plan.feeds.append(fed)
+            for _slot, k, i in fed:
+                plan.internal[k] += (i,)
+            buf = buffers.get(n)
+            plan.buffered.append(None if buf is None else buf.grads)
+        return plan
+
+    # --- the one-time set-up (Note [No one-time stall]) -------------------------------
+    def start_setup(self, warm: Any) -> None:
+        """Start the one-time set-up on a background thread (idempotent); ``warm`` is
+        called there too (it starts a first worker thread)."""
+        if self.setup_started:
+            return
+        with self._setup_lock:
+            if self.setup_started:
+                return
+            self.setup_started = True
+        threading.Thread(target=self._setup, args=(warm,), name="asyncgrad-setup", daemon=True).start()
+
+    def _setup(self, warm: Any) -> None:
+        try:
+            self._setup_blas()
+            if self.tune_malloc:
+                keep_large_allocations()
+        finally:
+            self.ready.set()  # before warm: BLAS kernels on workers wait for it
+        warm()
+
+    def _setup_blas(self) -> None:
+        if not self.blas_threads:
+            BLAS.configure()
+            return
+        try:
+            from threadpoolctl import threadpool_limits
+        except ImportError:
+            return
+        self._blas_limits = threadpool_limits(limits=self.blas_threads, user_api="blas")
+        BLAS.fix(self.blas_threads)
+
+    def run_blas(self, fn: Any, *args: Any) -> Any:
+        """On a worker thread: ``fn(*args)`` holding BLAS slots shared by every loop
+        (Note [BLAS threads]), after the set-up inspected or fixed BLAS."""
+        self.ready.wait()
+        return BLAS.run(fn, *args)
+
+
+class ChainPlan:
+    """A worker chain (Note [Worker chains]), in the order it runs: ``nodes[0]`` is its
+    head. For each later node ``nodes[j]``: ``buffered[j - 1]``, its InputBuffer's
+    gradients when the chain was planned (None: no buffer), and ``feeds[j - 1]``, the
+    gradients the chain sends it, ``(slot, k, edge)`` for edge ``edge`` of ``nodes[k]``,
+    in the order the loop would add them. ``internal[k]``: the edges of ``nodes[k]``
+    whose gradient stays in the chain (the loop routes the others afterwards)."""
+
+    __slots__ = ("nodes", "buffered", "feeds", "internal")
+
+    def __init__(self, nodes: list[Node]) -> None:
+        self.nodes = nodes
+        self.buffered: list[list[Any] | None] = []
+        self.feeds: list[list[tuple[int, int, int]]] = []
+        self.internal: list[tuple[int, ...]] = [()] * len(nodes)
+
+
+_FOLLOWERS = (OpNode, MultiViewNode)  # built-in nodes (a custom Function's backward runs on the loop)
+
+
+def _quiet_leaf(node: Node) -> bool:
+    """A leaf's AccumulateGrad that no hook watches: staging its gradient is bookkeeping
+    on the loop after the chain, so it does not end a chain (Note [Worker chains])."""
+    return type(node) is AccumulateGrad and node._hooks is None and not node.variable._hooks

@@ -1,0 +1,276 @@
+"""Running a node: the one sequence of steps every node goes through.
+
+``prepare`` (PyTorch's ``call_pre_hooks``: tensor pre-hooks, retain_grad, captures, node
+pre-hooks; an AccumulateGrad is staged here), ``run_kernel`` (``call_function`` then
+``validate_outputs``), and ``finish`` (post-hooks, then route each gradient onward).
+The reference executor (tools/reference.py) runs those three in order for every node; the
+drivers do too for every node that is not a plain built-in. Tools wrap the kernel, they
+do not fork the path: anomaly mode runs ``run_kernel``'s two steps marking the node as
+running, the profiler times ``run_kernel`` (``kernel_for``).
+
+``inline.run_inline`` runs ready nodes on the calling thread with these steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+
+from ...backend import Array, xp
+
+from ... import _context
+from ..graph import ACCUMULATE_GRAD_SEQUENCE_NR, AccumulateGrad, Node
+from .graph_task import GraphTask
+from ..graph.hooks import run_leaf_tensor_hooks, run_post_hooks, run_pre_hooks, run_tensor_pre_hooks
+from .input_buffer import PendingSum, ReadyInputs, combine, inputs_of, slots_of
+from ..graph.record import OpNode
+from ..graph.validate import validate_outputs
+
+ARRAY = xp.array_type  # (Note [One array backend] in backend.py)
+
+Kernel = Callable[[Node, list[Any], Any], list[Any]]
+AsyncKernel = Callable[[Node, list[Any], Any], Coroutine[Any, Any, list[Any]]]
+_anomaly_mode = _context.anomaly_mode
+
+
+# --- the kernel: apply, then validate ---------------------------------------------------
+def run_kernel(node: Node, inputs: list[Any], math: Any) -> list[Any]:
+    """A node's numeric work: apply, then validate. Thread-safe; touches no GraphTask.
+    Under anomaly mode the same two steps run with the node marked as running (the
+    parent of nodes built meanwhile), then a NaN check."""
+    anomaly = _anomaly_mode.get()
+    if anomaly is not None:
+        return anomaly.run_node(node, inputs, math)
+    return validate_outputs(node, node.apply(inputs, math))
+
+
+async def run_async_kernel(node: Node, inputs: list[Any], math: Any) -> list[Any]:
+    """``run_kernel`` for a node whose backward is ``async def``, awaited on the loop."""
+    anomaly = _anomaly_mode.get()
+    if anomaly is not None:
+        return await anomaly.run_node_async(node, inputs, math)
+    return validate_outputs(node, await node.apply_async(inputs, math))
+
+
+def kernel_for(task: GraphTask, offloaded: bool) -> Kernel:
+    """``run_kernel``, or the profiler's timed wrapper of it while a profile records."""
+    if task.profiler is None:
+        return run_kernel
+    wrapped: Kernel = task.profiler.wrap_kernel(run_kernel, task, offloaded)
+    return wrapped
+
+
+def async_kernel_for(task: GraphTask) -> AsyncKernel:
+    """``run_async_kernel``, or the profiler's timed wrapper of it."""
+    if task.profiler is None:
+        return run_async_kernel
+    wrapped: AsyncKernel = task.profiler.wrap_async_kernel(run_async_kernel, task)
+    return wrapped
+
+
+def resolved_kernel(kernel: Kernel, node: Node, inputs: ReadyInputs, math: Any) -> list[Any]:
+    """``kernel`` after adding up the deferred sums of ready inputs (on the worker)."""
+    return kernel(node, inputs_of(inputs), math)
+
+
+# --- before and after the kernel --------------------------------------------------------
+def prepare(task: GraphTask, node: Node, ready: ReadyInputs) -> list[Any] | None:
+    """Given a ready node's inputs (task/input_buffer.py), run what comes before its kernel:
+    captures, tensor pre-hooks, retain_grad, node pre-hooks. Returns the kernel's
+    inputs, or None when the node does not run (pruned, captured only, or an
+    AccumulateGrad, which is staged right here)."""
+    info = task.exec_info
+    entry = None if info is None else info.get(node)
+    if entry is not None and entry.raw:  # the capture seam: before any hook, never run
+        grads = inputs_of(ready)
+        for nr, i in entry.captures:
+            task.captured[i] = grads[nr] if nr < len(grads) else None
+        return None
+    if type(node) is AccumulateGrad:
+        stage_leaf(task, node, slots_of(ready))  # (a deferred sum may wait for the commit)
+        return None
+    buf = inputs_of(ready)
+    hooks = node._hooks
+    if hooks is not None and (hooks.tensor_pre or hooks.retains_grad):
+        buf = run_tensor_pre_hooks(task, node, hooks, buf)
+    if info is not None:
+        if entry is None:
+            return None
+        for nr, i in entry.captures:
+            task.captured[i] = buf[nr]
+        if not entry.needed:
+            return None
+    if hooks is not None and hooks.pre:
+        buf = run_pre_hooks(task, node, hooks.pre, buf)
+    return buf
+
+
+# Note [Owned gradients]: the commit makes a leaf's first ``.grad`` from its staged array
+# without a copy only when the engine owns that array: it made it, and nobody else holds
+# it, so a later commit may add into ``.grad`` in place (PyTorch's AccumulateGrad steals
+# such gradients; it decides by reference count, which a refactor silently breaks, so
+# here ownership is recorded where arrays are made). Owned: a deferred sum's total (a
+# ``PendingSum``, always fresh), a sum of two staged gradients, and a new array that a
+# built-in kernel returned for the leaf (``own_if_fresh``: not a view, not one of the
+# kernel's inputs or saved values, not returned for a second edge too), noted in
+# ``task.fresh`` as it is routed and claimed by ``stage_leaf`` if that very array
+# arrives. Anything a user's code produced or saw is not owned, and is copied: a custom
+# Function's result, the caller's ``gradient=``, an array a hook or a pre-commit
+# function saw, a retained non-leaf gradient. (A small leaf's eager sum of several
+# gradients is not recorded either: copying it is cheap.)
+# Note [Plain leaves]: in a plain backward (no inputs=/grad() pruning), a leaf whose
+# AccumulateGrad and tensor have no hooks has nothing that could observe its staging:
+# ``run_inline`` stages it with ``stage_plain`` (``stage_leaf``'s last steps) when it
+# leaves the ready queue, without ``prepare``'s general path. It still goes through the
+# queue, so leaves are staged in the order they became ready (the commit and
+# post-accumulate-grad hooks follow that order). (Staging a leaf where its producer
+# routes it, skipping the queue, once hung a run of tests/test_concurrency.py's
+# four-loops test; the cause is not found yet: issue 30.)
+def stage_leaf(task: GraphTask, node: AccumulateGrad, buf: list[Any]) -> None:
+    """AccumulateGrad's step: tensor hooks, captures, pre-hooks, stage for the commit
+    (Note [Commit on success] in task/commit.py), post-hooks. Records whether the engine
+    owns the staged array (Note [Owned gradients])."""
+    var = node.variable
+    g = buf[0]
+    info = task.exec_info
+    fresh = task.fresh.pop(node, None)
+    owned = type(g) is PendingSum or fresh is g
+    seen = bool(var._hooks) or info is not None or node._hooks is not None
+    if type(g) is PendingSum and seen:
+        g = g.total()  # hooks and captures see the sum (else the commit adds it)
+    if var._hooks:
+        g = run_leaf_tensor_hooks(task, node, var._hooks, g)
+    if info is not None:
+        entry = info.get(node)
+        if entry is not None:
+            for _nr, i in entry.captures:
+                task.captured[i] = g
+        if not task.accumulate or entry is None or not entry.needed:
+            return
+    hooks = node._hooks
+    if hooks is not None and hooks.pre:
+        g = run_pre_hooks(task, node, hooks.pre, [g])[0]
+    stage_plain(task, var, g, owned and not seen)  # (an array a hook saw is not the engine's)
+    if hooks is not None and hooks.post:
+        run_post_hooks(task, node, hooks.post, [], [g])
+
+
+def own_fresh_outputs(task: GraphTask, node: Node, inputs: list[Any], outputs: list[Any]) -> None:
+    """Note [Owned gradients]: record which of a built-in node's ``outputs`` for leaves
+    the engine owns. ``inputs``: every array the kernel was handed."""
+    own_leaf_edges(task, node, outputs, fresh_leaf_edges(node, inputs, outputs))
+
+
+def fresh_leaf_edges(node: Node, inputs: list[Any], outputs: list[Any]) -> tuple[int, ...]:
+    """The edges to leaves of a built-in node whose gradient is a new array (``is_fresh``
+    against the inputs the node was given; Note [Owned gradients]). Thread-safe: a worker
+    chain judges it where it runs, before it drops the gradients that stay in the chain
+    from ``outputs`` (a pass-through sends one array on two edges)."""
+    if type(node) is not OpNode:
+        return ()
+    acc_nr = ACCUMULATE_GRAD_SEQUENCE_NR
+    saved = node.saved
+    return tuple(i for i, ((child, _), gi) in enumerate(zip(node.next_edges, outputs))
+                 if child is not None and child.sequence_nr == acc_nr and type(gi) is ARRAY
+                 and is_fresh(gi, inputs, outputs, saved))
+
+
+def own_leaf_edges(task: GraphTask, node: Node, outputs: list[Any], edges: tuple[int, ...]) -> None:
+    """On the loop: the engine owns the gradients ``node`` sent along ``edges`` (found by
+    ``fresh_leaf_edges``) to their leaves (Note [Owned gradients])."""
+    for i in edges:
+        leaf = node.next_edges[i][0]
+        assert leaf is not None  # (fresh_leaf_edges names edges to leaves only)
+        task.fresh[leaf] = outputs[i]
+
+
+def own_if_fresh(task: GraphTask, leaf: Node, gi: Array, inputs: Any, outputs: Any,
+                 saved: Any) -> None:
+    """Note [Owned gradients]: ``gi``, a built-in kernel's output for ``leaf``, is the
+    engine's own when it is a new array: not a view, not one of the kernel's inputs or
+    saved values, and not another of its outputs too."""
+    if is_fresh(gi, inputs, outputs, saved):
+        task.fresh[leaf] = gi
+
+
+def is_fresh(gi: Array, inputs: Any, outputs: Any, saved: Any) -> bool:
+    """``own_if_fresh``'s test: ``gi`` is a new array the kernel made."""
+    if gi.base is not None or not gi.flags.writeable:
+        return False
+    for a in inputs:
+        if a is gi:
+            return False
+    for a in saved or ():
+        if a is gi:
+            return False
+    return outputs is None or sum(1 for o in outputs if o is gi) <= 1
+
+
+def stage_plain(task: GraphTask, var: Any, g: Any, owned: bool) -> None:
+    """Stage ``g`` for ``var``'s commit: ``stage_leaf``'s last step, and all of it for a
+    leaf nothing sees (Note [Plain leaves]). ``owned``: ``g`` is the engine's own (Note
+    [Owned gradients]); so is a sum the engine makes here."""
+    staged = task.staged
+    old = staged.get(var)
+    if old is None:
+        staged[var] = g
+        if owned:
+            task.owned.add(var)
+        elif g is not None:
+            task.owned.discard(var)
+        return
+    staged[var] = total = combine(old, g)
+    if total is not old and total is not g:
+        task.owned.add(var)  # a sum the engine made
+    elif total is not old:
+        task.owned.discard(var)
+
+
+def finish(task: GraphTask, node: Node, inputs: ReadyInputs, outputs: list[Any]) -> None:
+    """After the kernel: post-hooks, then route each gradient to its next node. (Only
+    a node without hooks may still have its inputs in an InputBuffer here.)"""
+    hooks = node._hooks
+    if hooks is not None and hooks.post:
+        if task.exec_info is not None:
+            # PyTorch computes no gradient for an edge pruned by inputs=/grad(), so
+            # post-hooks see None there (the value would be dropped anyway).
+            deps = task.dependencies
+            outputs = [g if child is not None and child in deps else None
+                       for (child, _), g in zip(node.next_edges, outputs)]
+        outputs = run_post_hooks(task, node, hooks.post, outputs, inputs_of(inputs))
+    elif not task.create_graph:
+        own_fresh_outputs(task, node, slots_of(inputs), outputs)
+    task.route(node, outputs)
+
+
+# Note [A tensor times itself]: ``x * x`` (a square written as a product, as in
+# ``(h * h).mean()``) has two edges to the same input slot, and its two rules give one
+# value (``g * x`` both, an op declared ``symmetric`` with its two saved inputs one
+# array). The engine's fused inline step then computes it once and adds it to itself in
+# place: ``t + t`` is bit for bit the ``g * y + g * x`` the buffer would have added, and
+# the second product, a second fresh array and a deferred sum on the consumer's worker
+# (Note [Deferred sums] in task/input_buffer.py) are saved (docs/benchmarks.md, "Figures
+# behind the Notes").
+# The second edge then routes nothing: the first settles both dependencies (the slot
+# already has the sum), so the child needs no InputBuffer for it. Only the fused step
+# does it (a plain backward, no hooks on the node), so hooks and
+# ``create_graph`` see PyTorch's two gradients.
+# Note [Mean's gradient as a view]: mean's gradient is ``g / n`` at every position, and
+# writing it out over the input's shape (Note [Mean's gradient in one pass] in
+# ops/reductions.py) is the MLP benchmark's largest single step outside the kernels, and
+# the multiplication that reads it is faster from a view too. A read-only broadcast view
+# (strides 0) costs no write pass,
+# but it must never reach code that may write into it or keep it: a ``.grad`` (the
+# commit adopts fresh arrays, Note [Owned gradients]), a hook's argument (tensor hooks,
+# retain_grad, node pre- and post-hooks), an ``inputs=``/``grad()`` capture, a custom
+# Function's backward (users write in place), a graph under ``create_graph``. So only
+# the fused inline step (a plain backward without tools, the mean's node without hooks)
+# calls the op's ``view_vjp``, and only for an edge to a built-in node without hooks
+# whose op is declared ``takes_views``: its rules read the gradient at any strides and
+# return new arrays, never the gradient or a view of it (``mul``: ``g * y``), so the view
+# goes no further; an InputBuffer's sum of it is a new array too. Every other route
+# (hooks, a leaf, a custom Function, ``add``'s pass-through, a worker-run mean, tools,
+# ``create_graph``) gets ``vjps[0]``'s fresh writeable array, as before. (A hook that a
+# hook registers on the child in the middle of the backward, after the view was routed,
+# would see the view; PyTorch's expand backward hands such views around anyway.)
