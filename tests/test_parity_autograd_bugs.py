@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import asyncgrad as ag
-from asyncgrad.autograd.threads import running_graph_task
+from asyncgrad.autograd.runtime.threads import running_graph_task
 from asyncgrad.utils.checkpoint import checkpoint
 
 
@@ -449,7 +449,7 @@ def test_a_function_with_several_outputs_that_marks_a_view_input_dirty_is_refuse
 
 @pytest.mark.parametrize("op", ["index", "index_put"])
 def test_a_second_backward_through_advanced_indexing_raises_without_retain_graph(op):
-    from asyncgrad.autograd.saved import FREED_MESSAGE
+    from asyncgrad.autograd.graph.saved import FREED_MESSAGE
 
     x = ag.ones(4, requires_grad=True)
     if op == "index":

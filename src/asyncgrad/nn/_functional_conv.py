@@ -8,7 +8,7 @@ from typing import Any
 
 from .. import functional as _F
 from .._dtype import scalar_type_name
-from ..autograd.recording import record
+from ..autograd.graph.record import record
 from ..ops import _windows as W
 from ..ops import conv as _C
 from ..tensor import Tensor

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from .. import functional as _F
-from ..autograd.recording import record
+from ..autograd.graph.record import record
 from ..grad_mode import no_grad
 from ..ops import normalization as _B
 from ..tensor import Tensor

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from .. import functional as _F
-from ..autograd.recording import record
+from ..autograd.graph.record import record
 from ..ops import _windows as W
 from ..ops import pooling as _P
 from ..tensor import Tensor

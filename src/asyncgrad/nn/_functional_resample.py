@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .. import functional as _F
-from ..autograd.recording import record
+from ..autograd.graph.record import record
 from ..ops import padding as _P
 from ..tensor import Tensor
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from .. import functional as _F
 from .._dtype import get_default_dtype
-from ..autograd.recording import record
+from ..autograd.graph.record import record
 from ..ops import rnn as _R
 from ..tensor import Tensor
 from . import functional as F
