@@ -126,20 +126,15 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 # Each allowed cycle, and why it stays.
 ALLOWED_CYCLES: list[tuple[set[str], str]] = [
     ({f"asyncgrad.{m}" for m in ("tensor", "functional", "creation", "sampling", "return_types", "_tensor_math",
-                                 "autograd.graph", "autograd.graph.accumulate", "autograd.graph.record",
-                                 "autograd.graph.validate", "autograd.tools.anomaly_mode")},
+                                 "torch_ops", "autograd.graph", "autograd.graph.accumulate",
+                                 "autograd.graph.record", "autograd.graph.validate", "autograd.tools.anomaly_mode")},
      "the forward layer: Tensor's methods are the functional ops, the ops record nodes that build "
      "Tensors, and a leaf's AccumulateGrad adds into a Tensor's .grad. Issue 30 allows Tensor <-> "
      "functional only; the recording's half of this cycle is not broken yet (the engine's modules, "
      "api, engine, task/, sched/, runtime/, are out of it)"),
-    ({"asyncgrad.ops._kernels", "asyncgrad.ops._special"}, "ops' kernels: reorganised on branch opsreorg"),
-    ({"asyncgrad.ops._intra", "asyncgrad.ops.linalg"}, "ops' kernels: reorganised on branch opsreorg"),
 ]
 # Layering exceptions still to remove, each with where that happens.
-KNOWN_LAYER_EXCEPTIONS = {
-    "asyncgrad.ops._intra -> asyncgrad.autograd.runtime.blas (ops never import autograd)":
-        "the intra-op gate reads BLAS's state: moved out of autograd on branch opsreorg",
-}
+KNOWN_LAYER_EXCEPTIONS: dict[str, str] = {}
 
 
 def _layer_violations(graph: dict[str, set[str]]) -> list[str]:

@@ -1,4 +1,4 @@
-"""``batch_norm`` and ``group_norm`` with PyTorch's arguments and messages.
+"""``layer_norm``, ``batch_norm`` and ``group_norm`` with PyTorch's arguments and messages.
 
 Training-mode batch norm is one node (ops/normalization.py) and updates the running
 statistics in place, as PyTorch: ``running = (1 - momentum) * running + momentum * batch``,
@@ -9,6 +9,7 @@ norm over each group's channels and positions (one node), then the per-channel a
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -16,6 +17,7 @@ import numpy as np
 from .. import functional as _F
 from ..autograd.graph.record import record
 from ..grad_mode import no_grad
+from ..ops import nn as _N
 from ..ops import normalization as _B
 from ..tensor import Tensor
 
@@ -85,12 +87,38 @@ def _train(x: Tensor, running_mean: Tensor | None, running_var: Tensor | None, w
     return y
 
 
+def layer_norm(input: Tensor, normalized_shape: int | Sequence[int], weight: Tensor | None = None,
+               bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
+    """Normalise over the last ``len(normalized_shape)`` dims to zero mean and unit
+    (biased) variance, then scale by ``weight`` and shift by ``bias``."""
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    if tuple(input.shape[input.ndim - len(shape):]) != shape:
+        raise RuntimeError(
+            f"Given normalized_shape={list(shape)}, expected input with shape [*, "
+            f"{', '.join(map(str, shape))}], but got input of size{list(input.shape)}"
+        )
+    dims = tuple(range(input.ndim - len(shape), input.ndim))
+    if input.dtype.kind == "f" and (bias is None or weight is not None):
+        # one node (PyTorch's NativeLayerNormBackward0) instead of eight
+        spec, affine = ((_N.layer_norm_plain, ()) if weight is None else
+                        (_N.layer_norm_weight, (weight,)) if bias is None else
+                        (_N.layer_norm, (weight, bias)))
+        out, stats = _N._layer_norm(input.data, *(t.data for t in affine), dims=dims, eps=eps)
+        return record(spec, (input, *affine), out, aux=stats, params={"dims": dims, "eps": eps})
+    mean = _F.mean(input, dims, keepdim=True)
+    var = _F.var(input, dims, correction=0, keepdim=True)
+    out = _F.div(_F.sub(input, mean), _F.sqrt(_F.add(var, eps)))
+    if weight is not None:
+        out = _F.mul(out, weight)
+    if bias is not None:
+        out = _F.add(out, bias)
+    return out
+
+
 def group_norm(input: Tensor, num_groups: int, weight: Tensor | None = None, bias: Tensor | None = None,
                eps: float = 1e-5) -> Tensor:
     """Normalise each group of ``num_groups`` consecutive channels over its channels and
     positions, then scale and shift per channel, as ``torch.nn.functional.group_norm``."""
-    from .functional import layer_norm
-
     x = input if type(input) is Tensor else Tensor(input)
     if x.ndim < 2 or x.shape[1] % num_groups:
         raise RuntimeError(f"Expected number of channels in input to be divisible by num_groups, but got input of "

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 from typing import Any
-from collections.abc import Sequence
 
 import numpy as np
 
@@ -21,11 +20,10 @@ from ..functional import (
 )
 from ..autograd.graph.record import record
 from ..ops import attention as _A
-from ..ops import nn as _N
 from ..random import Generator, default_generator
 from ..tensor import Tensor
 from ._functional_conv import conv1d, conv2d, conv_transpose2d
-from ._functional_norm import batch_norm, group_norm
+from ._functional_norm import batch_norm, group_norm, layer_norm
 from ._functional_pooling import adaptive_avg_pool2d, adaptive_max_pool2d, avg_pool2d, max_pool2d
 from ._functional_resample import interpolate, pad
 
@@ -63,34 +61,6 @@ def dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool 
         keep = gen.rng.random(input.shape) >= p
     scale = np.asarray(1.0 / (1.0 - p), dtype=input.dtype)
     return _F.mul(input, keep.astype(input.dtype) * scale)
-
-
-def layer_norm(input: Tensor, normalized_shape: int | Sequence[int], weight: Tensor | None = None,
-               bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
-    """Normalise over the last ``len(normalized_shape)`` dims to zero mean and unit
-    (biased) variance, then scale by ``weight`` and shift by ``bias``."""
-    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
-    if tuple(input.shape[input.ndim - len(shape):]) != shape:
-        raise RuntimeError(
-            f"Given normalized_shape={list(shape)}, expected input with shape [*, "
-            f"{', '.join(map(str, shape))}], but got input of size{list(input.shape)}"
-        )
-    dims = tuple(range(input.ndim - len(shape), input.ndim))
-    if input.dtype.kind == "f" and (bias is None or weight is not None):
-        # one node (PyTorch's NativeLayerNormBackward0) instead of eight
-        spec, affine = ((_N.layer_norm_plain, ()) if weight is None else
-                        (_N.layer_norm_weight, (weight,)) if bias is None else
-                        (_N.layer_norm, (weight, bias)))
-        out, stats = _N._layer_norm(input.data, *(t.data for t in affine), dims=dims, eps=eps)
-        return record(spec, (input, *affine), out, aux=stats, params={"dims": dims, "eps": eps})
-    mean = _F.mean(input, dims, keepdim=True)
-    var = _F.var(input, dims, correction=0, keepdim=True)
-    out = _F.div(_F.sub(input, mean), _F.sqrt(_F.add(var, eps)))
-    if weight is not None:
-        out = _F.mul(out, weight)
-    if bias is not None:
-        out = _F.add(out, bias)
-    return out
 
 
 def embedding(input: Any, weight: Tensor, padding_idx: int | None = None) -> Tensor:

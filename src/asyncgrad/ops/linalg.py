@@ -47,9 +47,17 @@ def _mm_pool(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.
 
 
 # the linear layers' and flat products (``_mm(a, b[, out])``): numpy's ``matmul``, or
-# ``_mm_pool`` while one pool is on (``intra_op.set_one_pool`` swaps it), so the default
-# path costs what it did before
+# ``_mm_pool`` while one pool is on (``intra_op.set_one_pool`` swaps it through
+# ``_use_pool``), so the default path costs what it did before
 _mm: Callable[..., np.ndarray] = _mm_pool if intra_op.one_pool else np.matmul
+
+
+def _use_pool(on: bool) -> None:
+    global _mm
+    _mm = _mm_pool if on else np.matmul
+
+
+intra_op.on_one_pool = _use_pool
 
 
 def _stacked(a: np.ndarray, b: np.ndarray) -> bool:

@@ -121,8 +121,6 @@ def set_one_pool(on: bool) -> None:
     large 2-D products split over TBB's pool; off, BLAS's threads adapt again and the
     parallel kernels stay as :func:`set_enabled` left them."""
     global one_pool, _pin
-    from .. import linalg
-
     if on:
         if build_product is not None:
             build_product()
@@ -132,7 +130,8 @@ def set_one_pool(on: bool) -> None:
         pin, _pin = _pin, None
         pin.__exit__(None, None, None)
     one_pool = bool(on)
-    linalg._mm = linalg._mm_pool if one_pool else np.matmul
+    if on_one_pool is not None:
+        on_one_pool(one_pool)
 
 
 def _pin_blas() -> None:
@@ -144,6 +143,7 @@ def _pin_blas() -> None:
         _pin.__enter__()
 
 
+on_one_pool: Callable[[bool], None] | None = None  # set by linalg: swaps its product for the pool's
 on_switch: Callable[[bool], None] | None = None  # set by numba_kernels: installs or removes its dispatchers
 
 
