@@ -1,5 +1,6 @@
 """Tensor's delegated methods (Note [Delegated methods] in tensor.py): the installed
-methods are the functions of the tables, with those functions' signatures and docstrings;
+methods run the code of the tables' functions, with those functions' signatures (the
+tensor as ``self``) and docstrings;
 the class body names the same methods for type checkers; in-place ones take keyword
 arguments as their positional ones."""
 
@@ -43,17 +44,25 @@ def test_the_type_checkers_names_are_the_installed_methods() -> None:
     assert stubs == expected
 
 
+def _is_method_form(method: object, fn: object) -> None:
+    """``method`` runs ``fn``'s code (no extra call) and shows its parameters and doc."""
+    assert method.__code__ is fn.__code__ and method.__defaults__ == fn.__defaults__  # type: ignore[attr-defined]
+    params = list(inspect.signature(method).parameters.values())  # type: ignore[arg-type]
+    expected = list(inspect.signature(fn).parameters.values())  # type: ignore[arg-type]
+    assert params[0].name == "self" and params[1:] == expected[1:]
+    assert fn.__doc__ and method.__doc__.startswith(fn.__doc__.rstrip())  # type: ignore[attr-defined]
+
+
 @pytest.mark.parametrize("name", T.FUNCTIONAL_METHODS)
-def test_a_delegated_method_is_its_function(name: str) -> None:
-    method = Tensor.__dict__[name]
-    assert method is getattr(F, name)
-    assert method.__doc__ and inspect.signature(method).parameters  # shown by help() and IDEs
+def test_a_delegated_method_is_its_functions_code(name: str) -> None:
+    _is_method_form(Tensor.__dict__[name], getattr(F, name))
+    assert Tensor.__dict__[name].__qualname__ == f"Tensor.{name}"
 
 
 @pytest.mark.parametrize(("module", "name"), [(sampling, n) for n in T.SAMPLING_METHODS]
                          + [(creation, n) for n in T.CREATION_METHODS])
-def test_sampling_and_creation_methods_are_their_functions(module: object, name: str) -> None:
-    assert Tensor.__dict__[name] is getattr(module, name)
+def test_sampling_and_creation_methods_are_their_functions_code(module: object, name: str) -> None:
+    _is_method_form(Tensor.__dict__[name], getattr(module, name))
 
 
 @pytest.mark.parametrize(("name", "op"), T.IN_PLACE_METHODS.items())

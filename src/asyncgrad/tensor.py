@@ -11,6 +11,7 @@ from __future__ import annotations
 import builtins
 import inspect
 import operator
+import types
 import warnings
 import weakref
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -726,11 +727,12 @@ register_tensor_type(Tensor)
 
 # Note [Delegated methods]: most methods are a function of ``functional`` (or of ``sampling``,
 # ``creation``) applied to the tensor. Where the function's parameters after the tensor are
-# the method's (names, kinds, defaults, numpy aliases), the function itself is the method:
-# ``Tensor.exp is functional.exp``, so ``x.exp()`` costs no extra call and shows the function's
-# signature and docstring. The in-place ones are ``x._apply_inplace(op, ...)`` with ``op``'s
-# signature. The class body names all of them under TYPE_CHECKING for type checkers; a test
-# holds these tables, those names and the signatures to each other.
+# the method's (names, kinds, defaults, numpy aliases), the method is that function's code
+# itself (a function object sharing its code, closure and defaults: no extra call), shown
+# with the function's signature, its first parameter named ``self``, and its docstring.
+# The in-place ones are ``x._apply_inplace(op, ...)`` with ``op``'s signature. The class
+# body names all of them under TYPE_CHECKING for type checkers; a test holds these tables,
+# those names and the signatures to each other.
 FUNCTIONAL_METHODS = (
     "pow", "neg", "abs", "exp", "log", "sqrt", "sin", "cos", "tanh", "sigmoid", "relu", "erf", "clamp", "clip",
     "sum", "mean", "max", "min", "var", "softmax", "log_softmax", "flatten", "transpose", "squeeze", "unsqueeze",
@@ -765,15 +767,35 @@ def _in_place(name: str, op: Callable[..., Tensor]) -> Callable[..., Tensor]:
     return method
 
 
+def _as_method(name: str, fn: Callable[..., Any], origin: str) -> Callable[..., Any]:
+    """The method ``name``: ``fn``'s code, closure and defaults in a function object of its
+    own (the same code runs: no extra call), with ``fn``'s signature (its first parameter,
+    the tensor, named ``self``) and docstring."""
+    method = types.FunctionType(fn.__code__, fn.__globals__, name, fn.__defaults__, fn.__closure__)
+    method.__kwdefaults__ = fn.__kwdefaults__
+    # (not a numpy_aliases wrapper's ``__wrapped__``: the signature below is the method's)
+    method.__dict__.update({k: v for k, v in fn.__dict__.items() if k != "__wrapped__"})
+    method.__qualname__, method.__module__ = f"Tensor.{name}", __name__
+    signature = inspect.signature(fn)
+    first, *rest = signature.parameters.values()
+    method.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        parameters=[first.replace(name="self", annotation=inspect.Parameter.empty), *rest])
+    wrapped = getattr(fn, "__wrapped__", fn)
+    method.__doc__ = (f"{(fn.__doc__ or '').rstrip()}\n\n"
+                      f"(``{origin}.{wrapped.__name__}`` with this tensor as ``{first.name}``.)")
+    return method
+
+
 def _install_methods(functional: Any, sampling_module: Any, creation_module: Any) -> None:
     """Note [Delegated methods]: the tables above, installed on Tensor."""
     for name in FUNCTIONAL_METHODS:
-        setattr(Tensor, name, getattr(functional, name))
+        setattr(Tensor, name, _as_method(name, getattr(functional, name), "ag.functional"))
     for name, op in IN_PLACE_METHODS.items():
         setattr(Tensor, name, _in_place(name, getattr(functional, op)))
-    for module, names in ((sampling_module, SAMPLING_METHODS), (creation_module, CREATION_METHODS)):
+    for module, origin, names in ((sampling_module, "ag.sampling", SAMPLING_METHODS),
+                                  (creation_module, "ag.creation", CREATION_METHODS)):
         for name in names:
-            setattr(Tensor, name, getattr(module, name))
+            setattr(Tensor, name, _as_method(name, getattr(module, name), origin))
 
 
 def bind_functional(module: Any) -> None:
