@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import time
 from typing import Any
@@ -174,7 +175,7 @@ class Explainer:
 
 def response(status: int, payload: dict[str, Any]) -> bytes:
     reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 413: "Payload Too Large",
-              504: "Gateway Timeout"}[status]
+              500: "Internal Server Error", 504: "Gateway Timeout"}[status]
     body = json.dumps(payload).encode()
     return (f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + body
@@ -216,6 +217,9 @@ async def route(explainer: Explainer, reader: BufferedByteReceiveStream, verb: s
     except TimeoutError:
         explainer.timeouts += 1
         return response(504, {"error": "the request's timeout expired: its wait or its backward was cancelled"})
+    except Exception as e:  # anything else is this request's failure, not the server's
+        logging.getLogger("saliency_service").exception("request failed")
+        return response(500, {"error": type(e).__name__})
 
 
 # --- a demo client -----------------------------------------------------------------------------
