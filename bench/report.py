@@ -1,6 +1,6 @@
 """The benchmarks page of the docs, rendered from one run's JSON, so it cannot go stale.
 
-    python -m bench --json docs/benchmarks.json                     # one full run (a few minutes)
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python -m bench --json docs/benchmarks.json   # one full run
     python -m bench.report docs/benchmarks.json --plots docs/img > docs/benchmarks.md
 
 Every workload present in the run is rendered the same way, from what the workload module
@@ -22,6 +22,8 @@ from typing import Any
 
 if __package__ in (None, ""):  # run as a script: make ``bench`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import blas_kernels  # noqa: E402
 
 PEERS = {"torch": "PyTorch", "autograd": "HIPS autograd", "numpy": "a hand-written numpy backward (the floor)"}
 
@@ -115,10 +117,17 @@ RUNNING = """\
 ```sh
 pip install -e ".[bench]"          # matplotlib, HIPS autograd, threadpoolctl
 pip install torch==2.13.0          # optional peer (a CPU wheel); skipped when not installed
-python -m bench --plot             # every workload, a few minutes; results in bench/results/
-python -m bench --only mlp         # one workload (repeatable); --impl asyncgrad --impl numpy: some rows
+# every workload, a few minutes; results in bench/results/
+env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python -m bench --plot
+# one workload (repeatable); --impl asyncgrad --impl numpy: some rows
+env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python -m bench --only mlp
 python -m bench.report bench/results/latest.json --plots docs/img > docs/benchmarks.md   # this page
 ```
+
+`env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE` runs the benchmark on the BLAS kernels users
+get: either variable makes numpy's OpenBLAS run other kernels than the ones it picks for the
+CPU (`OPENBLAS_CORETYPE=Haswell` forces AVX2 kernels on a CPU with AVX-512). The runner
+records both, and which kernels ran, and this page warns when either was set.
 
 Other options: `--rounds N` (timed rounds per measurement), `--json PATH`, `--markdown PATH`,
 `--mallopt` (raise glibc malloc's thresholds first, for every implementation).
@@ -218,6 +227,23 @@ def _load_warning(payload: dict[str, Any]) -> list[str]:
             "from the competition.", ""]
 
 
+def _blas_env_text(machine: dict[str, Any]) -> str:
+    if "blas_env" not in machine:
+        return "not recorded in this run (whether OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE were set)"
+    env = machine["blas_env"]
+    if not env:
+        return "neither OPENBLAS_CORETYPE nor OPENBLAS_L2_SIZE set: OpenBLAS chose its kernels for this CPU"
+    return ", ".join(f"`{k}={v}`" for k, v in env.items()) + " (**forced**: see the warning below)"
+
+
+def _blas_env_warning(payload: dict[str, Any]) -> list[str]:
+    """A loud note when the run's environment forced OpenBLAS's kernels."""
+    text = blas_kernels.warning(payload.get("machine", {}))
+    if not text:
+        return []
+    return ['!!! danger "This run measured BLAS kernels that users do not get"', f"    {text}", ""]
+
+
 def _machine(payload: dict[str, Any]) -> str:
     m = payload.get("machine", {})
     load = m.get("loadavg_start")
@@ -230,6 +256,8 @@ def _machine(payload: dict[str, Any]) -> str:
         ("load average at start", f"{load[0]:.2f} (other work shares this machine)" if load else "—"),
         ("Python / numpy", f"{m.get('python')} / {m.get('numpy')}"),
         ("numpy's BLAS", blas_text),
+        ("BLAS kernels that ran (threadpoolctl)", "; ".join(blas_kernels.blas_pools(m))),
+        ("BLAS environment", _blas_env_text(m)),
         ("PyTorch", str(m.get("torch") or "not installed")),
         ("HIPS autograd", str(m.get("autograd") or "not installed")),
         ("asyncgrad", f"{m.get('asyncgrad')} (source sha256 `{m.get('asyncgrad_src_sha256', '?')}`)"),
@@ -254,6 +282,7 @@ def render(payload: dict[str, Any], figures: str | None = "img") -> str:
         "",
         _machine(payload),
         "",
+        *_blas_env_warning(payload),
         *_load_warning(payload),
         "## Results",
         "",

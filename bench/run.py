@@ -1,6 +1,7 @@
-"""The benchmark runner: ``python -m bench`` (or ``python bench/run.py``) from the repo root.
+"""The benchmark runner: ``python -m bench`` (or ``python bench/run.py``) from the repo root,
+with OpenBLAS's kernel-forcing variables unset in that command alone (``bench/blas_kernels.py``):
 
-    python -m bench                      # every workload, every importable peer
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python -m bench   # every workload, every importable peer
     python -m bench --only chain --only mlp --rounds 5
     python -m bench ops transformer      # the same as --only ops --only transformer
     python -m bench --impl asyncgrad --impl numpy   # skip the peers
@@ -29,6 +30,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make ``bench`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import blas_kernels  # noqa: E402
 from bench.common import ALL_IMPLS, ASYNCGRAD, Result, about_of, format_table, select_impls  # noqa: E402
 
 WORKLOADS = ("chain", "mlp", "wide", "loop_lag", "concurrent", "many_tasks", "contended", "deep", "ops",
@@ -84,13 +86,8 @@ def _blas() -> dict[str, Any]:
         info["numpy_simd"] = cfg.get("SIMD Extensions", {}).get("found", None)
     except Exception as e:  # numpy < 1.25 has no mode="dicts"
         info["numpy_blas"] = f"unavailable ({e})"
-    try:
-        from threadpoolctl import threadpool_info
-
-        info["threadpools"] = [{k: p.get(k) for k in ("user_api", "internal_api", "num_threads", "version",
-                                                      "architecture")} for p in threadpool_info()]
-    except Exception:
-        info["threadpools"] = "threadpoolctl not installed"
+    info["threadpools"] = blas_kernels.thread_pools()  # which kernels ran: OpenBLAS's architecture
+    info["blas_env"] = blas_kernels.kernel_env()  # OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE, if set
     return info
 
 
@@ -193,6 +190,10 @@ def main(argv: list[str] | None = None) -> int:
           f"autograd {machine['autograd']}" + (", glibc malloc thresholds raised (--mallopt)" if args.mallopt else ""))
     print(f"# asyncgrad source {machine.get('asyncgrad_src_sha256')} "
           f"(newest file {machine.get('asyncgrad_src_newest_utc')} UTC)")
+    for line in blas_kernels.header(machine):
+        print(line, flush=True)
+    if blas_kernels.warning(machine):
+        print(f"WARNING: {blas_kernels.warning(machine)}", file=sys.stderr, flush=True)
     if missing:
         print(f"# not importable, skipped: {', '.join(missing)}")
     if ASYNCGRAD in impls:  # every workload measures one known kernel path (ASYNCGRAD_KERNELS)

@@ -132,3 +132,60 @@ def test_the_runner_records_each_workloads_about_in_the_run():
     assert about["title"] == "Many tiny operations: the cost per node"
     assert about["plots"][0][0] == "backward_us_per_node"
     assert "### Many tiny operations: the cost per node" in render(_payload(r.as_dict()))
+
+
+def test_the_page_says_which_blas_kernels_ran_and_warns_when_the_environment_forced_them():
+    from bench import blas_kernels
+
+    run = _payload(_workload("scaling", {"title": "S", "measures": "M"}))
+    run["machine"]["threadpools"] = [
+        {"user_api": "blas", "internal_api": "openblas", "prefix": "libscipy_openblas", "version": "0.3.31",
+         "architecture": "Haswell", "num_threads": 2},
+        {"user_api": "openmp", "internal_api": "openmp", "prefix": "libgomp", "version": None,
+         "architecture": None, "num_threads": 2}]
+    run["machine"]["blas_env"] = {"OPENBLAS_CORETYPE": "Haswell", "OPENBLAS_L2_SIZE": "512"}
+    page = render(run)
+    assert ("* **BLAS kernels that ran (threadpoolctl)**: openblas 0.3.31 (libscipy_openblas), architecture Haswell, "
+            "2 threads\n") in page
+    assert "* **BLAS environment**: `OPENBLAS_CORETYPE=Haswell`, `OPENBLAS_L2_SIZE=512` (**forced**" in page
+    assert '!!! danger "This run measured BLAS kernels that users do not get"' in page
+    assert "OPENBLAS_CORETYPE=Haswell, OPENBLAS_L2_SIZE=512 was set in this run's environment" in page
+    assert "`env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python -m bench ...`" in page
+    assert page.index("This run measured BLAS kernels") < page.index("## Results")
+    # the same console lines from the runner
+    lines = blas_kernels.header(run["machine"])
+    assert lines[0] == "# BLAS: openblas 0.3.31 (libscipy_openblas), architecture Haswell, 2 threads"
+    assert any(line.startswith("# WARNING: OPENBLAS_CORETYPE=Haswell") for line in lines)
+
+    run["machine"]["blas_env"] = {}
+    quiet = render(run)
+    assert "This run measured BLAS kernels" not in quiet and not any("WARNING" in x
+                                                                      for x in blas_kernels.header(run["machine"]))
+    assert "neither OPENBLAS_CORETYPE nor OPENBLAS_L2_SIZE set" in quiet
+    del run["machine"]["blas_env"], run["machine"]["threadpools"]
+    old = render(run)  # a run from before these fields: said, not guessed
+    assert "* **BLAS environment**: not recorded in this run" in old
+    assert "* **BLAS kernels that ran (threadpoolctl)**: not recorded" in old
+
+
+def test_the_runner_records_the_kernel_forcing_variables_and_every_pool(monkeypatch):
+    from bench import blas_kernels
+    from bench.run import machine_info
+
+    assert blas_kernels.kernel_env({"OPENBLAS_CORETYPE": "Haswell", "PATH": "/bin"}) == {"OPENBLAS_CORETYPE": "Haswell"}
+    assert blas_kernels.kernel_env({}) == {}
+    monkeypatch.setenv("OPENBLAS_CORETYPE", "Zen")
+    monkeypatch.delenv("OPENBLAS_L2_SIZE", raising=False)
+    machine = machine_info()
+    assert machine["blas_env"] == {"OPENBLAS_CORETYPE": "Zen"}
+    pools = machine["threadpools"]
+    assert isinstance(pools, list) and any(p["user_api"] == "blas" for p in pools)  # numpy's BLAS is loaded
+    assert set(pools[0]) == set(blas_kernels.POOL_KEYS)
+    assert "OPENBLAS_CORETYPE=Zen" in (blas_kernels.warning(machine) or "")
+
+
+def test_the_docs_say_how_to_run_the_benchmarks_on_the_kernels_users_get():
+    command = "env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python -m bench"
+    assert command in (ROOT / "README.md").read_text().replace("\n  ", " ")
+    assert command in (ROOT / "docs" / "benchmarks.md").read_text()
+    assert command in (ROOT / "bench" / "run.py").read_text()

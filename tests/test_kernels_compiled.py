@@ -392,3 +392,30 @@ def test_small_elementwise_ops_keep_their_numpy_kernels_by_default() -> None:
     np.testing.assert_allclose(_fast.sigmoid(large), 1 / (1 + np.exp(-large)), rtol=2e-6)
     np.testing.assert_allclose(_fast.tanh_backward(large, large), large * (1 - large * large), rtol=2e-6, atol=1e-6)
     assert _fast.softmax(small.reshape(1, -1), -1) is not None  # row ops: compiled at every size
+
+
+def test_starting_the_loader_does_not_wait_for_its_thread_to_run() -> None:
+    """Note [Starting the loader does not wait]: the first op's thread (the event loop's)
+    starts the loader without ``threading.Thread.start``, which would wait for the OS to
+    schedule the new thread; the loader still runs, named, and loads the kernels."""
+    res = _python("""
+        import threading
+        from asyncgrad.ops.kernels import loader
+
+        real_start = threading.Thread.start
+        def start(self):
+            if threading.current_thread() is threading.main_thread():
+                raise AssertionError("the first op waited for a thread to start")
+            real_start(self)
+        threading.Thread.start = start
+        seen = []
+        load = loader._load
+        def observed_load():
+            seen.append(threading.current_thread().name)
+            load()
+        loader._load = observed_load
+        loader.start()
+        print(loader.wait(300), seen)
+    """)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split("\n")[0] == "True ['asyncgrad-kernels-loader']"

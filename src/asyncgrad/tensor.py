@@ -1,13 +1,17 @@
 """``Tensor``: one numpy array plus its place in the autograd graph.
 
-Operations live in ``asyncgrad.functional`` (the ``ag.*`` functions); the methods here
-are thin delegations so that ``x.exp()`` and ``ag.exp(x)`` are the same code.
+Operations live in ``asyncgrad.functional`` (the ``ag.*`` functions); the methods are
+delegations so that ``x.exp()`` and ``ag.exp(x)`` are the same code, most of them the
+function itself, installed from a table (Note [Delegated methods]). How in-place changes
+and views are checked and recorded is in ``asyncgrad/_inplace.py``.
 """
 
 from __future__ import annotations
 
 import builtins
+import inspect
 import operator
+import types
 import warnings
 import weakref
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -15,11 +19,16 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from . import _context, _device
+from . import _context, _device, _inplace
 from ._aliases import numpy_aliases
 from ._dtype import as_array, is_floating
 from .autograd.graph import AccumulateGrad, HookDict, register_tensor_type
 from .ops import elementwise as E
+from ._inplace import (  # noqa: F401 - importable from here, as before the move
+    _OVERLAP_ERROR, VIEW_DEFAULT, VIEW_IN_CUSTOM_FUNCTION, VIEW_MULTI_OUTPUT, VIEW_NO_GRAD, _append_view,
+    _overlaps, _recordable_view_index, _refuse_inplace_on_view, _view_index, _writable_alias, _write_into,
+    _write_region, view_creation_meta,
+)
 
 if TYPE_CHECKING:
     from . import creation, sampling
@@ -95,7 +104,7 @@ class Tensor:
     _acc_ref: Any
     _saved: Any  # the SavedTensor last made of this tensor, shared while it stays valid
     _views: list[weakref.ref[Tensor]] | None  # views to re-point after an in-place op (see _register_view)
-    _creation_meta: int | str  # how a view was made (Note [View creation meta]); 0 otherwise
+    _creation_meta: int | str  # how a view was made (Note [View creation meta], _inplace.py); 0 otherwise
 
     def __init__(self, data: Any, *, dtype: Any = None, requires_grad: bool = False) -> None:
         arr = data.data if isinstance(data, Tensor) else as_array(data, dtype)
@@ -396,138 +405,15 @@ class Tensor:
         _context.engine_entry["backward_sync"](self, gradient, retain_graph=retain_graph, create_graph=create_graph,
                                                inputs=inputs)
 
-    # --- in-place machinery ---------------------------------------------------------------
-    def _check_inplace(self, args: tuple[Any, ...] = ()) -> None:
-        if not _context.grad_enabled.get():
-            return
-        base = self._base
-        if base is not None and self._creation_meta != VIEW_DEFAULT and (
-                self._requires_grad or base._requires_grad
-                or any(isinstance(a, Tensor) and a._requires_grad for a in args)):
-            _refuse_inplace_on_view(self)
-        if self._requires_grad and self.grad_fn is None:
-            raise RuntimeError("a leaf Variable that requires grad is being used in an in-place operation.")
-        # PyTorch's check: the view requires grad and its base is a leaf (the base itself
-        # need not require grad: ``y = x.view(2); y.requires_grad_()`` makes y a leaf that
-        # views x, and an in-place op on a view of y, recorded on x, would bypass y)
-        if base is not None and base.grad_fn is None and (base._requires_grad or self._requires_grad):
-            raise RuntimeError(
-                "a view of a leaf Variable that requires grad is being used in an in-place operation."
-            )
-        if base is not None and base._requires_grad and self.grad_fn is None:
-            raise RuntimeError(
-                "A view was created in no_grad mode and is being modified inplace with grad mode enabled. "
-                "Given that this use case is ambiguous and error-prone, it is forbidden. You can clarify "
-                "your code by moving both the view and the inplace either both inside the no_grad block "
-                "(if you don't want the inplace to be tracked) or both outside (if you want the inplace "
-                "to be tracked)."
-            )
-
-    def _apply_inplace(self, out_of_place: Callable[..., Tensor], *args: Any, **kwargs: Any) -> Tensor:
-        """Run ``out_of_place(self, ...)`` and write the result into self (same memory).
-
-        With grad recording, the new node takes self's old gradient edge and self is
-        rebased onto it (PyTorch: hooks stay on the old node, retain_grad moves).
-        """
-        self._check_inplace(args)
-        records = _context.grad_enabled.get() and (
-            self._requires_grad or any(isinstance(a, Tensor) and a._requires_grad for a in args)
-        )
-        if not records:
-            if out_of_place is F.index_put and not self.data.flags.writeable:
-                _write_region(self, args[0], args[1])  # e.g. one element of an expand()ed tensor
-                return self
-            from .grad_mode import no_grad
-
-            with no_grad():
-                out = out_of_place(self, *args, **kwargs)
-            _write_into(self, out.data)
-            return self
-        if self._base is not None:
-            return self._apply_inplace_to_view(out_of_place, args, kwargs)
-        old = self._snapshot()
-        out = out_of_place(old, *args, **kwargs)
-        _write_into(self, out.data)
-        self._rebase(out.grad_fn)
-        self._regenerate_views(skip=None)
-        return self
-
-    def _snapshot(self) -> Tensor:
-        """A copy of the current value that keeps this tensor's place in the graph."""
-        old = Tensor._nonleaf(self.data.copy(), self.grad_fn, self.output_nr, None)
-        old._requires_grad = self._requires_grad
-        old._acc_ref = self._acc_ref
-        return old
-
-    def _rebase(self, node: Node | None) -> None:
-        """Make ``node`` (output 0) this tensor's grad_fn after an in-place change."""
-        old_node, old_nr = self.grad_fn, self.output_nr
-        self.grad_fn = node
-        self.output_nr = 0
-        self._requires_grad = True
-        if self._retains_grad and old_node is not None and old_node._hooks is not None:
-            # a retains-grad hook follows the tensor to its new grad_fn (PyTorch 6.6)
-            old_node._hooks.retains_grad.pop(old_nr, None)
-            self._retains_grad = False
-            self.retain_grad()
-
-    def _apply_inplace_to_view(self, out_of_place: Callable[..., Tensor], args: tuple[Any, ...],
-                               kwargs: dict[str, Any]) -> Tensor:
-        """An in-place op on a view, recorded on its base (PyTorch's CopySlices): the base
-        becomes ``index_put(old_base, where, op(old_base[where]))`` and the view a fresh
-        view of the new base. ``where`` is found from the two arrays' memory layout."""
-        base = self._base
-        assert base is not None
-        where = _recordable_view_index(self, base)
-        old_base = base._snapshot()
-        out = out_of_place(F.getitem(old_base, where), *args, **kwargs)
-        if out.shape != self.shape:
-            raise RuntimeError(
-                f"output with shape {list(self.shape)} doesn't match the broadcast shape {list(out.shape)}"
-            )
-        new_base = F.index_put(old_base, where, out, copy_slices=True)
-        _write_into(self, out.data)
-        base._rebase(new_base.grad_fn)
-        self._rebase(F.getitem(base, where).grad_fn)
-        base._register_view(self)
-        base._regenerate_views(skip=self)
-        return self
-
-    def _register_view(self, view: Tensor) -> None:
-        """Remember a view of this base, to re-point its grad_fn when an in-place op
-        rebases the base (PyTorch regenerates a view's grad_fn likewise): views of a
-        non-leaf base, and views of a plain tensor (which join the graph when the tensor
-        is changed in place by a recorded op, ``x.add_(r)``).
-
-        The registry is a list of weak references, so registering a view costs one
-        weakref and an append (``functional._view`` inlines that for new views): dead
-        views are not removed one by one (a weakref callback per view costs more than
-        the view op) but pruned when the list's length reaches a power of two, and a view
-        is registered once (``_apply_inplace_to_view`` registers again: checked here)."""
-        views = self._views
-        if views is None:
-            self._views = [weakref.ref(view)]
-            return
-        if any(ref() is view for ref in views):
-            return
-        _append_view(views, view)
-
-    def _regenerate_views(self, skip: Tensor | None) -> None:
-        """After this base was rebased: make every other live view read the new base."""
-        if not self._views:
-            return
-        from .grad_mode import enable_grad
-
-        for ref in list(self._views):
-            view = ref()
-            if view is None or view is skip or view._base is not self:
-                continue
-            where = _view_index(view.data, self.data, writable=False)
-            if where is None:
-                continue
-            with enable_grad():
-                node = F.getitem(self, where).grad_fn
-            view._rebase(node)
+    # --- in-place machinery (asyncgrad/_inplace.py) --------------------------------------------
+    _check_inplace = _inplace.check_inplace
+    _apply_inplace = _inplace.apply_inplace
+    _snapshot = _inplace.snapshot
+    _rebase = _inplace.rebase
+    _apply_inplace_to_view = _inplace.apply_inplace_to_view
+    _register_view = _inplace.register_view
+    _regenerate_views = _inplace.regenerate_views
+    _setitem_through_subview = _inplace.setitem_through_subview
 
     # --- operators -------------------------------------------------------------------------
     def __add__(self, other: Any) -> Tensor: return _binary(E.add, self, other)
@@ -558,27 +444,6 @@ class Tensor:
             return
         self._apply_inplace(F.index_put, index, value)
 
-    def _setitem_through_subview(self, index: Any, value: Any) -> None:
-        records = _context.grad_enabled.get() and (
-            self._requires_grad or (isinstance(value, Tensor) and value._requires_grad))
-        if not records:
-            self._check_inplace((value,))
-            _write_region(self, index, value)
-            return
-        idx, basic = F._normalise_index(index)
-        if not basic:
-            raise RuntimeError(_OVERLAP_ERROR)
-        base = self._base
-        assert base is not None
-        sub = F.getitem(self, idx)  # a view of the base (the same memory)
-        sub._apply_inplace(F.index_put, Ellipsis, value)  # recorded on the base (CopySlices)
-        where = _view_index(self._data, base._data, writable=False)
-        if where is not None:  # this view now reads the new base
-            from .grad_mode import enable_grad
-
-            with enable_grad():
-                self._rebase(F.getitem(base, where).grad_fn)
-
     def __iadd__(self, other: Any) -> Tensor: return self._apply_inplace(F.add, other)
     def __isub__(self, other: Any) -> Tensor: return self._apply_inplace(F.sub, other)
     def __imul__(self, other: Any) -> Tensor: return self._apply_inplace(F.mul, other)
@@ -598,6 +463,91 @@ class Tensor:
     def __invert__(self) -> Tensor: return Tensor._wrap(np.logical_not(self.data))
 
     # --- methods (see asyncgrad.functional for docs) -----------------------------------------
+    # Those that are a function applied to the tensor, with the function's own parameters, are
+    # installed by bind_functional from the tables below the class (Note [Delegated methods]);
+    # here they are named for type checkers and IDEs, which read each one's signature there.
+    if TYPE_CHECKING:
+        pow = F.pow
+        neg = F.neg
+        abs = F.abs
+        exp = F.exp
+        log = F.log
+        sqrt = F.sqrt
+        sin = F.sin
+        cos = F.cos
+        tanh = F.tanh
+        sigmoid = F.sigmoid
+        relu = F.relu
+        erf = F.erf
+        clamp = F.clamp
+        clip = F.clamp
+        sum = F.sum
+        mean = F.mean
+        max = F.max
+        min = F.min
+        var = F.var
+        softmax = F.softmax
+        log_softmax = F.log_softmax
+        flatten = F.flatten
+        transpose = F.transpose
+        squeeze = F.squeeze
+        unsqueeze = F.unsqueeze
+        broadcast_to = F.broadcast_to
+        clone = F.clone
+        view_as = F.view_as
+        contiguous = F.contiguous
+        narrow = F.narrow
+        select = F.select
+        unbind = F.unbind
+        chunk = F.chunk
+        diagonal = F.diagonal
+        prod = F.prod
+        masked_fill = F.masked_fill
+        tril = F.tril
+        triu = F.triu
+        topk = F.topk
+        median = F.median
+        nanmedian = F.nanmedian
+        std = F.std
+        norm = F.norm
+        isfinite = F.isfinite
+        isinf = F.isinf
+        split_with_sizes = F.split_with_sizes
+        gather = F.gather
+        index_select = F.index_select
+        unfold = F.unfold
+        amax = F.amax
+        amin = F.amin
+        scatter = F.scatter
+        scatter_add = F.scatter_add
+        pow_ = F.pow
+        clamp_ = F.clamp
+        relu_ = F.relu
+        exp_ = F.exp
+        neg_ = F.neg
+        zero_ = F.zero
+        fill_ = F.fill
+        copy_ = F.copy_from
+        masked_fill_ = F.masked_fill
+        tril_ = F.tril
+        triu_ = F.triu
+        scatter_ = F.scatter
+        scatter_add_ = F.scatter_add
+        sigmoid_ = F.sigmoid
+        tanh_ = F.tanh
+        abs_ = F.abs
+        sqrt_ = F.sqrt
+        log_ = F.log
+        sin_ = F.sin
+        cos_ = F.cos
+        clip_ = F.clamp
+        normal_ = sampling.normal_
+        bernoulli_ = sampling.bernoulli_
+        bernoulli = sampling.bernoulli
+        multinomial = sampling.multinomial
+        new_tensor = creation.new_tensor
+        new_full = creation.new_full
+
     def add(self, other: Any, *, alpha: builtins.float = 1) -> Tensor:
         """``self + alpha * other``, broadcasting."""
         return F.add(self, other if alpha == 1 else F.mul(other, alpha))
@@ -610,51 +560,9 @@ class Tensor:
     def div(self, other: Any) -> Tensor:
         """``self / other`` (true division), broadcasting."""
         return F.div(self, other)
-    def pow(self, exponent: Any) -> Tensor:
-        """``self ** exponent``, broadcasting."""
-        return F.pow(self, exponent)
     def matmul(self, other: Any) -> Tensor:
         """The matrix product ``self @ other`` (vectors, matrices and batches, as ``numpy.matmul``)."""
         return F.matmul(self, other)
-    def neg(self) -> Tensor:
-        """``-self``."""
-        return _unary(E.neg, self)
-    def abs(self) -> Tensor:
-        """The absolute value, elementwise."""
-        return _unary(E.abs_, self)
-    def exp(self) -> Tensor:
-        """``e ** self``, elementwise."""
-        return _unary(E.exp, self)
-    def log(self) -> Tensor:
-        """The natural logarithm, elementwise."""
-        return _unary(E.log, self)
-    def sqrt(self) -> Tensor:
-        """The square root, elementwise."""
-        return _unary(E.sqrt, self)
-    def sin(self) -> Tensor:
-        """The sine, elementwise."""
-        return _unary(E.sin, self)
-    def cos(self) -> Tensor:
-        """The cosine, elementwise."""
-        return _unary(E.cos, self)
-    def tanh(self) -> Tensor:
-        """The hyperbolic tangent, elementwise."""
-        return _unary(E.tanh, self)
-    def sigmoid(self) -> Tensor:
-        """The logistic function ``1 / (1 + exp(-self))``, elementwise."""
-        return _unary(E.sigmoid, self)
-    def relu(self) -> Tensor:
-        """``max(self, 0)``, elementwise."""
-        return _unary(E.relu, self)
-    def erf(self) -> Tensor:
-        """The error function, elementwise."""
-        return _unary(E.erf, self)
-    def clamp(self, min: Any = None, max: Any = None) -> Tensor:
-        """Each element limited to ``[min, max]`` (either bound may be None)."""
-        return F.clamp(self, min, max)
-    def clip(self, min: Any = None, max: Any = None) -> Tensor:
-        """Alias of ``clamp``."""
-        return F.clamp(self, min, max)
     def maximum(self, other: Any) -> Tensor:
         """The larger of ``self`` and ``other``, elementwise, broadcasting."""
         return F.maximum(self, other)
@@ -664,137 +572,33 @@ class Tensor:
     def where(self, condition: Any, other: Any) -> Tensor:
         """``self`` where ``condition`` is true, else ``other`` (``ag.where(condition, self, other)``)."""
         return F.where(condition, self, other)
-    @numpy_aliases
-    def sum(self, dim: Any = None, keepdim: bool = False) -> Tensor:
-        """The sum over ``dim`` (all elements when None); ``axis``/``keepdims`` work too."""
-        return F.sum(self, dim, keepdim)
-    @numpy_aliases
-    def mean(self, dim: Any = None, keepdim: bool = False) -> Tensor:
-        """The mean over ``dim`` (all elements when None); ``axis``/``keepdims`` work too."""
-        return F.mean(self, dim, keepdim)
-    @numpy_aliases
-    def max(self, dim: Any = None, keepdim: bool = False) -> Any:
-        """The maximum; with ``dim``, a ``(values, indices)`` named tuple; with a tensor, ``maximum``."""
-        return F.max(self, dim, keepdim)
-    @numpy_aliases
-    def min(self, dim: Any = None, keepdim: bool = False) -> Any:
-        """The minimum; with ``dim``, a ``(values, indices)`` named tuple; with a tensor, ``minimum``."""
-        return F.min(self, dim, keepdim)
-    @numpy_aliases
-    def var(self, dim: Any = None, *, correction: int = 1, keepdim: bool = False,
-            unbiased: bool | None = None) -> Tensor:
-        """The variance over ``dim`` with Bessel's ``correction`` (1 by default, as PyTorch)."""
-        return F.var(self, dim, correction=correction, keepdim=keepdim, unbiased=unbiased)
-    @numpy_aliases
-    def softmax(self, dim: int) -> Tensor:
-        """``exp(self)`` normalised to sum to 1 along ``dim``."""
-        return F.softmax(self, dim)
-    @numpy_aliases
-    def log_softmax(self, dim: int) -> Tensor:
-        """The logarithm of ``softmax`` along ``dim``, computed stably."""
-        return F.log_softmax(self, dim)
     def reshape(self, *shape: Any) -> Tensor:
         """The same elements in a new shape (one size may be -1)."""
         return F.reshape(self, _shape_args(shape))
     def view(self, *shape: Any) -> Tensor:
         """The same elements in a new shape, sharing memory; raises if that needs a copy (then use ``reshape``)."""
         return F.view(self, _shape_args(shape))
-    def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
-        """Dimensions ``start_dim`` to ``end_dim`` merged into one."""
-        return F.flatten(self, start_dim, end_dim)
-    def transpose(self, dim0: int, dim1: int) -> Tensor:
-        """Dimensions ``dim0`` and ``dim1`` swapped (a view)."""
-        return F.transpose(self, dim0, dim1)
     def t(self) -> Tensor:
         """The transpose of a matrix (a 0-d or 1-d tensor is returned as is)."""
         return F.transpose(self, 0, 1) if self.ndim == 2 else self
     def permute(self, *dims: Any) -> Tensor:
         """The dimensions reordered as ``dims`` (a view)."""
         return F.permute(self, _shape_args(dims))
-    @numpy_aliases
-    def squeeze(self, dim: Any = None) -> Tensor:
-        """Dimensions of size 1 removed (only ``dim`` when given)."""
-        return F.squeeze(self, dim)
-    @numpy_aliases
-    def unsqueeze(self, dim: int) -> Tensor:
-        """A dimension of size 1 inserted at ``dim``."""
-        return F.unsqueeze(self, dim)
     def expand(self, *sizes: Any) -> Tensor:
         """Broadcast to ``sizes`` without copying (-1 keeps a dimension)."""
         return F.expand(self, _shape_args(sizes))
     def expand_as(self, other: Tensor) -> Tensor:
         """Broadcast to ``other``'s shape without copying."""
         return F.expand(self, other.shape)
-    def broadcast_to(self, shape: Any) -> Tensor:
-        """Broadcast to ``shape`` without copying."""
-        return F.broadcast_to(self, shape)
-    def clone(self) -> Tensor:
-        """A copy of the data that stays in the graph (gradients flow back to ``self``)."""
-        return F.clone(self)
-    def view_as(self, other: Tensor) -> Tensor:
-        """``view`` with ``other``'s shape."""
-        return F.view_as(self, other)
-    def contiguous(self) -> Tensor:
-        """Self when C-contiguous, else a contiguous copy that stays in the graph."""
-        return F.contiguous(self)
     def is_contiguous(self) -> bool:
         """Whether the data is laid out C-contiguously."""
         return bool(self.data.flags.c_contiguous)
-    def narrow(self, dim: int, start: int, length: int) -> Tensor:
-        """The view of ``length`` elements of ``dim`` starting at ``start``."""
-        return F.narrow(self, dim, start, length)
-    def select(self, dim: int, index: int) -> Tensor:
-        """The view at ``index`` of ``dim``, with that dimension removed."""
-        return F.select(self, dim, index)
-    def unbind(self, dim: int = 0) -> tuple[Tensor, ...]:
-        """The views along ``dim``, one per index, with that dimension removed."""
-        return F.unbind(self, dim)
     def split(self, split_size: Any, dim: int = 0) -> tuple[Tensor, ...]:
         """Views of ``split_size`` elements along ``dim`` (or of the listed sizes)."""
         return F.split(self, split_size, dim)
-    def chunk(self, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
-        """``chunks`` views of (nearly) equal size along ``dim``."""
-        return F.chunk(self, chunks, dim)
-    def diagonal(self, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Tensor:
-        """The view of the diagonal ``offset`` of dimensions ``dim1`` and ``dim2``."""
-        return F.diagonal(self, offset, dim1, dim2)
     def repeat(self, *sizes: Any) -> Tensor:
         """The tensor tiled ``sizes`` times along each dimension (a copy)."""
         return F.repeat(self, _shape_args(sizes))
-    @numpy_aliases
-    def prod(self, dim: int | None = None, keepdim: bool = False, *, dtype: Any = None) -> Tensor:
-        """The product over ``dim`` (all elements when None)."""
-        return F.prod(self, dim, keepdim, dtype=dtype)
-    def masked_fill(self, mask: Any, value: Any) -> Tensor:
-        """``value`` where ``mask`` is true, else self."""
-        return F.masked_fill(self, mask, value)
-    def tril(self, diagonal: int = 0) -> Tensor:
-        """The lower triangle (below diagonal ``diagonal``); the rest zero."""
-        return F.tril(self, diagonal)
-    def triu(self, diagonal: int = 0) -> Tensor:
-        """The upper triangle (above diagonal ``diagonal``); the rest zero."""
-        return F.triu(self, diagonal)
-    @numpy_aliases
-    def topk(self, k: int, dim: int = -1, largest: bool = True, sorted: bool = True) -> Any:
-        """The ``k`` largest (or smallest) elements along ``dim``: a ``(values, indices)`` named tuple."""
-        return F.topk(self, k, dim, largest, sorted)
-    @numpy_aliases
-    def median(self, dim: int | None = None, keepdim: bool = False) -> Any:
-        """The median (the lower of the two middle values); with ``dim``, ``(values, indices)``."""
-        return F.median(self, dim, keepdim)
-    @numpy_aliases
-    def nanmedian(self, dim: int | None = None, keepdim: bool = False) -> Any:
-        """``median`` ignoring NaN."""
-        return F.nanmedian(self, dim, keepdim)
-    @numpy_aliases
-    def std(self, dim: Any = None, *, correction: int = 1, keepdim: bool = False,
-            unbiased: bool | None = None) -> Tensor:
-        """The standard deviation over ``dim`` with Bessel's ``correction``."""
-        return F.std(self, dim, correction=correction, keepdim=keepdim, unbiased=unbiased)
-    @numpy_aliases
-    def norm(self, p: Any = "fro", dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Tensor:
-        """The ``p``-norm over ``dim`` (all elements when None; Frobenius by default)."""
-        return F.norm(self, p, dim, keepdim, dtype=dtype)
     def eq(self, other: Any) -> Tensor:
         """``self == other``, elementwise (bool)."""
         return F.eq(self, other)
@@ -851,12 +655,6 @@ class Tensor:
     def isnan(self) -> Tensor:
         """A bool tensor, True where the value is NaN."""
         return Tensor._wrap(np.isnan(self.data))
-    def isfinite(self) -> Tensor:
-        """A bool tensor, True where the value is neither NaN nor infinite."""
-        return F.isfinite(self)
-    def isinf(self) -> Tensor:
-        """A bool tensor, True where the value is +inf or -inf."""
-        return F.isinf(self)
     def allclose(self, other: Any, rtol: builtins.float = 1e-5, atol: builtins.float = 1e-8) -> bool:
         """Whether every element is within ``atol + rtol * |other|`` of ``other`` (a Python bool)."""
         return bool(np.allclose(self.data, _data(other), rtol=rtol, atol=atol))
@@ -877,66 +675,13 @@ class Tensor:
     def div_(self, other: Any) -> Tensor:
         """In place: ``self /= other``; returns self."""
         return self._apply_inplace(F.div, other)
-    def pow_(self, exponent: Any) -> Tensor:
-        """In place: ``self **= exponent``; returns self."""
-        return self._apply_inplace(F.pow, exponent)
-    def clamp_(self, min: Any = None, max: Any = None) -> Tensor:
-        """In place: each element limited to ``[min, max]``; returns self."""
-        return self._apply_inplace(F.clamp, min, max)
-    def relu_(self) -> Tensor:
-        """In place: ``max(self, 0)``; returns self."""
-        return self._apply_inplace(F.relu)
-    def exp_(self) -> Tensor:
-        """In place: ``e ** self``; returns self."""
-        return self._apply_inplace(F.exp)
-    def neg_(self) -> Tensor:
-        """In place: ``-self``; returns self."""
-        return self._apply_inplace(F.neg)
-    def zero_(self) -> Tensor:
-        """In place: every element set to 0; returns self."""
-        return self._apply_inplace(F.zero)
-    def fill_(self, value: Any) -> Tensor:
-        """In place: every element set to ``value``; returns self."""
-        return self._apply_inplace(F.fill, value)
-    def copy_(self, src: Any) -> Tensor:
-        """In place: ``src``'s values (broadcast and cast) copied into self; returns self."""
-        return self._apply_inplace(F.copy_from, src)
-    def masked_fill_(self, mask: Any, value: Any) -> Tensor:
-        """In place: ``value`` where ``mask`` is true; returns self."""
-        return self._apply_inplace(F.masked_fill, mask, value)
-    def tril_(self, diagonal: int = 0) -> Tensor:
-        """In place: ``tril``; returns self."""
-        return self._apply_inplace(F.tril, diagonal)
-    def triu_(self, diagonal: int = 0) -> Tensor:
-        """In place: ``triu``; returns self."""
-        return self._apply_inplace(F.triu, diagonal)
 
     # random fills and sampling (see asyncgrad.sampling)
     def uniform_(self, a: builtins.float = 0.0, b: builtins.float = 1.0, *, generator: Any = None) -> Tensor:
         """In place: uniform samples from ``[a, b)``; returns self."""
         return sampling.uniform_(self, a, b, generator=generator)
-    def normal_(self, mean: builtins.float = 0.0, std: builtins.float = 1.0, *, generator: Any = None) -> Tensor:
-        """In place: normal samples with ``mean`` and ``std``; returns self."""
-        return sampling.normal_(self, mean, std, generator=generator)
-    def bernoulli_(self, p: Any = 0.5, *, generator: Any = None) -> Tensor:
-        """In place: 0/1 samples, 1 with probability ``p``; returns self."""
-        return sampling.bernoulli_(self, p, generator=generator)
-    def bernoulli(self, p: builtins.float | None = None, *, generator: Any = None) -> Tensor:
-        """0/1 samples, 1 with the probability in each element (or ``p``)."""
-        return sampling.bernoulli(self, p, generator=generator)
-    def multinomial(self, num_samples: int, replacement: bool = False, *, generator: Any = None) -> Tensor:
-        """``num_samples`` indices drawn per row with the row's weights."""
-        return sampling.multinomial(self, num_samples, replacement, generator=generator)
 
     # factories with this tensor's dtype (see asyncgrad.creation)
-    def new_tensor(self, data: Any, *, dtype: Any = None, requires_grad: bool = False,
-                   device: Any = None) -> Tensor:
-        """A new tensor from ``data`` with this tensor's dtype unless ``dtype``."""
-        return creation.new_tensor(self, data, dtype=dtype, requires_grad=requires_grad, device=device)
-    def new_full(self, size: Any, fill_value: Any, *, dtype: Any = None, requires_grad: bool = False,
-                 device: Any = None) -> Tensor:
-        """A tensor of ``size`` filled with ``fill_value``, this tensor's dtype unless ``dtype``."""
-        return creation.new_full(self, size, fill_value, dtype=dtype, requires_grad=requires_grad, device=device)
     def new_zeros(self, *size: Any, dtype: Any = None, requires_grad: bool = False, device: Any = None) -> Tensor:
         """Zeros of ``size`` with this tensor's dtype unless ``dtype``."""
         return creation.new_full(self, _shape_args(size), 0, dtype=dtype, requires_grad=requires_grad, device=device)
@@ -958,7 +703,7 @@ class Tensor:
             raise TypeError("new() takes sizes (ints) or one sequence of data")
         return creation.new_tensor(self, args[0])
 
-    # --- PyTorch's other names (issue 32): conversions, dtype queries, split_with_sizes -----
+    # --- PyTorch's other names (issue 32): conversions, dtype queries ---------------------
     def int(self) -> Tensor:
         """Cast to int32 (outside the graph)."""
         return F.to_dtype(self, np.int32)
@@ -983,38 +728,6 @@ class Tensor:
     def is_complex(self) -> builtins.bool:
         """Whether the dtype is a complex one."""
         return builtins.bool(self._data.dtype.kind == "c")
-    def split_with_sizes(self, split_sizes: Any, dim: builtins.int = 0) -> tuple[Tensor, ...]:
-        """Views of consecutive pieces of the given sizes along ``dim`` (they must add up)."""
-        return F.split_with_sizes(self, split_sizes, dim)
-    def gather(self, dim: builtins.int, index: Any) -> Tensor:
-        """The elements at ``index`` along ``dim`` (``out[i][j] = self[i][index[i][j]]``)."""
-        return F.gather(self, dim, index)
-    def index_select(self, dim: builtins.int, index: Any) -> Tensor:
-        """The entries at ``index`` (a vector) along ``dim``."""
-        return F.index_select(self, dim, index)
-    def unfold(self, dimension: builtins.int, size: builtins.int, step: builtins.int) -> Tensor:
-        """Windows of ``size`` along ``dimension``, ``step`` apart, as a new last dim."""
-        return F.unfold(self, dimension, size, step)
-    @numpy_aliases
-    def amax(self, dim: Any = (), keepdim: builtins.bool = False) -> Tensor:
-        """The maximum over ``dim`` (an int or a tuple of them; all dims when empty)."""
-        return F.amax(self, dim, keepdim)
-    @numpy_aliases
-    def amin(self, dim: Any = (), keepdim: builtins.bool = False) -> Tensor:
-        """The minimum over ``dim`` (an int or a tuple of them; all dims when empty)."""
-        return F.amin(self, dim, keepdim)
-    def scatter(self, dim: builtins.int, index: Any, src: Any = None, *, value: Any = None) -> Tensor:
-        """A copy with ``src`` (or ``value``) written at ``index`` along ``dim``."""
-        return F.scatter(self, dim, index, src, value=value)
-    def scatter_(self, dim: builtins.int, index: Any, src: Any = None, *, value: Any = None) -> Tensor:
-        """In place: ``scatter``; returns self."""
-        return self._apply_inplace(F.scatter, dim, index, src, value=value)
-    def scatter_add(self, dim: builtins.int, index: Any, src: Any) -> Tensor:
-        """A copy with ``src`` added at ``index`` along ``dim``."""
-        return F.scatter_add(self, dim, index, src)
-    def scatter_add_(self, dim: builtins.int, index: Any, src: Any) -> Tensor:
-        """In place: ``scatter_add``; returns self."""
-        return self._apply_inplace(F.scatter_add, dim, index, src)
 
     # --- more of PyTorch's Tensor methods (issue 32; the ops are in asyncgrad.torch_ops) ----
     def rsqrt(self) -> Tensor:
@@ -1146,27 +859,6 @@ class Tensor:
     def masked_select(self, mask: Any) -> Tensor:
         """The elements where ``mask`` is true."""
         return T.masked_select(self, mask)
-    def sigmoid_(self) -> Tensor:
-        """In place: ``sigmoid``; returns self."""
-        return self._apply_inplace(F.sigmoid)
-    def tanh_(self) -> Tensor:
-        """In place: ``tanh``; returns self."""
-        return self._apply_inplace(F.tanh)
-    def abs_(self) -> Tensor:
-        """In place: ``abs``; returns self."""
-        return self._apply_inplace(F.abs)
-    def sqrt_(self) -> Tensor:
-        """In place: ``sqrt``; returns self."""
-        return self._apply_inplace(F.sqrt)
-    def log_(self) -> Tensor:
-        """In place: ``log``; returns self."""
-        return self._apply_inplace(F.log)
-    def sin_(self) -> Tensor:
-        """In place: ``sin``; returns self."""
-        return self._apply_inplace(F.sin)
-    def cos_(self) -> Tensor:
-        """In place: ``cos``; returns self."""
-        return self._apply_inplace(F.cos)
     def floor_(self) -> Tensor:
         """In place: ``floor``; returns self."""
         return self._apply_inplace(T.floor)
@@ -1203,9 +895,6 @@ class Tensor:
     def round(self, *, decimals: builtins.int = 0) -> Tensor:
         """Rounded half to even (to ``decimals`` places)."""
         return T.round(self, decimals=decimals)
-    def clip_(self, min: Any = None, max: Any = None) -> Tensor:  # noqa: A002
-        """In place: ``clamp``; returns self."""
-        return self._apply_inplace(F.clamp, min, max)
     def clamp_min_(self, min: Any) -> Tensor:  # noqa: A002
         """In place: ``clamp_min``; returns self."""
         return self._apply_inplace(F.clamp, min, None)
@@ -1456,187 +1145,11 @@ def _init(t: Tensor, arr: np.ndarray, node: Node | None, output_nr: int,
     t._creation_meta = 0
 
 
-# Note [View creation meta]: as PyTorch's CreationMeta, a view remembers how it was made
-# when that forbids recording an in-place change through it: made in no_grad mode (the
-# change could not be tracked), one of several views returned together (unbind, split,
-# chunk: their shared backward cannot account for it), or returned by a custom Function
-# (recording it would replace the Function's backward). A view of such a view inherits it;
-# one made in grad mode of a no_grad view keeps its own node's name instead (a str), for
-# PyTorch's "Output 0 of View is a view of a view which was created in no_grad mode".
-VIEW_DEFAULT, VIEW_NO_GRAD, VIEW_MULTI_OUTPUT, VIEW_IN_CUSTOM_FUNCTION = 0, 1, 2, 3
-
-_VIEW_REFUSALS = {
-    VIEW_NO_GRAD: " Given that this use case is ambiguous and error-prone, it is forbidden. You can clarify "
-                  "your code by moving both the view and the inplace either both inside the no_grad block "
-                  "(if you don't want the inplace to be tracked) or both outside (if you want the inplace "
-                  "to be tracked).",
-    VIEW_MULTI_OUTPUT: " This view is the output of a function that returns multiple views. Such "
-                       "functions do not allow the output views to be modified inplace. You should replace "
-                       "the inplace operation by an out-of-place one.",
-    VIEW_IN_CUSTOM_FUNCTION: " This view was created inside a custom Function (or because an input was "
-                             "returned as-is) and the autograd logic to handle view+inplace would override "
-                             "the custom backward associated with the custom Function, leading to incorrect "
-                             "gradients. This behavior is forbidden. You can fix this by cloning the output "
-                             "of the custom Function.",
-}
-
-
-def view_creation_meta(base_view: Tensor, made: int, node_name: str = "") -> int | str:
-    """The creation meta of a view made (``made``, by the op ``node_name``) of
-    ``base_view``: a view of a view keeps its base view's unless it has its own (Note
-    [View creation meta])."""
-    if made != VIEW_DEFAULT or base_view._base is None:
-        return made
-    meta = base_view._creation_meta
-    if (meta == VIEW_NO_GRAD or isinstance(meta, str)) and node_name:
-        return node_name
-    return meta
-
-
-def _refuse_inplace_on_view(view: Tensor) -> None:
-    """PyTorch's error for an in-place change through a view whose creation forbids it."""
-    meta = view._creation_meta
-    node = view.grad_fn
-    name = meta if isinstance(meta, str) else node.name() if node is not None else None
-    if isinstance(meta, str):
-        meta = VIEW_NO_GRAD
-    if name is None:
-        head = "A view was created in no_grad mode and is being modified inplace with grad mode enabled."
-    else:
-        name = name[:name.rindex("Backward")] if "Backward" in name else name
-        head = f"Output {view.output_nr} of {name} is a view "
-        head += ("of a view which was created in no_grad mode and is being modified inplace with grad mode "
-                 "enabled." if meta == VIEW_NO_GRAD else "and is being modified inplace.")
-    raise RuntimeError(head + _VIEW_REFUSALS[meta])
-
-
-def _append_view(views: list[weakref.ref[Tensor]], view: Tensor) -> None:
-    """Append ``view`` to a base's registry, first dropping dead entries when the length
-    is a power of two (at least 16): amortised O(1), and the list stays within twice the
-    live views."""
-    n = len(views)
-    if n >= 16 and not n & (n - 1):
-        views[:] = [ref for ref in views if ref() is not None]
-    views.append(weakref.ref(view))
-
-
 def _rebuild_leaf(data: np.ndarray, requires_grad: bool) -> Tensor:
     """Unpickling: a leaf with the pickled data (graphs are not pickled)."""
     t = Tensor._wrap(data)
     t._requires_grad = requires_grad
     return t
-
-
-_OVERLAP_ERROR = (
-    "unsupported operation: more than one element of the written-to tensor refers to a single "
-    "memory location. Please clone() the tensor before performing the operation."
-)
-
-
-def _overlaps(arr: np.ndarray) -> bool:
-    """Whether several elements of ``arr`` share memory (an expanded tensor's zero strides)."""
-    return any(stride == 0 and n > 1 for n, stride in zip(arr.shape, arr.strides))
-
-
-def _writable_alias(arr: np.ndarray) -> np.ndarray:
-    """A writable array over ``arr``'s memory. numpy marks broadcast views (``expand``)
-    read-only, where PyTorch lets a write go to the shared storage; refuses when the
-    memory itself is read-only (e.g. ``from_numpy`` of a read-only array)."""
-    root = arr
-    while isinstance(root.base, np.ndarray):
-        root = root.base
-    if root.flags.writeable:
-        offset = arr.__array_interface__["data"][0] - root.__array_interface__["data"][0]
-        try:
-            return np.ndarray(arr.shape, arr.dtype, buffer=root, offset=offset, strides=arr.strides)
-        except (TypeError, ValueError):
-            pass
-    raise RuntimeError("cannot write into this tensor: its memory is read-only")
-
-
-def _write_region(t: Tensor, index: Any, value: Any) -> None:
-    """``t[index] = value`` for a tensor whose array numpy made read-only (a broadcast
-    view) and that is not recorded: writes the indexed elements alone, allowed as in
-    PyTorch unless several of them share one memory location."""
-    idx, basic = F._normalise_index(index)
-    target = _writable_alias(t.data)
-    if not basic or _overlaps(target[idx]):
-        raise RuntimeError(_OVERLAP_ERROR)
-    target[idx] = value.data if isinstance(value, Tensor) else value
-    t._version_counter.value += 1
-
-
-def _write_into(t: Tensor, value: np.ndarray) -> None:
-    target = t._data
-    if not target.flags.writeable:  # a (part of a) broadcast view: see _writable_alias
-        if _overlaps(target):
-            raise RuntimeError(_OVERLAP_ERROR)
-        target = _writable_alias(target)
-    try:
-        np.copyto(target, value, casting="same_kind")
-    except TypeError as e:
-        raise RuntimeError(
-            f"result type {value.dtype} can't be cast to the desired output type {t.data.dtype}"
-        ) from e
-    except ValueError as e:
-        raise RuntimeError(
-            f"output with shape {list(t.data.shape)} doesn't match the broadcast shape "
-            f"{list(np.broadcast_shapes(t.data.shape, value.shape))}"
-        ) from e
-    t._version_counter.value += 1
-
-
-def _recordable_view_index(view: Tensor, base: Tensor) -> tuple[Any, ...]:
-    """``_view_index`` of a view whose in-place change is recorded on its base, or a clear
-    error when its layout cannot be inverted."""
-    where = _view_index(view.data, base.data)
-    if where is None:
-        raise RuntimeError(
-            "asyncgrad cannot record an in-place operation on this view (its layout in the "
-            "base's memory is not supported); use an out-of-place operation or clone() it first."
-        )
-    return where
-
-
-def _view_index(view: np.ndarray, base: np.ndarray, *, writable: bool = True) -> tuple[Any, ...] | None:
-    """Integer index arrays ``where`` with ``base[where]`` aliasing ``view`` element for
-    element (from byte offsets), or None when the layout cannot be inverted. A view of a
-    0-d base (``view_as``, ``view(1)``) is its one element: ``where`` adds the view's dims.
-
-    With ``writable``, raises when several elements of ``view`` share one memory location
-    (an expanded view), as PyTorch does for an in-place write through one.
-    """
-    if base.ndim == 0 and view.size == 1:
-        return (None,) * view.ndim if view.ndim else (Ellipsis,)
-    if base.ndim == 0 or view.size == 0:
-        return None
-    offset = np.full(view.shape, view.__array_interface__["data"][0] - base.__array_interface__["data"][0],
-                     dtype=np.int64)
-    for k, (n, stride) in enumerate(zip(view.shape, view.strides)):
-        axis = [1] * view.ndim
-        axis[k] = n
-        offset = offset + np.arange(n, dtype=np.int64).reshape(axis) * stride
-    flat = offset.reshape(-1)
-    if writable and np.unique(flat).size != flat.size:
-        raise RuntimeError(
-            "unsupported operation: more than one element of the written-to tensor refers to a single "
-            "memory location. Please clone() the tensor before performing the operation."
-        )
-    # decode byte offsets into base indices, largest stride first
-    dims = sorted((k for k in range(base.ndim) if base.shape[k] > 1), key=lambda k: -base.strides[k])
-    rest = offset
-    where = [np.zeros(view.shape, dtype=np.int64) for _ in range(base.ndim)]
-    for k in dims:
-        stride = base.strides[k]
-        if stride <= 0:
-            return None
-        where[k], rest = np.divmod(rest, stride)
-    if rest.any() or any(((w < 0) | (w >= n)).any() for w, n in zip(where, base.shape)):
-        return None
-    back = sum((w * st for w, st in zip(where, base.strides)), np.zeros(view.shape, dtype=np.int64))
-    if not np.array_equal(back, offset):
-        return None
-    return tuple(where)
 
 
 def _shape_args(args: tuple[Any, ...]) -> tuple[int, ...]:
@@ -1659,6 +1172,82 @@ class MinMax(NamedTuple):
 register_tensor_type(Tensor)
 
 
+# Note [Delegated methods]: most methods are a function of ``functional`` (or of ``sampling``,
+# ``creation``) applied to the tensor. Where the function's parameters after the tensor are
+# the method's (names, kinds, defaults, numpy aliases), the method is that function's code
+# itself (a function object sharing its code, closure and defaults: no extra call), shown
+# with the function's signature, its first parameter named ``self``, and its docstring.
+# The in-place ones are ``x._apply_inplace(op, ...)`` with ``op``'s signature. The class
+# body names all of them under TYPE_CHECKING for type checkers; a test holds these tables,
+# those names and the signatures to each other.
+FUNCTIONAL_METHODS = (
+    "pow", "neg", "abs", "exp", "log", "sqrt", "sin", "cos", "tanh", "sigmoid", "relu", "erf", "clamp", "clip",
+    "sum", "mean", "max", "min", "var", "softmax", "log_softmax", "flatten", "transpose", "squeeze", "unsqueeze",
+    "broadcast_to", "clone", "view_as", "contiguous", "narrow", "select", "unbind", "chunk", "diagonal", "prod",
+    "masked_fill", "tril", "triu", "topk", "median", "nanmedian", "std", "norm", "isfinite", "isinf",
+    "split_with_sizes", "gather", "index_select", "unfold", "amax", "amin", "scatter", "scatter_add",
+)
+IN_PLACE_METHODS = {  # method: the functional op it applies in place
+    "pow_": "pow", "clamp_": "clamp", "relu_": "relu", "exp_": "exp", "neg_": "neg", "zero_": "zero",
+    "fill_": "fill", "copy_": "copy_from", "masked_fill_": "masked_fill", "tril_": "tril", "triu_": "triu",
+    "scatter_": "scatter", "scatter_add_": "scatter_add", "sigmoid_": "sigmoid", "tanh_": "tanh", "abs_": "abs",
+    "sqrt_": "sqrt", "log_": "log", "sin_": "sin", "cos_": "cos", "clip_": "clamp",
+}
+SAMPLING_METHODS = ("normal_", "bernoulli_", "bernoulli", "multinomial")
+CREATION_METHODS = ("new_tensor", "new_full")
+
+
+def _in_place(name: str, op: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    """The method ``name``: ``op`` applied in place (``self._apply_inplace(op, ...)``), with
+    ``op``'s signature. Arguments given by keyword are bound to their positions first, as
+    ``_apply_inplace`` looks for tensors that require grad among the positional ones."""
+    signature = inspect.signature(op)
+    first, *rest = signature.parameters.values()
+
+    def method(self: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+        if kwargs:
+            bound = signature.bind(self, *args, **kwargs)
+            args, kwargs = bound.args[1:], bound.kwargs
+        return self._apply_inplace(op, *args, **kwargs)
+
+    method.__name__, method.__qualname__ = name, f"Tensor.{name}"
+    method.__doc__ = f"In place: ``{op.__name__}``, written into this tensor; returns self."
+    method.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        parameters=[first.replace(name="self", annotation=inspect.Parameter.empty), *rest])
+    return method
+
+
+def _as_method(name: str, fn: Callable[..., Any], origin: str) -> Callable[..., Any]:
+    """The method ``name``: ``fn``'s code, closure and defaults in a function object of its
+    own (the same code runs: no extra call), with ``fn``'s signature (its first parameter,
+    the tensor, named ``self``) and docstring."""
+    method = types.FunctionType(fn.__code__, fn.__globals__, name, fn.__defaults__, fn.__closure__)
+    method.__kwdefaults__ = fn.__kwdefaults__
+    # (not a numpy_aliases wrapper's ``__wrapped__``: the signature below is the method's)
+    method.__dict__.update({k: v for k, v in fn.__dict__.items() if k != "__wrapped__"})
+    method.__qualname__, method.__module__ = f"Tensor.{name}", __name__
+    signature = inspect.signature(fn)
+    first, *rest = signature.parameters.values()
+    method.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        parameters=[first.replace(name="self", annotation=inspect.Parameter.empty), *rest])
+    wrapped = getattr(fn, "__wrapped__", fn)
+    method.__doc__ = (f"{(fn.__doc__ or '').rstrip()}\n\n"
+                      f"(``{origin}.{wrapped.__name__}`` with this tensor as ``{first.name}``.)")
+    return method
+
+
+def _install_methods(functional: Any, sampling_module: Any, creation_module: Any) -> None:
+    """Note [Delegated methods]: the tables above, installed on Tensor."""
+    for name in FUNCTIONAL_METHODS:
+        setattr(Tensor, name, _as_method(name, getattr(functional, name), "ag.functional"))
+    for name, op in IN_PLACE_METHODS.items():
+        setattr(Tensor, name, _in_place(name, getattr(functional, op)))
+    for module, origin, names in ((sampling_module, "ag.sampling", SAMPLING_METHODS),
+                                  (creation_module, "ag.creation", CREATION_METHODS)):
+        for name in names:
+            setattr(Tensor, name, _as_method(name, getattr(module, name), origin))
+
+
 def bind_functional(module: Any) -> None:
     """Called once by the package (``asyncgrad/__init__.py``) after importing
     ``functional``, which imports this module: the ops the methods above delegate to, and
@@ -1669,3 +1258,5 @@ def bind_functional(module: Any) -> None:
     F = module
     _binary, _unary = module._binary, module._unary
     creation, sampling, T = creation_module, sampling_module, torch_ops
+    _inplace.bind(Tensor, module)
+    _install_methods(module, sampling_module, creation_module)

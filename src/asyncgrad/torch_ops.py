@@ -20,10 +20,11 @@ import numpy as np
 from . import return_types
 from ._aliases import numpy_aliases
 from ._dtype import as_array, get_default_dtype
+from .autograd.graph.record import record
 from .creation import _check_device, _finish, randint, randn
 from .functional import (
     _binary, _dim, _reduction_dims, _tensor, _unary, add, amax, cat, clamp, clone, cos, div, exp, gather, getitem,
-    index_put, log, matmul, sin, maximum, mul, narrow, permute, pow, record, repeat, reshape, sqrt, squeeze, sub, sum,
+    index_put, log, matmul, sin, maximum, mul, narrow, permute, pow, repeat, reshape, sqrt, squeeze, sub, sum,
     to_dtype, transpose, unsqueeze, where,
 )
 from .functional import broadcast_to as _broadcast_to

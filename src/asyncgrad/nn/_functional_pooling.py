@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from .. import functional as _F
+from .._dtype import scalar_type_name
 from ..autograd.graph.record import record
 from ..ops import _windows as W
 from ..ops import pooling as _P
@@ -63,7 +64,7 @@ def max_pool2d(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any
     ``return_indices``, also each maximum's flat index into its input plane (int64)."""
     x, unbatched = _batched(input, "max_pool2d")
     if x.dtype.kind != "f":
-        raise RuntimeError(f'"max_pool2d" not implemented for \'{_F._scalar_type_name(x.dtype)}\'')
+        raise RuntimeError(f'"max_pool2d" not implemented for \'{scalar_type_name(x.dtype)}\'')
     win = _pool_window(x, kernel_size, stride, padding, dilation, ceil_mode)
     out, arg = _P._max_pool(x.data, win=win)
     y = record(_P.max_pool2d, (x,), out, aux=arg, params={"win": win})

@@ -84,8 +84,8 @@ index_put = replace(defop("IndexPutBackward0", _index_put,
                           lambda m, g, ans, x, v, *, index, mask: m.getitem(g, index)), saves_params=True)
 # x[basic index] = v; in-place through a view (a basic index holds no tensors)
 copy_slices = replace(index_put, node_name="CopySlices", saves_params=False)
-# ops that pick elements by a full advanced index (built in functional.py): indexing's
-# rules under PyTorch's node names
+# ops that pick elements by a full advanced index (built in functional/indexing.py and
+# functional/shape.py): indexing's rules under PyTorch's node names
 gather = replace(getitem_advanced, node_name="GatherBackward0")
 index_select = replace(getitem_advanced, node_name="IndexSelectBackward0")
 unfold = replace(getitem_advanced, node_name="UnfoldBackward0")
@@ -142,7 +142,7 @@ def split_backward(m, grads, *, dim, shapes, dtype):  # type: ignore[no-untyped-
 
 # Several views returned together (unbind, split, chunk) share one node with one gradient
 # slot per view, as PyTorch's: rule(m, grads, **params) -> the input's gradient. PyTorch
-# forbids in-place changes through such views (see Tensor._check_inplace).
+# forbids in-place changes through such views (Note [View creation meta] in _inplace.py).
 MULTI_OUTPUT_VIEWS = {
     "UnbindBackward0": unbind_backward,
     "SplitBackward0": split_backward,

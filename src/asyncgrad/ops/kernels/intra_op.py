@@ -76,7 +76,6 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
-import numpy as np
 
 ENV_VAR = "ASYNCGRAD_INTRA_OP"
 

@@ -30,6 +30,7 @@ kernels are compiled without a cache, every time the process loads them.
 
 from __future__ import annotations
 
+import _thread
 import gc
 import importlib
 import os
@@ -44,13 +45,14 @@ ENV_VAR = "ASYNCGRAD_KERNELS"
 
 _lock = threading.Lock()
 _done = threading.Event()  # the loader has finished, with or without kernels
-_loader: threading.Thread | None = None
+_started = False  # the loader thread was started (once)
 _loaded: ModuleType | None = None  # the compiled kernels, once imported
 _error: BaseException | None = None  # why they could not be imported
 _mode: str | None = None  # None: read ENV_VAR at first use
 _active: ModuleType | None = None  # what compiled() returns: _loaded unless mode is numpy
 _use_cache = True  # read by numba_kernels at import
 LOADER_SWITCH_INTERVAL = 0.0005  # seconds: the GIL switch interval while the loader runs
+LOADER_NAME = "asyncgrad-kernels-loader"  # the loader thread's name (threading, profilers)
 LOADER_NICE = 19  # the loader thread's nice value (Linux; Note [The loader runs at low CPU priority])
 
 
@@ -85,21 +87,34 @@ def set_mode(new_mode: str) -> None:
 def compiled() -> ModuleType | None:
     """The compiled kernels if they are loaded and in use, else None (the numpy path).
     Cheap; the first call starts the loader (Note [Compiled kernels load off the loop])."""
-    if _active is None and _loader is None:
+    if _active is None and not _started:
         start()
     return _active
 
 
 def start() -> None:
-    """Start loading the compiled kernels on a background thread (once; not in mode numpy)."""
-    global _loader
+    """Start loading the compiled kernels on a background thread (once; not in mode numpy).
+
+    Note [Starting the loader does not wait]: ``threading.Thread.start()`` returns only
+    once the new thread has run its first Python code, so its caller, the event loop at
+    its first op, waits until the OS schedules that thread and the thread gets the GIL:
+    on a busy machine a stall of tens to hundreds of ms at the first backward (issue 33;
+    ``python -m bench.first_backward --profile``). ``_thread.start_new_thread`` returns
+    once the thread exists; the loader names itself when it runs. Like a daemon thread,
+    it does not keep the process alive."""
+    global _started
     if mode() == "numpy":
         return
     with _lock:
-        if _loader is not None:
+        if _started:
             return
-        _loader = threading.Thread(target=_load, name="asyncgrad-kernels-loader", daemon=True)
-        _loader.start()
+        _started = True
+    _thread.start_new_thread(_run_loader, ())
+
+
+def _run_loader() -> None:
+    threading.current_thread().name = LOADER_NAME
+    _load()
 
 
 def ready() -> bool:
@@ -126,7 +141,7 @@ def status() -> str:
         state = "compiled kernels in use"
     elif _error is not None:
         state = f"numpy kernels (compiled ones failed to load: {_why()})"
-    elif mode() != "numpy" and _loader is None:
+    elif mode() != "numpy" and not _started:
         state = "numpy kernels (compiled ones not requested yet)"
     elif mode() != "numpy" and not _done.is_set():
         state = "numpy kernels (compiled ones loading)"

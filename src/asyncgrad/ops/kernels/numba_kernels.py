@@ -36,10 +36,12 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-from . import intra_op
+from . import intra_op, loader
 
 _FLAGS = {"reassoc", "contract", "arcp"}  # Note [Fast-math flags]
-_CACHE = os.environ.get("ASYNCGRAD_KERNELS_CACHE", "1") != "0"  # set by the loader
+# numba's cache, unless turned off or the loader found no usable cache directory (it then
+# imports this module again with loader._use_cache False)
+_CACHE = loader._use_cache and os.environ.get("ASYNCGRAD_KERNELS_CACHE", "1") != "0"
 
 
 def _jit(*sigs):  # type: ignore[no-untyped-def]
@@ -394,37 +396,6 @@ def layer_norm_backward(g, xhat, rstd, w, out):  # type: ignore[no-untyped-def]
 _BLOCK = 128
 
 
-@njit(inline="always", fastmath=_FLAGS)
-def _joint_rows(g, xhat, rstd, w, need_dx, dx, lo, hi, block_w, block_b):  # type: ignore[no-untyped-def]
-    """Rows ``lo:hi`` of ``layer_norm_backward_joint``: their dx (when ``need_dx``), and
-    their ``g * xhat`` and ``g`` added into ``block_w`` and ``block_b`` row after row, as
-    the serial kernel does (its parallel form runs one block of rows per call)."""
-    n = g.shape[1]
-    for i in range(lo, hi):
-        gi, h = g[i], xhat[i]
-        if need_dx:
-            o = dx[i]
-            s1 = _c(h[0], 0.0)
-            s2 = _c(h[0], 0.0)
-            for j in range(n):
-                gj, hj = gi[j], h[j]
-                block_w[j] += gj * hj
-                block_b[j] += gj
-                gw = gj * w[j]
-                o[j] = gw
-                s1 += gw
-                s2 += gw * hj
-            m1 = s1 / _c(s1, n)
-            m2 = s2 / _c(s2, n)
-            r = rstd[i, 0]
-            for j in range(n):
-                o[j] = r * (o[j] - m1 - h[j] * m2)
-        else:
-            for j in range(n):
-                block_w[j] += gi[j] * h[j]
-                block_b[j] += gi[j]
-
-
 _JOINT = ((M32, M32, M32, A32, types.boolean, M32, A32, A32),
           (M64, M64, M64, A64, types.boolean, M64, A64, A64))
 
@@ -441,8 +412,8 @@ def layer_norm_backward_joint(g, xhat, rstd, w, need_dx, dx, dw, db):  # type: i
     block_b = np.zeros(n, dtype=g.dtype)
     total_w = np.zeros(n, dtype=np.float64)
     total_b = np.zeros(n, dtype=np.float64)
-    # (the rows as in _joint_rows, written out: through the helper this kernel ran 11%
-    # slower, 57 against 51 us on 1024 x 128 float32; tests hold the two to equal bits)
+    # (its parallel form runs this kernel on each block of rows: Note [Parallel kernels
+    # give the serial bits])
     for i in range(rows):
         gi, h = g[i], xhat[i]
         if need_dx:
@@ -991,9 +962,16 @@ def threshold_backward_scalar(g, ans, out):  # type: ignore[no-untyped-def]
 # part, so every element, and every row's reductions (softmax's max and sum, layer_norm's
 # mean and variance), is computed by the same code in the same order as on one thread.
 # layer_norm's joint backward sums dw and db over rows by blocks of ``_BLOCK`` rows (Note
-# [Column sums by row blocks]); its parallel form computes each block's sums in parallel,
-# by the same code, and adds them into the float64 totals in block order, as the serial
-# kernel does. Tests hold the two forms to equal bits, NaN and inf included.
+# [Column sums by row blocks]); its parallel form runs the serial kernel on each block (a
+# block's sums, in x's type, go through its float64 total and back exactly) and adds them
+# into the float64 totals in block order, as the serial kernel does. Every parallel form
+# calls its serial kernel, never a copy of the serial loops: the joint backward's form once
+# ran an inlined copy of the rows, which gave the serial bits when numba had just compiled
+# it and other bits (its vectorised sums and fused multiply-adds ordered otherwise) when
+# numba loaded it from its cache, so the result depended on whether the process compiled
+# the kernels or found them cached (issue 33). Tests hold the two forms to equal bits, NaN
+# and inf included, and a parallel form loaded from the cache to the bits of the same form
+# just compiled (tests/test_kernel_cache.py).
 def _tbb_layer() -> bool:
     """Whether numba's parallel loops will run on the TBB layer, loading TBB if the
     ``tbb`` wheel installed it in the environment's ``lib`` (pip puts it there, where the
@@ -1196,9 +1174,10 @@ if PARALLEL:
         blocks = (rows + _BLOCK - 1) // _BLOCK
         part_w = np.zeros((blocks, n), dtype=g.dtype)
         part_b = np.zeros((blocks, n), dtype=g.dtype)
-        for blk in prange(blocks):
-            lo = blk * _BLOCK
-            _joint_rows(g, xhat, rstd, w, need_dx, dx, lo, min(lo + _BLOCK, rows), part_w[blk], part_b[blk])
+        for blk in prange(blocks):  # each block's column sums, exact in its float64 total, back in g's type
+            lo, hi = blk * _BLOCK, min((blk + 1) * _BLOCK, rows)
+            layer_norm_backward_joint(g[lo:hi], xhat[lo:hi], rstd[lo:hi], w, need_dx, dx[lo:hi], part_w[blk],
+                                      part_b[blk])
         total_w = np.zeros(n, dtype=np.float64)
         total_b = np.zeros(n, dtype=np.float64)
         for blk in range(blocks):  # in block order, as the serial kernel
