@@ -25,8 +25,8 @@ from bench.common import tune_malloc  # noqa: E402
 def main() -> None:
     from threadpoolctl import threadpool_limits
 
-    from asyncgrad.ops import _kernels as K
-    from asyncgrad.ops._special import erf_f64
+    from asyncgrad.ops.kernels import blockwise as K
+    from asyncgrad.ops.kernels.special import erf_f32_block, erf_f64
 
     tune_malloc()
     x = np.random.default_rng(0).standard_normal((1024, 512)).astype(np.float32)
@@ -35,8 +35,8 @@ def main() -> None:
     ref = erf_f64(grid.astype(np.float64))
     cands = {
         "cephes float64 (before)": lambda a: erf_f64(a.astype(np.float64)).astype(np.float32),
-        "numpy rational f32, whole array": K.erf_f32_block,
-        "numpy rational f32, blocks (asyncgrad)": lambda a: K.blockwise(K.erf_f32_block, a),
+        "numpy rational f32, whole array": erf_f32_block,
+        "numpy rational f32, blocks (asyncgrad)": lambda a: K.blockwise(erf_f32_block, a),
     }
     if importlib.util.find_spec("scipy"):
         from scipy.special import erf as scipy_erf

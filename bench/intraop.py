@@ -4,7 +4,7 @@
     python -m bench.intraop --parallel-kernels [--rounds 15]
 
 ``--parallel-kernels``: each compiled kernel with a parallel form (numba ``prange`` on the
-TBB layer, Note [Intra-op threads] in ``asyncgrad/ops/_intra.py``) against its serial form,
+TBB layer, Note [Intra-op threads] in ``asyncgrad/ops/kernels/intra_op.py``) against its serial form,
 float32, at 16k-1M elements in the transformer's shapes (rows of 128, softmax rows of 64),
 medians of interleaved rounds of 50 calls: the data behind ``_intra.MIN_*``.
 
@@ -53,7 +53,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.parallel_kernels:
         parallel_kernels(args.rounds)
         return
-    from asyncgrad.ops import _kernels as K
+    from asyncgrad.ops.kernels import blockwise as K
+    from asyncgrad.ops.kernels.special import erf_f32_block
     from asyncgrad.ops import kernels as compiled_kernels
 
     tune_malloc()
@@ -64,7 +65,7 @@ def main(argv: list[str] | None = None) -> None:
     half = args.size // 2
 
     def erf_into(out: np.ndarray, s: slice) -> None:
-        out[s] = K.blockwise(K.erf_f32_block, x[s])
+        out[s] = K.blockwise(erf_f32_block, x[s])
 
     # each kernel writes out[s] from the inputs' same slice s
     kernels: dict[str, Callable[[np.ndarray, slice], None]] = {
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def parallel_kernels(rounds: int) -> None:
-    from asyncgrad.ops import _intra
+    from asyncgrad.ops.kernels import intra_op as _intra
     from asyncgrad.ops import kernels as compiled_kernels
 
     if not compiled_kernels.wait() or not _intra.available:
@@ -173,7 +174,7 @@ def step(rounds: int) -> None:
     import asyncio
 
     import asyncgrad as ag
-    from asyncgrad.ops import _intra
+    from asyncgrad.ops.kernels import intra_op as _intra
     from asyncgrad.ops import kernels as compiled_kernels
     from bench import gpt
 

@@ -5,7 +5,7 @@ spell of the shared machine hits every variant alike). A process builds a small 
 (Linear 64-256, tanh GELU, LayerNorm, Linear 256-10; batch 256 float32), starts a 1 ms
 asyncio ticker, then runs a forward and ``await ag.backward`` every 5 ms; its first op
 starts the kernels' loader (Note [Compiled kernels load off the loop] in
-``ops/kernels.py``). It reports the ticker's lateness from that first op on: p99, max,
+``ops/kernels/loader.py``). It reports the ticker's lateness from that first op on: p99, max,
 how many ticks were more than 10 ms late, and when the compiled kernels came into use.
 The model's construction before the first op is not measured (user code).
 

@@ -16,7 +16,7 @@ ratio to ``main``:
 * ``blas1+kernels``: BLAS at one thread and the parallel kernels on (``_intra.set_one_pool``
   without its products);
 * ``one pool``: BLAS at one thread, the parallel kernels on and the 2-D products split
-  in row blocks over TBB's pool too (Note [One pool] in ``asyncgrad/ops/_intra.py``).
+  in row blocks over TBB's pool too (Note [One pool] in ``asyncgrad/ops/kernels/intra_op.py``).
 
     python -m bench.onepool --forward   # the no-grad forward pass in main, blas1, one pool
     python -m bench.onepool --product   # one 1024 x 128 by 128 x 384 float32 product
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
 
     import asyncgrad as ag
     from asyncgrad.autograd.policy import BLAS
-    from asyncgrad.ops import _intra
+    from asyncgrad.ops.kernels import intra_op as _intra
     from asyncgrad.ops import kernels as compiled_kernels
     from bench import gpt
 
@@ -147,7 +147,7 @@ def one_product(rounds: int) -> None:
     """numpy's product at one thread against the split one (``_intra.product``), interleaved."""
     import numpy as np
 
-    from asyncgrad.ops import _intra
+    from asyncgrad.ops.kernels import intra_op as _intra
     from asyncgrad.ops import kernels as compiled_kernels
 
     compiled_kernels.wait()

@@ -32,7 +32,7 @@ if __package__ in (None, ""):  # run as a script: make ``bench`` importable
 from bench.common import ALL_IMPLS, ASYNCGRAD, Result, about_of, format_table, select_impls  # noqa: E402
 
 WORKLOADS = ("chain", "mlp", "wide", "loop_lag", "concurrent", "many_tasks", "contended", "deep", "ops",
-             "transformer", "ddp", "cnn")
+             "transformer", "ddp", "cnn", "serving")
 RESULTS = Path(__file__).resolve().parent / "results"
 
 

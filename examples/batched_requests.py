@@ -1,25 +1,17 @@
 """Many small requests on one model: one backward per request, or the requests in flight
-batched into one pass.
+served as one pass by ``asyncgrad.serving.GradientBatcher``.
 
     python examples/batched_requests.py --tasks 32 --requests 10
 
 A service that computes gradients per request (a saliency map, an online-learning step)
-can ``await ag.backward`` once per request: asyncgrad runs those calls together on the
-event loop. For small requests most of each call is Python bookkeeping (recording the
-forward, the engine's work per node) that one thread runs, so the calls cannot go faster
-than that thread (docs/guides/concurrency.md, "What stands in the way"). Batching the
-requests that are in flight at the same moment into one forward and one backward pays
-that bookkeeping once per batch instead of once per request.
-
-``MicroBatcher`` below does it: a request waits at most ``max_wait`` seconds (or until
-``max_rows`` rows are waiting) for others to join; then one pass computes, for every
-request, its mean loss, the gradient of that loss with respect to its own input rows
-(the saliency map), and adds the gradient of each request's loss to the shared
-parameters' ``.grad``. The batched loss is the *sum of the per-request mean losses*, so
-both gradients equal what one backward per request gives (rows of different requests do
-not interact in this model: no batch norm). The script times rounds of both ways,
-alternating, checks that they give the same gradients, and reports requests per second
-and how late a 1 ms ticker woke up. numpy and anyio only.
+can ``await ag.backward`` once per request. For small requests most of each call is
+Python bookkeeping that the loop's one thread runs, so batching the requests that are in
+flight at the same moment into one forward and one backward pays it once per batch
+(docs/guides/serving.md). The batcher answers each request as if it ran alone: its mean
+loss, the gradient of that loss with respect to its own rows (the saliency map), and its
+gradient added to the shared parameters' ``.grad``. The script times rounds of both
+ways, alternating, checks that they give the same answers, and reports requests per
+second and how late a 1 ms ticker woke up. numpy and anyio only.
 """
 
 from __future__ import annotations
@@ -27,13 +19,13 @@ from __future__ import annotations
 import argparse
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import anyio
 import numpy as np
 
 import asyncgrad as ag
-from asyncgrad import nn
+from asyncgrad import nn, serving
 from asyncgrad.nn import functional as F
 from asyncgrad.ops import kernels
 
@@ -60,111 +52,30 @@ class Answer:
     saliency: np.ndarray
 
 
-@dataclass
-class _Pending:
-    x: np.ndarray
-    y: np.ndarray
-    done: anyio.Event = field(default_factory=anyio.Event)
-    answer: Answer | None = None
-    error: BaseException | None = None
+def check(x: np.ndarray, y: np.ndarray, features: int, classes: int) -> None:
+    """What only the service knows: ``x`` is (rows, features) finite floats, ``y`` one label
+    in ``range(classes)`` per row (the batcher itself checks the row counts and dtypes)."""
+    if x.ndim != 2 or x.shape[1] != features or x.dtype.kind != "f":
+        raise ValueError(f"x must be (rows, {features}) floats, got {x.dtype} {tuple(x.shape)}")
+    if len(x) and not np.isfinite(x).all():
+        raise ValueError("x has NaN or infinite values")
+    if len(y) and (y.min() < 0 or y.max() >= classes):
+        raise ValueError(f"labels must be in range({classes}), got {y.min()}..{y.max()}")
 
 
-class MicroBatcher:
-    """Batches the requests in flight into one forward and one backward pass.
+def make_batcher(model: nn.Module, *, max_rows: int = 4096, max_wait: float = 0.001) -> serving.GradientBatcher:
+    """Per-row losses of the batch's rows; argument 0 (the inputs) gets its gradient."""
+    def loss_fn(x: ag.Tensor, y: ag.Tensor) -> ag.Tensor:
+        return F.cross_entropy(model(x), y, reduction="none")
 
-    Run ``serve()`` in a task group; clients ``await submit(x, y)``. A batch starts when
-    ``max_rows`` rows are waiting, or ``max_wait`` seconds after its first request
-    arrived; while it runs, the next batch fills. A request is checked before it joins a
-    batch (rows of ``features`` numbers, labels in ``range(classes)``), so bad input
-    fails alone. An error in a pass is raised in every request of that batch; the pass
-    commits nothing then (asyncgrad's commit on success), so no request's gradient is
-    half-applied. A request cancelled while it waits for its batch is withdrawn; once
-    its batch runs, its gradient is part of the pass, as for a backward call cancelled
-    after its commit."""
+    return serving.GradientBatcher(loss_fn, max_rows=max_rows, max_wait=max_wait, grad_inputs=(0,))
 
-    def __init__(self, model: nn.Module, *, features: int, classes: int, max_rows: int = 4096,
-                 max_wait: float = 0.001) -> None:
-        self.model = model
-        self.features = features
-        self.classes = classes
-        self.max_rows = max_rows
-        self.max_wait = max_wait
-        self.batches = 0
-        self._waiting: list[_Pending] = []
-        self._rows = 0
-        self._arrived = anyio.Event()  # set when the first request of a batch arrives
-        self._full = anyio.Event()  # set when max_rows rows are waiting
 
-    def check(self, x: np.ndarray, y: np.ndarray) -> None:
-        """Raise ValueError, naming what is wrong, unless ``x`` is (rows, features) finite
-        floats and ``y`` one label in ``range(classes)`` per row."""
-        if x.ndim != 2 or x.shape[1] != self.features or x.dtype.kind != "f":
-            raise ValueError(f"x must be (rows, {self.features}) floats, got {x.dtype} {tuple(x.shape)}")
-        if not len(x):
-            raise ValueError("x has no rows")
-        if not np.isfinite(x).all():
-            raise ValueError("x has NaN or infinite values")
-        if y.shape != (len(x),) or y.dtype.kind not in "iu":
-            raise ValueError(f"y must be {len(x)} integer labels, got {y.dtype} {tuple(y.shape)}")
-        if y.min() < 0 or y.max() >= self.classes:
-            raise ValueError(f"labels must be in range({self.classes}), got {y.min()}..{y.max()}")
-
-    async def submit(self, x: np.ndarray, y: np.ndarray) -> Answer:
-        """Queue one request (``x``: its input rows, ``y``: their class labels) and wait
-        for its answer."""
-        self.check(x, y)
-        request = _Pending(x, y)
-        self._waiting.append(request)
-        self._rows += len(x)
-        self._arrived.set()
-        if self._rows >= self.max_rows:
-            self._full.set()
-        try:
-            await request.done.wait()
-        except BaseException:
-            if request in self._waiting:  # (cancelled before its batch started: withdrawn)
-                self._waiting.remove(request)
-                self._rows -= len(x)
-            raise
-        if request.error is not None:
-            raise request.error
-        assert request.answer is not None
-        return request.answer
-
-    async def serve(self) -> None:
-        """Run batches for as long as the task group runs."""
-        while True:
-            await self._arrived.wait()
-            with anyio.move_on_after(self.max_wait):
-                await self._full.wait()
-            batch, self._waiting, self._rows = self._waiting, [], 0
-            self._arrived, self._full = anyio.Event(), anyio.Event()
-            if not batch:  # (every request of it was withdrawn)
-                continue
-            try:
-                answers = await self._run(batch)
-            except Exception as e:  # (cancellation is not caught: it ends serve())
-                for request in batch:
-                    request.error = e
-                    request.done.set()
-                continue
-            for request, answer in zip(batch, answers):
-                request.answer = answer
-                request.done.set()
-
-    async def _run(self, batch: list[_Pending]) -> list[Answer]:
-        """One pass for the whole batch: the loss is the sum of each request's mean loss."""
-        self.batches += 1
-        sizes = [len(r.x) for r in batch]
-        x = ag.tensor(np.concatenate([r.x for r in batch]), requires_grad=True)
-        y = ag.tensor(np.concatenate([r.y for r in batch]))
-        row_losses = F.cross_entropy(self.model(x), y, reduction="none")
-        row_losses = row_losses * ag.tensor(np.repeat([1.0 / n for n in sizes], sizes).astype(row_losses.dtype))
-        await ag.backward(row_losses.sum())  # into the parameters' .grad, and into x.grad
-        assert x.grad is not None
-        bounds = np.cumsum(sizes)[:-1]  # each request's rows, in the order they were joined
-        return [Answer(float(losses.sum()), saliency) for losses, saliency in
-                zip(np.split(row_losses.detach().numpy(), bounds), np.split(x.grad.numpy(), bounds))]
+async def batched_request(batcher: serving.GradientBatcher, x: np.ndarray, y: np.ndarray, features: int,
+                          classes: int) -> Answer:
+    check(x, y, features, classes)
+    r = await batcher.submit(x, y)
+    return Answer(r.loss, r.input_grads[0])
 
 
 async def one_request(model: nn.Module, x: np.ndarray, y: np.ndarray) -> Answer:
@@ -196,67 +107,52 @@ async def run(args: argparse.Namespace) -> bool:
     print(f"[{args.backend}] {args.tasks} clients x {args.requests} requests of {args.rows} rows, "
           f"MLP {w}-{w}-{w}-{w}-10; batches wait at most {args.max_wait * 1e3:g} ms for more requests")
     await anyio.to_thread.run_sync(kernels.wait)  # (compiled kernels loaded, as a warm service)
-
-    async def one_each(answers: dict[tuple[int, int], Answer]) -> None:
-        async def client(c: int) -> None:
-            for i, (x, y) in enumerate(requests[c]):
-                answers[c, i] = await one_request(model, x, y)
-
-        async with anyio.create_task_group() as tg:
-            for c in range(args.tasks):
-                tg.start_soon(client, c)
-
-    batcher = MicroBatcher(model, features=w, classes=10, max_wait=args.max_wait)
-
-    async def batched(answers: dict[tuple[int, int], Answer]) -> None:
-        async def client(c: int) -> None:
-            for i, (x, y) in enumerate(requests[c]):
-                answers[c, i] = await batcher.submit(x, y)
-
-        async with anyio.create_task_group() as tg:
-            for c in range(args.tasks):
-                tg.start_soon(client, c)
-
-    async def timed(way: str) -> tuple[float, list[float], dict[tuple[int, int], Answer], list[np.ndarray]]:
-        answers: dict[tuple[int, int], Answer] = {}
-        lags: list[float] = []
-        stop = anyio.Event()
-        async with anyio.create_task_group() as outer:
-            outer.start_soon(ticker, lags, stop)
-            await anyio.sleep(0.005)
-            lags.clear()
-            t0 = time.perf_counter()
-            await (one_each if way == "one backward per request" else batched)(answers)
-            seconds = time.perf_counter() - t0
-            stop.set()
-        grads = [p.grad.numpy().copy() for p in model.parameters()]  # type: ignore[union-attr]
-        model.zero_grad()
-        return seconds, lags, answers, grads
-
     ways = ("one backward per request", "batched")
     seconds: dict[str, list[float]] = {way: [] for way in ways}
     lags: dict[str, list[float]] = {way: [] for way in ways}
     batches = []
     equal = True
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(batcher.serve)
+    async with make_batcher(model, max_rows=args.tasks * args.rows, max_wait=args.max_wait) as batcher:
+        async def timed(way: str) -> tuple[float, list[float], dict[tuple[int, int], Answer], list[np.ndarray]]:
+            answers: dict[tuple[int, int], Answer] = {}
+            lag: list[float] = []
+
+            async def client(c: int) -> None:
+                for i, (x, y) in enumerate(requests[c]):
+                    answers[c, i] = await (one_request(model, x, y) if way == ways[0] else
+                                           batched_request(batcher, x, y, w, 10))
+
+            stop = anyio.Event()
+            async with anyio.create_task_group() as outer:
+                outer.start_soon(ticker, lag, stop)
+                await anyio.sleep(0.005)
+                lag.clear()
+                t0 = time.perf_counter()
+                async with anyio.create_task_group() as tg:
+                    for c in range(args.tasks):
+                        tg.start_soon(client, c)
+                s = time.perf_counter() - t0
+                stop.set()
+            grads = [p.grad.numpy().copy() for p in model.parameters()]  # type: ignore[union-attr]
+            model.zero_grad()
+            return s, lag, answers, grads
+
         for way in ways:  # warm-up, untimed
             await timed(way)
         for r in range(args.rounds):
             results = {}
             for way in (ways if r % 2 == 0 else ways[::-1]):
-                before = batcher.batches
+                before = batcher.statistics().batches
                 s, lag, answers, grads = await timed(way)
                 seconds[way].append(s)
                 lags[way].extend(lag)
                 results[way] = (answers, grads)
                 if way == "batched":
-                    batches.append(batcher.batches - before)
+                    batches.append(batcher.statistics().batches - before)
             (a1, g1), (a2, g2) = results[ways[0]], results[ways[1]]
             equal = equal and all(np.allclose(p, q, rtol=1e-4, atol=1e-6) for p, q in zip(g1, g2)) and all(
                 math.isclose(a1[k].loss, a2[k].loss, rel_tol=1e-5, abs_tol=1e-6)
                 and np.allclose(a1[k].saliency, a2[k].saliency, rtol=1e-4, atol=1e-6) for k in a1)
-        tg.cancel_scope.cancel()
 
     for way in ways:
         s = float(np.median(seconds[way]))

@@ -49,7 +49,8 @@ def on_path(monkeypatch):
     numba; waits for them to load; elementwise ops take the compiled kernels at every
     size, not only from ``_fast.ELEMENTWISE_MIN`` elements, so small test inputs check
     them); the mode is restored after."""
-    from asyncgrad.ops import _fast, kernels
+    from asyncgrad.ops import kernels
+    from asyncgrad.ops.kernels import compiled_path as _fast
 
     prev = kernels.mode()
 

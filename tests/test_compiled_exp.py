@@ -1,4 +1,4 @@
-"""The compiled float32 ``exp`` (Note [Compiled exp] in ops/_numba_kernels.py) against
+"""The compiled float32 ``exp`` (Note [Compiled exp] in ops/kernels/numba_kernels.py) against
 float64 ``np.exp``, and the float32 row ops built on it against their float64 values and
 PyTorch."""
 

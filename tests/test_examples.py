@@ -114,14 +114,14 @@ def _batched_requests_module():
     return module
 
 
-async def _submit_all(batcher, requests, outcomes, errors=(ValueError, RuntimeError)):
+async def _submit_all(submit, requests, outcomes, errors=(ValueError, RuntimeError)):
     """Each of ``requests`` (name -> (x, y)) submitted by its own task at once; its answer,
     or the error it raised, goes to ``outcomes[name]``."""
     import anyio
 
     async def client(name, x, y):
         try:
-            outcomes[name] = await batcher.submit(x, y)
+            outcomes[name] = await submit(x, y)
         except errors as e:
             outcomes[name] = e
 
@@ -130,12 +130,10 @@ async def _submit_all(batcher, requests, outcomes, errors=(ValueError, RuntimeEr
             clients.start_soon(client, name, x, y)
 
 
-async def test_micro_batcher_fails_a_whole_batch_and_commits_nothing():
-    """A pass that fails raises its error in every request of its batch and adds nothing to
-    any gradient (asyncgrad's commit on success); the batcher serves the next batch, whose
+async def test_batched_requests_isolate_a_failing_pass_and_commit_nothing_of_it():
+    """A pass that fails is rerun on halves until each failing request is alone: each gets
+    the error, nothing reaches any gradient (asyncgrad's commit on success); the next batch's
     results equal one backward per request."""
-    import anyio
-
     import asyncgrad as ag
     from asyncgrad import nn
 
@@ -145,8 +143,6 @@ async def test_micro_batcher_fails_a_whole_batch_and_commits_nothing():
     rng = np.random.default_rng(1)
     dtype = model[0].weight.numpy().dtype
     reqs = {i: (rng.standard_normal((2, 6)).astype(dtype), rng.integers(0, 3, 2)) for i in range(3)}
-    # a batch starts when its 6 rows are in (max_rows), never by the clock
-    batcher = ex.MicroBatcher(model, features=6, classes=3, max_rows=6, max_wait=60)
     failing = [True]
 
     def hook(g):
@@ -156,16 +152,20 @@ async def test_micro_batcher_fails_a_whole_batch_and_commits_nothing():
 
     model[0].weight.register_hook(hook)
     outcomes = {}
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(batcher.serve)
-        await _submit_all(batcher, reqs, outcomes)
-        assert batcher.batches == 1  # the three requests were one pass
+    # a batch starts when its 6 rows are in (max_rows), never by the clock
+    async with ex.make_batcher(model, max_rows=6, max_wait=60) as batcher:
+        def submit(x, y):
+            return ex.batched_request(batcher, x, y, 6, 3)
+
+        await _submit_all(submit, reqs, outcomes)
+        stats = batcher.statistics()
+        assert (stats.batches, stats.failed, stats.retries) == (1, 3, 4)  # 3 -> [0] [1 2] -> [1] [2]
         refused = [isinstance(outcomes[i], RuntimeError) and "hook refused" in str(outcomes[i]) for i in range(3)]
         assert all(refused), outcomes
         assert all(p.grad is None for p in model.parameters())  # nothing committed
         failing[0] = False
-        await _submit_all(batcher, reqs, outcomes)
-        tg.cancel_scope.cancel()
+        await _submit_all(submit, reqs, outcomes)
+        assert batcher.statistics().batches == 2
     batched = [p.grad.numpy().copy() for p in model.parameters()]
     model.zero_grad()
     for i, (x, y) in reqs.items():
@@ -176,7 +176,7 @@ async def test_micro_batcher_fails_a_whole_batch_and_commits_nothing():
         np.testing.assert_allclose(b, p.grad.numpy(), rtol=1e-5, atol=1e-7)
 
 
-async def test_micro_batcher_refuses_bad_requests_alone_and_withdraws_cancelled_ones():
+async def test_batched_requests_refuse_bad_requests_alone_and_withdraw_cancelled_ones():
     """A bad request fails with a ValueError naming the problem, before it joins a batch:
     the good requests sent with it are answered. A request cancelled while it waits is
     not computed."""
@@ -194,32 +194,36 @@ async def test_micro_batcher_refuses_bad_requests_alone_and_withdraws_cancelled_
         "wide": ((np.ones((2, 5), dtype), np.array([0, 1])), "x must be (rows, 4) floats"),
         "label": ((np.ones((2, 4), dtype), np.array([0, 3])), "labels must be in range(3), got 0..3"),
         "nan": ((np.full((1, 4), np.nan, dtype), np.array([1])), "x has NaN or infinite values"),
-        "count": ((np.ones((2, 4), dtype), np.array([1])), "y must be 2 integer labels"),
+        "count": ((np.ones((2, 4), dtype), np.array([1])), "argument 1 (y) has 1 rows, but argument 0 (x) has 2"),
+        "empty": ((np.ones((0, 4), dtype), np.array([], np.int64)), "argument 0 (x) has no rows"),
     }
-    # the good request's 2 rows start a batch (max_rows), never the clock
-    batcher = ex.MicroBatcher(model, features=4, classes=3, max_rows=2, max_wait=60)
     outcomes = {}
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(batcher.serve)
-        await _submit_all(batcher, {"good": good, **{name: request for name, (request, _) in bad.items()}},
+    # the good request's 2 rows start a batch (max_rows), never the clock
+    async with ex.make_batcher(model, max_rows=2, max_wait=60) as batcher:
+        def submit(x, y):
+            return ex.batched_request(batcher, x, y, 4, 3)
+
+        await _submit_all(submit, {"good": good, **{name: request for name, (request, _) in bad.items()}},
                           outcomes, errors=ValueError)
         for name, (_, message) in bad.items():
             assert isinstance(outcomes[name], ValueError) and message in str(outcomes[name]), outcomes[name]
-        assert isinstance(outcomes["good"], ex.Answer) and batcher.batches == 1
+        assert isinstance(outcomes["good"], ex.Answer) and batcher.statistics().batches == 1
         first = [p.grad.numpy().copy() for p in model.parameters()]
-        batcher.max_rows = 4  # the next request (2 rows) waits for more rows, and max_wait is 60 s
-        with anyio.move_on_after(0.01):  # so it is cancelled while its batch waits
-            await batcher.submit(*good)
-        batcher.max_rows = 2
-        assert batcher._waiting == [] and batcher.batches == 1  # withdrawn: no pass ran for it
+        with anyio.CancelScope() as waiting:  # one row of two: it waits, then is cancelled
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(submit, *(a[:1] for a in good))
+                while batcher.statistics().requests < 2:
+                    await anyio.sleep(0)
+                waiting.cancel()
+        stats = batcher.statistics()
+        assert (stats.batches, stats.cancelled) == (1, 1)  # withdrawn: no pass ran for it
         for a, p in zip(first, model.parameters()):
             np.testing.assert_array_equal(a, p.grad.numpy())
         # the next batch (2 rows again) holds the next request only, not the withdrawn one
-        await batcher.submit(*good)
-        assert batcher.batches == 2
+        await submit(*good)
+        assert batcher.statistics().batches == 2
         for a, p in zip(first, model.parameters()):
             np.testing.assert_array_equal(2 * a, p.grad.numpy())
-        tg.cancel_scope.cancel()
 
 
 def test_custom_function_example():

@@ -1,4 +1,4 @@
-"""Intra-op parallel kernels (``ops/_intra.py``, Note [Intra-op threads]; issue 15): each
+"""Intra-op parallel kernels (``ops/kernels/intra_op.py``, Note [Intra-op threads]; issue 15): each
 parallel form gives the serial kernel's bits (float32 and float64, tricky values, sizes
 that do not split evenly), the ops take it above the size threshold and only while the
 process is otherwise idle (the policy's ``BLAS.intra_op_ok``), gradcheck through it, and
@@ -22,7 +22,8 @@ import asyncgrad as ag
 import asyncgrad.nn.functional as AF
 from asyncgrad.autograd import gradcheck
 from asyncgrad.autograd.policy import BLAS
-from asyncgrad.ops import _intra, kernels
+from asyncgrad.ops import kernels
+from asyncgrad.ops.kernels import intra_op as _intra
 
 pytest.importorskip("numba")
 
@@ -149,7 +150,7 @@ def switched_on(k):  # type: ignore[no-untyped-def]
 def low_thresholds(monkeypatch, switched_on):  # type: ignore[no-untyped-def]
     monkeypatch.setattr(_intra, "MIN_HEAVY", 0)
     monkeypatch.setattr(_intra, "MIN_LIGHT", 0)
-    from asyncgrad.ops import _fast
+    from asyncgrad.ops.kernels import compiled_path as _fast
 
     monkeypatch.setattr(_fast, "ELEMENTWISE_MIN", 0)
     return switched_on
@@ -268,7 +269,8 @@ def test_two_threads_calling_parallel_kernels_at_once_get_correct_results(k) -> 
 def test_a_child_forked_after_a_parallel_kernel_runs_one_too(k) -> None:
     script = textwrap.dedent("""
         import os, numpy as np
-        from asyncgrad.ops import kernels, _intra
+        from asyncgrad.ops import kernels
+        from asyncgrad.ops.kernels import intra_op as _intra
         assert kernels.wait(600) and _intra.available
         k = kernels.compiled()
         x = np.linspace(-3, 3, 1 << 18).astype(np.float32)
@@ -293,7 +295,8 @@ def test_a_child_forked_after_a_parallel_kernel_runs_one_too(k) -> None:
 _SWITCH_SCRIPT = textwrap.dedent("""
     import numpy as np
     from asyncgrad.autograd.policy import BLAS
-    from asyncgrad.ops import kernels, _intra
+    from asyncgrad.ops import kernels
+    from asyncgrad.ops.kernels import intra_op as _intra
     assert kernels.wait(600)
     k = kernels.compiled()
     x = np.linspace(-3, 3, 1 << 20).astype(np.float32)

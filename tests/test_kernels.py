@@ -2,7 +2,7 @@
 float64 reference and PyTorch where installed, in float32 and float64, with tricky values
 (0, -0, +-inf, NaN, huge, subnormal) and sizes that cross the block boundaries.
 
-Every test runs twice: on the numpy kernels and on the compiled ones (``ops/kernels.py``;
+Every test runs twice: on the numpy kernels and on the compiled ones (``ops/kernels/loader.py``;
 skipped without numba), so both paths meet the same checks."""
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import pytest
 import asyncgrad as ag
 import asyncgrad.nn.functional as AF
 from asyncgrad.autograd import gradcheck, gradgradcheck
-from asyncgrad.ops import _kernels as K
+from asyncgrad.ops.kernels import blockwise as K
 from asyncgrad.ops import kernels
 from asyncgrad.ops import nn as N
 from asyncgrad.ops._array_math import ARRAY_MATH
-from asyncgrad.ops._special import erf
+from asyncgrad.ops.kernels.special import erf, erf_f32_block
 
 TRICKY = [0.0, -0.0, math.inf, -math.inf, math.nan, 1e30, -1e30, 1e-30, -1e-30, 3.3, -3.3, 4.0, 10.0]
 SIZES = [7, 2 * K.BLOCK + 1, 3 * K.BLOCK + 5]  # whole, and blocks with a ragged tail
@@ -67,7 +67,7 @@ def test_blockwise_keeps_shape_and_reads_non_contiguous_and_0d_input() -> None:
     out = K.blockwise(np.exp, xt)
     assert out.shape == xt.shape and out.dtype == np.float32
     np.testing.assert_array_equal(out, np.exp(xt))
-    zero_d = K.blockwise(K.erf_f32_block, np.array(0.5, dtype=np.float32))
+    zero_d = K.blockwise(erf_f32_block, np.array(0.5, dtype=np.float32))
     assert isinstance(zero_d, np.ndarray) and zero_d.shape == ()
 
 

@@ -1,5 +1,5 @@
-"""The compiled kernels (``ops/_numba_kernels.py``, issue 15) and how they are chosen and
-loaded (``ops/kernels.py``): each op's compiled path against its numpy path on the same
+"""The compiled kernels (``ops/kernels/numba_kernels.py``, issue 15) and how they are chosen and
+loaded (``ops/kernels/loader.py``): each op's compiled path against its numpy path on the same
 input, tricky values included, in float32 and float64; gradcheck through the compiled
 path; the modes; and, in a fresh interpreter, that a running loop's first op does not
 wait for numba. ``tests/test_kernels.py`` runs its checks on both paths as well."""
@@ -19,7 +19,9 @@ import pytest
 import asyncgrad as ag
 import asyncgrad.nn.functional as AF
 from asyncgrad.autograd import gradcheck
-from asyncgrad.ops import _fast, kernels
+from asyncgrad.ops import kernels
+from asyncgrad.ops.kernels import compiled_path as _fast
+from asyncgrad.ops.kernels import loader
 
 pytest.importorskip("numba")
 
@@ -250,7 +252,7 @@ def test_first_gelu_on_a_running_loop_does_not_wait_for_the_compiled_kernels() -
         import numpy as np
         import asyncgrad as ag
         import asyncgrad.nn.functional as AF
-        from asyncgrad.ops import kernels
+        from asyncgrad.ops.kernels import loader as kernels
 
         events = []
         gate = threading.Event()
@@ -293,7 +295,7 @@ def test_the_loader_runs_with_the_collector_off_and_a_short_switch_interval_then
     by the next collection."""
     res = _python("""
         import gc, sys, threading, weakref
-        from asyncgrad.ops import kernels
+        from asyncgrad.ops.kernels import loader as kernels
 
         seen = {}
         load = kernels._import_kernels
@@ -324,7 +326,7 @@ def test_the_loader_runs_at_nice_19_and_threads_it_starts_get_their_priority_bac
     else keeps 19; the kernels load all the same."""
     res = _python("""
         import os, threading
-        from asyncgrad.ops import kernels
+        from asyncgrad.ops.kernels import loader as kernels
 
         seen = {}
         started = threading.Event()
@@ -351,9 +353,9 @@ def test_the_loader_runs_at_nice_19_and_threads_it_starts_get_their_priority_bac
     ready, nices = res.stdout.split("\n")[:2]
     assert ready == "True"
     before = os.getpriority(os.PRIO_PROCESS, 0)  # the child inherits the test process's nice
-    after = before if os.geteuid() == 0 else max(before, kernels.LOADER_NICE)
-    assert nices.split() == [str(max(before, kernels.LOADER_NICE)), str(before),
-                             str(max(before, kernels.LOADER_NICE)), str(after), str(before)]
+    after = before if os.geteuid() == 0 else max(before, loader.LOADER_NICE)
+    assert nices.split() == [str(max(before, loader.LOADER_NICE)), str(before),
+                             str(max(before, loader.LOADER_NICE)), str(after), str(before)]
 
 
 @pytest.mark.parametrize("name", [*ELEMENTWISE, *ROWS])

@@ -1,6 +1,6 @@
 """The MLP's light nodes in one pass (issue 15): mean's gradient divided once and
 written out (Note [Mean's gradient in one pass] in ops/reductions.py), and relu's
-gradient as one compiled select (``_numba_kernels.threshold_backward``). Each is
+gradient as one compiled select (``numba_kernels.threshold_backward``). Each is
 checked bit for bit against the plain numpy rule it replaces and against PyTorch
 where installed, in float32 and float64, with tricky values, plus gradcheck."""
 
@@ -13,7 +13,7 @@ import pytest
 
 import asyncgrad as ag
 from asyncgrad.autograd import gradcheck
-from asyncgrad.ops import _fast
+from asyncgrad.ops.kernels import compiled_path as _fast
 
 TRICKY = [0.0, -0.0, math.inf, -math.inf, math.nan, 1e30, -1e30, 1e-30, -1e-30, 3e38, -3e38, 1.0, -1.0]
 

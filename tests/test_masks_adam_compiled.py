@@ -13,7 +13,7 @@ import pytest
 
 import asyncgrad as ag
 from asyncgrad.autograd import gradcheck
-from asyncgrad.ops import _fast
+from asyncgrad.ops.kernels import compiled_path as _fast
 
 pytest.importorskip("numba")
 

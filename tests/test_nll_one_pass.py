@@ -1,4 +1,4 @@
-"""nll_loss's one-pass forward (``_numba_kernels.nll_pick``, Note [NLL in one pass]) and the
+"""nll_loss's one-pass forward (``numba_kernels.nll_pick``, Note [NLL in one pass]) and the
 ``nn.functional`` forms of ``nll_loss``/``cross_entropy`` that use it: the compiled path
 gives the numpy path's bits (loss, safe targets, coefficients) on tricky log-probabilities,
 ignored rows add +0.0 whatever they hold, out-of-range targets raise PyTorch's error on
@@ -15,7 +15,8 @@ import pytest
 import asyncgrad as ag
 import asyncgrad.nn.functional as AF
 from asyncgrad.autograd import gradcheck
-from asyncgrad.ops import _fast, kernels
+from asyncgrad.ops import kernels
+from asyncgrad.ops.kernels import compiled_path as _fast
 from asyncgrad.ops import nn as N
 
 DTYPES = [np.float32, np.float64]

@@ -1,4 +1,4 @@
-"""One pool (``ops/_intra.py``, Note [One pool]; issue 15): BLAS pinned at one thread and
+"""One pool (``ops/kernels/intra_op.py``, Note [One pool]; issue 15): BLAS pinned at one thread and
 the large 2-D products split in row blocks over TBB's pool. The split product equals
 numpy's (float32 and float64, every BLAS layout of its operands, ``out``, rows that do
 not split evenly, inf and NaN), the ops take it only when one pool is on, the product is
@@ -15,7 +15,8 @@ import asyncgrad as ag
 import asyncgrad.nn.functional as AF
 from asyncgrad.autograd import gradcheck
 from asyncgrad.autograd.policy import BLAS
-from asyncgrad.ops import _intra, kernels
+from asyncgrad.ops import kernels
+from asyncgrad.ops.kernels import intra_op as _intra
 from asyncgrad.ops import linalg as L
 
 
@@ -199,7 +200,8 @@ def test_the_environment_variable_turns_one_pool_on_at_start_up(k) -> None:
     script = textwrap.dedent("""
         import numpy as np
         from asyncgrad.autograd.policy import BLAS
-        from asyncgrad.ops import kernels, _intra, linalg as L
+        from asyncgrad.ops import kernels, linalg as L
+        from asyncgrad.ops.kernels import intra_op as _intra
         assert kernels.wait(600)
         a = np.ones((512, 128), np.float32)
         b = np.ones((128, 256), np.float32)

@@ -1,4 +1,4 @@
-"""layer_norm's compiled forward (``_numba_kernels.layer_norm``, Note [Layer norm's forward
+"""layer_norm's compiled forward (``numba_kernels.layer_norm``, Note [Layer norm's forward
 loops]) and log_softmax's (its row maximum and ``(x - max) - log(sum)``): against the numpy
 path and PyTorch, float32 and float64, on tricky rows (zeros, +-inf, NaN, large
 magnitudes, constant rows, rows of one element), non-contiguous input, every affine case

@@ -1,4 +1,4 @@
-"""The compiled row sums (``_numba_kernels.row_sums``, Note [Row sums in numpy's order]):
+"""The compiled row sums (``numba_kernels.row_sums``, Note [Row sums in numpy's order]):
 ``sum``/``mean`` over the last axis give numpy's bits, NaN, inf and -0.0 included, in
 float32 and float64, at every row length's split of numpy's pairwise summation; the ops
 take them only where they apply, and fall back to numpy elsewhere."""

@@ -3,6 +3,7 @@ correct answers, a timeout that leaves the parameters untouched, the load script
 table of bad requests, each of which must get its status code, no echo of the input, and
 no change to the model."""
 
+import contextlib
 import importlib.util
 import math
 import os
@@ -183,6 +184,13 @@ BAD_INPUT = [
     ("explain target true", "/explain", _explain(extra=',"target":true'), 422),
     ("explain target out of range", "/explain", _explain(extra=',"target":11'), 422),
     ("explain unknown field", "/explain", _explain(extra=',"debug":1'), 422),
+    ("saliency unknown method", "/saliency", _explain(extra=',"method":"occlusion"'), 422),
+    ("saliency 0 samples", "/saliency", _explain(extra=',"samples":0'), 422),
+    ("saliency 65 samples", "/saliency", _explain(extra=',"samples":65'), 422),
+    ("saliency samples as float", "/saliency", _explain(extra=',"samples":4.0'), 422),
+    ("saliency noise 0", "/saliency", _explain(extra=',"noise":0'), 422),
+    ("saliency noise NaN", "/saliency", _explain(extra=',"noise":NaN'), 422),
+    ("saliency NaN pixel", "/saliency", _explain("NaN"), 422),
     ("learn body over the limit", "/learn", _learn(extra=',"pad":"' + "7" * (4 * MAX_BODY) + '"'), 413),
     ("explain huge x", "/explain", '{"x":[' + ",".join(["0.123456"] * 50_000) + "]}", 413),
 ]
@@ -252,10 +260,14 @@ def test_load_script_validates_its_arguments(args, message):
 
 
 # --- the learning step's own guards, in process (states a client cannot reach) -------------
+@contextlib.asynccontextmanager
 async def _client(app):
+    """An in-process client, with the app's lifespan (its batchers) running around it."""
     import httpx
 
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://service")
+    async with app.router.lifespan_context(app), httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://service") as client:
+        yield client
 
 
 async def test_nonfinite_loss_is_refused_and_parameters_untouched(app_module):
@@ -264,28 +276,24 @@ async def test_nonfinite_loss_is_refused_and_parameters_untouched(app_module):
     big = np.finfo(state.model[-1].bias.dtype).max
     state.model[-1].bias.data[:2] = [big, -big]  # finite parameters whose loss for label 1 overflows
     before = state.digest()
-    async with await _client(app) as client:
+    async with _client(app) as client:
         r = await client.post("/learn", json={"x": [0.5] * 64, "label": 1})
         assert r.status_code == 422 and "non-finite loss" in r.json()["detail"]
         stats = (await client.get("/stats")).json()
     assert stats["refused"] == 1 and stats["steps"] == 0 and state.digest() == before
 
 
-async def test_nonfinite_gradient_is_refused_and_parameters_untouched(app_module, monkeypatch):
-    import asyncgrad as ag
-
+async def test_nonfinite_gradient_is_refused_and_parameters_untouched(app_module):
     app = app_module.create_app(hidden=16)
     state = app.state.service
     before = state.digest()
-    real_grad = ag.grad
 
-    async def poisoned_grad(outputs, inputs, *args, **kwargs):
-        grads = await real_grad(outputs, inputs, *args, **kwargs)
+    def poison(g):
         with np.errstate(invalid="ignore"):  # 0 * inf is the NaN this test feeds on purpose
-            return [g * float("inf") for g in grads]
+            return g * float("inf")
 
-    monkeypatch.setattr(app_module.ag, "grad", poisoned_grad)
-    async with await _client(app) as client:
+    state.model[0].weight.register_hook(poison)  # a finite loss whose gradient is not finite
+    async with _client(app) as client:
         r = await client.post("/learn", json={"x": [0.5] * 64, "label": 3})
         assert r.status_code == 422 and "non-finite gradient" in r.json()["detail"]
     assert state.refused == 1 and state.steps == 0 and state.digest() == before
@@ -300,7 +308,43 @@ async def test_healthz_reports_nonfinite_parameters(app_module, tmp_path):
         model[0].bias.data[0] = float("nan")
     model.save(tmp_path / "bad.npz")
     app = app_module.create_app(str(tmp_path / "bad.npz"), hidden=16)
-    async with await _client(app) as client:
+    async with _client(app) as client:
         r = await client.get("/healthz")
     assert r.status_code == 503
     assert r.json()["status"] == "unhealthy" and r.json()["parameters_finite"] is False
+
+
+async def test_saliency_methods_equal_one_backward_per_copy(app_module):
+    """/saliency's rows (the input, its noisy copies, the steps from black to it) are one
+    request of the batcher; each map equals the gradients of one backward per row."""
+    import hashlib
+
+    import asyncgrad as ag
+
+    app = app_module.create_app(hidden=16)
+    model = app.state.service.model
+    dtype = next(iter(model.parameters())).dtype
+    x = np.linspace(0, 1, 64).astype(dtype)[None, :]
+
+    async def grad_at(row, target):
+        xt = ag.tensor(row[None, :], requires_grad=True)
+        (g,) = await ag.grad(model(xt)[0, target], [xt])
+        return g.numpy()[0]
+
+    async with _client(app) as client:
+        answers = {}
+        for method in ("gradient", "smoothgrad", "integrated_gradients"):
+            r = await client.post("/saliency", json={"x": x[0].tolist(), "target": 2, "method": method, "samples": 5})
+            assert r.status_code == 200, r.text
+            answers[method] = r.json()
+        stats = (await client.get("/stats")).json()
+    assert answers["gradient"]["samples"] == 1 and answers["smoothgrad"]["samples"] == 5
+    np.testing.assert_allclose(answers["gradient"]["saliency"], await grad_at(x[0], 2), rtol=1e-4, atol=1e-6)
+    rng = np.random.default_rng(int(hashlib.sha256(x.tobytes()).hexdigest()[:8], 16))
+    noisy = (x + rng.normal(0.0, 0.1, (5, 64))).astype(dtype)
+    np.testing.assert_allclose(answers["smoothgrad"]["saliency"], np.mean([await grad_at(r, 2) for r in noisy], 0),
+                               rtol=1e-4, atol=1e-6)
+    steps = x * (np.arange(1, 6, dtype=dtype) / 5)[:, None]
+    np.testing.assert_allclose(answers["integrated_gradients"]["saliency"],
+                               x[0] * np.mean([await grad_at(r, 2) for r in steps], 0), rtol=1e-4, atol=1e-6)
+    assert stats["batchers"]["saliency"]["requests"] == 3 and stats["batchers"]["saliency"]["rows"] == 11

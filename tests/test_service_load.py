@@ -174,9 +174,9 @@ async def test_the_loop_gets_a_turn_between_two_slices_of_engine_work(engine, mo
     slices: list[tuple[int, float]] = []
     original = scheduler_module.LoopScheduler._run_slice
 
-    def counted(self, owner, threshold, deadline):
+    def counted(self, owner, deadline):
         slices.append((turns[0], self.slice_end))
-        return original(self, owner, threshold, deadline)
+        return original(self, owner, deadline)
 
     monkeypatch.setattr(scheduler_module.LoopScheduler, "_run_slice", counted)
     turns = [0]

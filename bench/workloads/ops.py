@@ -169,6 +169,41 @@ def _conv_weight(s: dict[str, int], k: int) -> tuple[int, int, int, int]:
     return (c, c, k, k)
 
 
+def _recurrent_cases() -> list[OpCase]:
+    """LSTM and GRU layers (issue 32): batch B, T steps, C input and C hidden features,
+    batch_first; the output's gradient is the one fed back. The same weights in both
+    libraries (PyTorch's, loaded through the state_dict)."""
+    import asyncgrad as ag
+
+    try:
+        import torch
+    except ImportError:
+        torch = None  # type: ignore[assignment]
+
+    def layers(kind: str, c: int) -> tuple[Any, Any]:
+        mine = getattr(ag.nn, kind)(c, c, batch_first=True)
+        if torch is None:
+            return mine, None
+        theirs = getattr(torch.nn, kind)(c, c, batch_first=True)
+        mine.load_state_dict({k: v.detach().numpy() for k, v in theirs.state_dict().items()})
+        return mine, theirs
+
+    cases = []
+    for kind in ("LSTM", "GRU"):
+        made: dict[int, tuple[Any, Any]] = {}
+
+        def pair(c: int, kind: str = kind, made: dict[int, tuple[Any, Any]] = made) -> tuple[Any, Any]:
+            if c not in made:
+                made[c] = layers(kind, c)
+            return made[c]
+
+        cases.append(OpCase(
+            f"{kind} layer (B, T, C -> C)", lambda r, s: [_f32(r, s["B"], s["T"], s["C"])],
+            lambda x, pair=pair: pair(x.shape[-1])[0](x)[0],
+            lambda x, pair=pair: pair(x.shape[-1])[1](x)[0]))
+    return cases
+
+
 def _ag_impl(op: OpCase, arrays: list[np.ndarray], grad_seed: int) -> tuple[Callable[[], Any], Any]:
     import asyncgrad as ag
 
@@ -286,7 +321,7 @@ def run(impls: list[str], rounds: int | None = None, sizes: tuple[str, ...] = ("
 
     kernels.wait()  # the path measured is known: compiled if they load (ASYNCGRAD_KERNELS)
     t_start = time.perf_counter()
-    ops = [op for op in _cases() if only is None or op.name in only]
+    ops = [op for op in _cases() + _recurrent_cases() if only is None or op.name in only]
 
     async def main() -> None:
         for size in sizes:

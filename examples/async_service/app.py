@@ -9,31 +9,41 @@ Endpoints (inputs are 8x8 digit images flattened to 64 floats in [0, 1]):
 
 * ``POST /explain {"x": [...64], "target": 3?}`` — the model's prediction and a
   *saliency map*: the gradient of the target class's logit (default: the predicted
-  class) with respect to the input, from ``await ag.grad(score, [x])``.
+  class) with respect to the input.
+* ``POST /saliency {"x": [...64], "target": 3?, "method": "smoothgrad"?, "samples": 16?,
+  "noise": 0.1?}`` — the same map by ``"gradient"``, ``"smoothgrad"`` (the mean gradient
+  over ``samples`` noisy copies of the input) or ``"integrated_gradients"`` (from a black
+  image to the input in ``samples`` steps). The copies are one request of ``samples``
+  rows, so they are computed in one pass with the other requests in flight.
 * ``POST /learn {"x": [...64], "label": 3, "timeout": 0.5?}`` — one online-learning step:
-  ``await ag.grad(loss, params)`` computes this example's gradient without touching the
-  shared parameters; a finite one joins the examples waiting for the next optimizer step
-  (requests in flight together are applied together, as a mini-batch). When the request
-  exceeds its timeout, ``anyio.fail_after`` cancels its backward and the example is
-  dropped (HTTP 504). A non-finite loss or gradient is refused (HTTP 422); the step
-  itself clips the mean gradient with ``clip_grad_norm_(..., error_if_nonfinite=True)``.
-  Either way a bad example never reaches the parameters.
+  the example's own gradient is computed without touching the shared parameters; a
+  finite one joins the examples waiting for the next optimizer step (requests in flight
+  together are applied together, as a mini-batch). When the request exceeds its timeout,
+  ``anyio.fail_after`` cancels it and the example is dropped (HTTP 504). A non-finite
+  loss or gradient is refused (HTTP 422); the step itself clips the mean gradient with
+  ``clip_grad_norm_(..., error_if_nonfinite=True)``. Either way a bad example never
+  reaches the parameters.
+
+Batching: every gradient goes through ``asyncgrad.serving.GradientBatcher`` (one for the
+saliency maps, one for ``/learn`` with ``per_request_param_grads=True``): the requests in
+flight at the same moment are computed in one forward and one backward, and each is
+answered as if it ran alone (docs/guides/serving.md); a request at fault fails alone.
 * ``GET /healthz`` — the model's state (parameters finite, steps taken, versions); HTTP
   503 if the parameters ever stopped being finite. It answers at once, also while heavy
   backward calls run (large kernels run on worker threads, so the event loop stays free).
 * ``GET /stats`` — steps taken, examples applied and refused, timeouts, a digest of the
-  parameters and the engine's statistics.
+  parameters, the batchers' and the engine's statistics.
 
 Bad input: the models are strict (numbers must be JSON numbers in the documented range,
 no NaN or infinity, no strings or booleans for numbers, no unknown fields); a body over
 ``--max-body-bytes`` is answered 413 before it is parsed; error bodies never echo the
 input back.
 
-Concurrency: many requests run their forward and backward at once on the shared model.
-An optimizer step changes the parameters in place, which would invalidate the saved
-tensors of backward calls still running, so a small readers-writer lock lets any number
-of forward+backward passes (readers) run together and gives the optimizer step (the
-writer) exclusive access between them.
+Concurrency: many requests wait for their batch's pass at once on the shared model. An
+optimizer step changes the parameters in place, which would invalidate the saved tensors
+of a pass still running, so a small readers-writer lock lets any number of requests
+(readers, each holding it until its answer) run together and gives the optimizer step
+(the writer) exclusive access between them.
 """
 
 from __future__ import annotations
@@ -45,7 +55,7 @@ import logging
 import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import anyio
 import numpy as np
@@ -55,7 +65,7 @@ from fastapi.responses import JSONResponse
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 import asyncgrad as ag
-from asyncgrad import nn
+from asyncgrad import nn, serving
 from asyncgrad.nn import functional as F
 
 SERVICE_VERSION = "1.1.0"
@@ -65,6 +75,9 @@ MAX_BODY_BYTES = 16 * 1024  # a 64-float request is ~1.5 KB of JSON
 MAX_TIMEOUT = 60.0  # seconds a client may ask /learn to wait
 MAX_REPORTED_ERRORS = 8  # 64 bad pixels need not produce 64 error entries
 FLOAT32_MAX = float(np.finfo(np.float32).max)
+MAX_SAMPLES = 64  # noisy copies or steps a /saliency request may ask for
+BATCH_ROWS = 512  # rows per pass of the batchers
+BATCH_WAIT = 0.002  # seconds a request waits for others to join its pass
 
 log = logging.getLogger("asyncgrad.service")
 
@@ -143,6 +156,15 @@ class ExplainRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     x: Image
     target: ClassIndex | None = None
+
+
+class SaliencyRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    x: Image
+    target: ClassIndex | None = None
+    method: Literal["gradient", "smoothgrad", "integrated_gradients"] = "smoothgrad"
+    samples: Annotated[int, Field(ge=1, le=MAX_SAMPLES, strict=True)] = 16
+    noise: Annotated[float, Field(gt=0, le=1.0, allow_inf_nan=False, strict=True)] = 0.1
 
 
 class LearnRequest(BaseModel):
@@ -229,6 +251,8 @@ class ServiceState:
     timeouts: int = 0
     in_flight: int = 0
     params_finite: bool = True
+    saliency: serving.GradientBatcher | None = None  # score gradients with respect to the input rows
+    examples: serving.GradientBatcher | None = None  # each example's own parameter gradient
 
     def params(self) -> list[ag.Tensor]:
         return list(self.model.parameters())
@@ -251,15 +275,32 @@ def create_app(weights: str | None = None, *, hidden: int = 128, lr: float = 1e-
     state = ServiceState(model, ag.optim.Adam(model.parameters(), lr=lr), learn_timeout, max_grad_norm)
     state.params_finite = all(ag.isfinite(p).all().item() for p in state.params())
     n_params = sum(p.numel() for p in model.parameters())
-    app = FastAPI(title="asyncgrad service", version=SERVICE_VERSION, description=__doc__)
+
+    def scores(x: ag.Tensor, target: ag.Tensor) -> ag.Tensor:
+        """Per row: the logit of its target class."""
+        logits = model(x)
+        return logits[np.arange(len(target.numpy())), target.numpy()]
+
+    def losses(x: ag.Tensor, label: ag.Tensor) -> ag.Tensor:
+        return F.cross_entropy(model(x), label, reduction="none")
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # the batchers run for as long as the app does (their passes are tasks of theirs)
+        state.saliency = serving.GradientBatcher(scores, max_rows=BATCH_ROWS, max_wait=BATCH_WAIT, grad_inputs=(0,),
+                                                 params=(), accumulate=False)
+        state.examples = serving.GradientBatcher(losses, max_rows=BATCH_ROWS, max_wait=BATCH_WAIT,
+                                                 params=state.params(), accumulate=False,
+                                                 per_request_param_grads=True)
+        async with state.saliency, state.examples:
+            yield
+
+    app = FastAPI(title="asyncgrad service", version=SERVICE_VERSION, description=__doc__, lifespan=lifespan)
     app.state.service = state
     app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
     app.add_exception_handler(RequestValidationError, validation_error)
 
     dtype = next(iter(model.parameters())).dtype  # float32 unless the default dtype was changed
-
-    def as_input(values: list[float], requires_grad: bool = False) -> ag.Tensor:
-        return ag.tensor(np.asarray(values, dtype=dtype)[None, :], requires_grad=requires_grad)
 
     def apply_step() -> bool:
         """The mean of the pending gradients, clipped, then one optimizer step; False (and
@@ -288,49 +329,80 @@ def create_app(weights: str | None = None, *, hidden: int = 128, lr: float = 1e-
             "steps": state.steps, "applied": state.applied, "pending": state.n_pending, "refused": state.refused,
             "timeouts": state.timeouts, "in_flight": state.in_flight, "parameters_finite": state.params_finite,
             "param_digest": state.digest(),
+            "batchers": {name: dataclasses.asdict(b.statistics()) for name, b in
+                         (("saliency", state.saliency), ("learn", state.examples)) if b is not None},
             "engine": dataclasses.asdict(ag.autograd.get_engine().statistics()),
         }
 
-    @app.post("/explain")
-    async def explain(req: ExplainRequest) -> dict[str, Any]:
-        x = as_input(req.x, requires_grad=True)
+    async def saliency_of(rows: np.ndarray, target: int) -> np.ndarray:
+        """The gradient of the target's logit with respect to each of ``rows``, computed in
+        one pass with the other requests in flight; 500 if it is not finite."""
+        assert state.saliency is not None
         state.in_flight += 1
         try:
             async with state.lock.read():
-                logits = model(x)
-                target = int(logits.numpy().argmax()) if req.target is None else req.target
-                score = logits[0, target]
-                (saliency,) = await ag.grad(score, [x])
+                r = await state.saliency.submit(rows, np.full(len(rows), target))
+        except FloatingPointError:
+            raise HTTPException(500, detail="the model produced a non-finite output") from None
         finally:
             state.in_flight -= 1
-        assert saliency is not None
-        if not (ag.isfinite(logits).all().item() and ag.isfinite(saliency).all().item()):
+        return r.input_grads[0] * len(rows)  # (the request's loss is the mean over its rows)
+
+    def predict(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        with ag.no_grad():
+            logits = model(ag.tensor(x))
+        if not ag.isfinite(logits).all().item():
             raise HTTPException(500, detail="the model produced a non-finite output")
-        probs = F.softmax(logits.detach(), 1).numpy()[0]
-        return {"prediction": int(probs.argmax()), "target": target, "score": score.item(),
-                "probabilities": probs.tolist(), "saliency": saliency.numpy()[0].tolist()}
+        return logits.numpy()[0], F.softmax(logits, 1).numpy()[0]
+
+    @app.post("/explain")
+    async def explain(req: ExplainRequest) -> dict[str, Any]:
+        x = np.asarray(req.x, dtype=dtype)[None, :]
+        logits, probs = predict(x)
+        target = int(logits.argmax()) if req.target is None else req.target
+        saliency = await saliency_of(x, target)
+        return {"prediction": int(probs.argmax()), "target": target, "score": float(logits[target]),
+                "probabilities": probs.tolist(), "saliency": saliency[0].tolist()}
+
+    @app.post("/saliency")
+    async def saliency(req: SaliencyRequest) -> dict[str, Any]:
+        x = np.asarray(req.x, dtype=dtype)[None, :]
+        logits, probs = predict(x)
+        target = int(logits.argmax()) if req.target is None else req.target
+        n = 1 if req.method == "gradient" else req.samples
+        if req.method == "smoothgrad":  # the mean gradient at noisy copies of x
+            rng = np.random.default_rng(int(hashlib.sha256(x.tobytes()).hexdigest()[:8], 16))
+            rows = (x + rng.normal(0.0, req.noise, (n, x.shape[1]))).astype(dtype)
+            result = (await saliency_of(rows, target)).mean(0)
+        elif req.method == "integrated_gradients":  # (x - 0) times the mean gradient on the path 0 -> x
+            rows = (x * (np.arange(1, n + 1, dtype=dtype) / n)[:, None]).astype(dtype)
+            result = x[0] * (await saliency_of(rows, target)).mean(0)
+        else:
+            result = (await saliency_of(x, target))[0]
+        return {"prediction": int(probs.argmax()), "target": target, "method": req.method, "samples": n,
+                "saliency": result.tolist()}
 
     @app.post("/learn")
     async def learn(req: LearnRequest) -> dict[str, Any]:
-        x = as_input(req.x)
+        x = np.asarray(req.x, dtype=dtype)[None, :]
         timeout = req.timeout if req.timeout is not None else state.learn_timeout
+        assert state.examples is not None
         state.in_flight += 1
         try:
             with anyio.fail_after(timeout):
                 async with state.lock.read():
-                    params = state.params()
-                    loss = F.cross_entropy(model(x), ag.tensor([req.label]))
-                    loss_value = loss.item()
-                    if not math.isfinite(loss_value):
+                    # Cancellation: if the timeout fires while this example waits or its pass
+                    # runs, it is withdrawn, so it never reaches the parameters.
+                    try:
+                        r = await state.examples.submit(x, np.array([req.label]))
+                    except FloatingPointError as e:  # (check_finite: its loss or its gradient)
                         state.refused += 1
-                        raise HTTPException(422, detail="non-finite loss; example refused, parameters untouched")
-                    # Cancellation: if the timeout fires here, the backward stops and returns
-                    # nothing, so this example never reaches the parameters.
-                    grads = await ag.grad(loss, params)
-                    arrays = [g.numpy() for g in grads]  # type: ignore[union-attr]
-                    if not all(np.isfinite(a).all() for a in arrays):
-                        state.refused += 1
-                        raise HTTPException(422, detail="non-finite gradient; example refused, parameters untouched")
+                        what = "loss" if str(e).startswith("loss") else "gradient"
+                        raise HTTPException(422, detail=f"non-finite {what}; example refused, parameters "
+                                                        f"untouched") from None
+                    loss_value = r.loss
+                    assert r.param_grads is not None
+                    arrays = list(r.param_grads)
                     # no await from here to the end of the block: the example joins exactly once
                     state.pending = arrays if state.pending is None else [s + a for s, a in zip(state.pending, arrays)]
                     state.n_pending += 1

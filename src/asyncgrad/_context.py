@@ -43,6 +43,10 @@ profiler: ContextVar[Any | None] = ContextVar("asyncgrad_profiler", default=None
 #: ``early_stop`` argument decides), read when a non-reentrant checkpoint's forward runs.
 checkpoint_early_stop: ContextVar[bool | None] = ContextVar("asyncgrad_checkpoint_early_stop", default=None)
 
+#: ``utils.checkpoint.set_checkpoint_debug_enabled``'s setting (None: each checkpoint's own
+#: ``debug`` argument decides), read when a non-reentrant checkpoint's forward runs.
+checkpoint_debug: ContextVar[bool | None] = ContextVar("asyncgrad_checkpoint_debug", default=None)
+
 #: Who runs the current node: the asyncio/trio task or the worker thread's id (set by
 #: the engine around the nodes it runs). A backward started elsewhere, e.g. in a task
 #: created from a hook, is not nested (Note [Explicit nesting] in autograd/threads.py).

@@ -5,16 +5,32 @@ from __future__ import annotations
 
 import functools
 import inspect
+import warnings
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 from collections.abc import Callable
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+_CLASS_WARNING = (
+    "Decorating classes is deprecated and will be disabled in future versions. You should only decorate "
+    "functions or methods. To preserve the current behavior of class decoration, you can directly "
+    "decorate the `__init__` method and nothing else."
+)
+
 
 def decorate(fn: F, make_context: Callable[[], AbstractContextManager[Any]]) -> F:
     """Wrap ``fn`` so every call (every resumption, for a generator) runs inside a fresh
-    ``make_context()``. A fresh context each time keeps concurrent calls independent."""
+    ``make_context()``. A fresh context each time keeps concurrent calls independent.
+    A class is constructed inside it, with PyTorch's FutureWarning."""
+    if inspect.isclass(fn):
+        warnings.warn(_CLASS_WARNING, FutureWarning, stacklevel=3)
+        cls = fn
+
+        def construct(*args: Any, **kwargs: Any) -> Any:
+            with make_context():
+                return cls(*args, **kwargs)
+        return construct  # type: ignore[return-value]
     if inspect.iscoroutinefunction(fn):
         @functools.wraps(fn)
         async def async_wrapper(*args: Any, **kwargs: Any) -> Any:

@@ -18,6 +18,17 @@ int32 = np.dtype(np.int32)
 """32-bit integer."""
 bool_ = np.dtype(np.bool_)
 """Boolean: the dtype of comparisons, ``isfinite``/``isinf``/``isnan``."""
+int16 = np.dtype(np.int16)
+"""16-bit integer."""
+int8 = np.dtype(np.int8)
+"""8-bit integer."""
+uint8 = np.dtype(np.uint8)
+"""8-bit unsigned integer."""
+complex64 = np.dtype(np.complex64)
+"""64-bit complex (two float32)."""
+complex128 = np.dtype(np.complex128)
+"""128-bit complex (two float64)."""
+
 
 _default_dtype = float32
 
@@ -77,3 +88,32 @@ def scalar_type_name(dtype: Any, c_name: bool = False) -> str:
     if names is None:
         return d.name
     return names[1] if c_name else names[0]
+
+
+def is_floating_point(t: Any) -> bool:
+    """Whether the tensor's dtype is a floating-point one (float16/32/64)."""
+    return bool(np.dtype(t.dtype).kind == "f")
+
+
+def is_complex(t: Any) -> bool:
+    """Whether the tensor's dtype is a complex one."""
+    return bool(np.dtype(t.dtype).kind == "c")
+
+
+def finfo(dtype: Any = None) -> np.finfo:
+    """Machine limits of a floating dtype (the default dtype when omitted): ``eps``,
+    ``max``, ``min``, ``tiny``, ``bits``, ``resolution`` (numpy's ``finfo``, whose fields
+    have PyTorch's names)."""
+    d = _default_dtype if dtype is None else np.dtype(dtype)
+    if d.kind not in "fc":
+        raise TypeError(f"finfo() requires a floating point input type, got {d.name}; use iinfo for it")
+    return np.finfo(d)
+
+
+def iinfo(dtype: Any) -> np.iinfo:
+    """Machine limits of an integer dtype: ``bits``, ``max``, ``min``."""
+    d = np.dtype(dtype)
+    if d.kind not in "iu":
+        raise TypeError(f"iinfo() requires an integer input type, got {d.name}"
+                        + ("" if d.kind == "b" else "; use finfo for it"))
+    return np.iinfo(d)

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from . import functional as F
+from . import torch_ops
 from .tensor import Tensor
 
 
@@ -32,6 +33,14 @@ class TensorMath:
     getitem = staticmethod(F.getitem)
     stack = staticmethod(F.stack)
     cat = staticmethod(F.cat)
+
+    @staticmethod
+    def cumsum(x: Tensor, dim: int) -> Tensor:
+        return torch_ops.cumsum(x, dim)
+
+    @staticmethod
+    def einsum(equation: str, *operands: Any) -> Tensor:
+        return F.einsum(equation, *operands)
 
     @staticmethod
     def constant(value: Any) -> Any:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from . import _context
 from ._aliases import numpy_aliases
 from ._dtype import as_array, get_default_dtype
 from ._dtype import scalar_type_name as _scalar_type_name
@@ -24,11 +25,13 @@ from .ops import linalg as L
 from .ops import nn as N
 from .ops import reductions as R
 from .ops import shape as S
+from .ops import contraction as K
 from .ops._spec import OpSpec
-from .tensor import MinMax, Tensor, _append_view
+from .tensor import VIEW_DEFAULT, VIEW_MULTI_OUTPUT, VIEW_NO_GRAD, MinMax, Tensor, _append_view, view_creation_meta
 from . import return_types
 
 _py_max = builtins.max
+_grad_enabled = _context.grad_enabled
 _py_min = builtins.min
 
 
@@ -406,12 +409,15 @@ def var(x: Tensor, dim: Any = None, *, correction: int = 1, keepdim: bool = Fals
 
 def _extreme(x: Tensor, dim: Any, keepdim: bool, all_spec: OpSpec, dim_spec: OpSpec) -> Any:
     x = _tensor(x)
+    if dim is not None and not isinstance(dim, (int, np.integer)):  # PyTorch's TypeError
+        name = "max" if all_spec is R.max_all else "min"
+        raise TypeError(f"{name}(): argument 'dim' (position 1) must be int, not {type(dim).__name__}")
     if dim is None:
         if x.data.size == 0:
             raise RuntimeError("max(): Expected reduction dim to be specified for input.numel() == 0.")
         values, weights = all_spec.forward(x.data)
         return record(all_spec, (x,), values, aux=weights)
-    d = _dim(dim, x.ndim)
+    d = _dim(int(dim), x.ndim)
     if x.ndim == 0:  # PyTorch: the value itself, index 0
         values, (onehot, idx) = dim_spec.forward(x.data.reshape(1), dim=0, keepdim=False)
         out = record(dim_spec, (x,), values, aux=onehot.reshape(()), params={"dim": 0, "keepdim": True})
@@ -452,6 +458,9 @@ def _view(x: Tensor, spec: OpSpec, out: np.ndarray, params: dict[str, Any]) -> T
         # a numpy view (not a copy that numpy made): share the version counter
         t._version_counter = x._version_counter
         base = t._base = x if x._base is None else x._base
+        meta = view_creation_meta(x, VIEW_DEFAULT if _grad_enabled.get() else VIEW_NO_GRAD, spec.node_name)
+        if meta:
+            t._creation_meta = meta
         if (t.grad_fn is not None and base.grad_fn is not None) or not base._requires_grad:
             # in-place ops on the base re-point this view's grad_fn (a view of a plain
             # tensor joins the graph when a recorded in-place op changes the tensor);
@@ -835,9 +844,11 @@ def _multi_view(x: Tensor, node_name: str, dim: int, indices: Sequence[Any]) -> 
     params = {"dim": dim, "shapes": tuple(o.shape for o in outs), "dtype": x.data.dtype}
     views = record_views(node_name, S.MULTI_OUTPUT_VIEWS[node_name], x, outs, params)
     base = x if x._base is None else x._base
+    meta = view_creation_meta(x, VIEW_MULTI_OUTPUT if _grad_enabled.get() else VIEW_NO_GRAD)
     for t in views:
         t._version_counter = x._version_counter
         t._base = base
+        t._creation_meta = meta
         if (t.grad_fn is not None and base.grad_fn is not None) or not base._requires_grad:
             base._register_view(t)  # in-place ops on the base re-point this view's grad_fn (as _view)
     return tuple(views)
@@ -1175,6 +1186,217 @@ def ge(x: Any, y: Any) -> Tensor:
 def relu_(x: Tensor) -> Tensor:
     """``relu`` in place (ReluBackward0 on a non-leaf, as PyTorch)."""
     return x.relu_()
+
+
+# --- PyTorch's other names (issue 32) ---------------------------------------------------------
+def split_with_sizes(x: Tensor, split_sizes: Sequence[int], dim: int = 0) -> tuple[Tensor, ...]:
+    """Views of consecutive pieces of ``split_sizes`` along ``dim`` (they must add up to its size)."""
+    if isinstance(split_sizes, (int, np.integer)):
+        raise TypeError("split_with_sizes(): argument 'split_size' must be a sequence of ints, not int")
+    return split(x, list(split_sizes), dim)
+
+
+def einsum(equation: str, *operands: Any) -> Tensor:
+    """Einstein summation over ``operands`` as ``equation`` says (``"bij,bjk->bik"``, with
+    ``...`` and implicit outputs as in PyTorch); the operands may also come as one list."""
+    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+        operands = tuple(operands[0])
+    ts = tuple(_tensor(o) for o in operands)
+    subs, out, sizes = K.parse_einsum(equation, [t.shape for t in ts])
+    params = {"subs": subs, "out": out, "sizes": sizes}
+    spec = K.einsum_spec(len(ts))
+    try:
+        result = spec.forward(*(t.data for t in ts), **params)
+    except ValueError as e:
+        raise RuntimeError(f"einsum(): {e}") from None
+    return record(spec, ts, result, params=params)
+
+
+def tensordot(a: Tensor, b: Tensor, dims: Any = 2) -> Tensor:
+    """Sum of products over ``dims``: the last ``dims`` dims of ``a`` with the first of
+    ``b``, or the listed dims (``([1, 0], [0, 1])``) pairwise."""
+    a, b = _tensor(a), _tensor(b)
+    if isinstance(dims, (int, np.integer)):
+        if dims < 0:
+            raise RuntimeError(f"tensordot expects dims >= 0, but got dims={dims}")
+        da, db = list(range(a.ndim - int(dims), a.ndim)), list(range(int(dims)))
+    else:
+        da, db = ([int(d)] if isinstance(d, (int, np.integer)) else [int(k) for k in d] for d in dims)
+    if len(da) != len(db):
+        raise RuntimeError(f"both dimension lists should have same length, but got {len(da)} and {len(db)}")
+    da = [_dim(d, a.ndim) for d in da]
+    db = [_dim(d, b.ndim) for d in db]
+    letters = iter(K._LETTERS)
+    sa = [next(letters) for _ in range(a.ndim)]
+    sb = [next(letters) for _ in range(b.ndim)]
+    for i, j in zip(da, db):
+        if a.shape[i] != b.shape[j]:
+            raise RuntimeError(f"contracted dimensions need to match, but first has size {a.shape[i]} in dim "
+                               f"{i} and second has size {b.shape[j]} in dim {j}")
+        sb[j] = sa[i]
+    out = [c for k, c in enumerate(sa) if k not in da] + [c for k, c in enumerate(sb) if k not in db]
+    return einsum("".join(sa) + "," + "".join(sb) + "->" + "".join(out), a, b)
+
+
+def _index_array(index: Any, op: str) -> np.ndarray:
+    idx = index.data if isinstance(index, Tensor) else np.asarray(index)
+    if idx.dtype.kind not in "iu":
+        raise RuntimeError(f"{op}(): Expected dtype int64 for index" if op == "gather"
+                           else f"{op}(): Expected dtype int32 or int64 for index")
+    return idx
+
+
+def _check_bounds(idx: np.ndarray, n: int, dim: int) -> None:
+    if idx.size and (idx.min() < -n or idx.max() >= n):
+        bad = idx.max() if idx.max() >= n else idx.min()
+        raise RuntimeError(f"index {bad} is out of bounds for dimension {dim} with size {n}")
+
+
+def _full_index(shape: tuple[int, ...], dim: int, along: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Index arrays picking ``x[..., along[...], ...]`` elementwise (``along`` at ``dim``,
+    broadcast index ranges elsewhere): the advanced index behind gather and unfold."""
+    nd = along.ndim
+    out = []
+    for k in range(len(shape)):
+        if k == dim:
+            out.append(along)
+        else:
+            sh = [1] * nd
+            sh[k] = shape[k]
+            out.append(np.arange(shape[k]).reshape(sh))
+    return tuple(out)
+
+
+def gather(x: Tensor, dim: int, index: Any, *, sparse_grad: bool = False) -> Tensor:
+    """``out[i][j] = x[i][index[i][j]]`` for ``dim=1`` (and likewise for any dim):
+    ``index`` has ``x``'s number of dims and is no larger than ``x`` outside ``dim``."""
+    x = _tensor(x)
+    idx = _index_array(index, "gather")
+    d = _dim(dim, _py_max(x.ndim, 1))
+    if idx.ndim != x.ndim:
+        raise RuntimeError("Index tensor must have the same number of dimensions as input tensor")
+    for k, (n, m) in enumerate(zip(idx.shape, x.shape)):
+        if k != d and n > m:
+            raise RuntimeError(f"Size does not match at dimension {k} expected index {list(idx.shape)} to be "
+                               f"no larger than self {list(x.shape)} apart from dimension {d}")
+    if x.ndim == 0:
+        return clone(x)
+    _check_bounds(idx, x.shape[d], d)
+    full = _full_index(idx.shape, d, idx.astype(np.intp, copy=False))
+    return record(S.gather, (x,), x.data[full], params={"index": full, "shape": x.shape})
+
+
+def index_select(x: Tensor, dim: int, index: Any) -> Tensor:
+    """The entries of ``x`` at ``index`` (a vector of ints) along ``dim``."""
+    x = _tensor(x)
+    idx = _index_array(index, "index_select")
+    if idx.ndim > 1:
+        raise IndexError("index_select(): Index is supposed to be a vector")
+    d = _dim(dim, _py_max(x.ndim, 1))
+    n = x.shape[d] if x.ndim else 1
+    if idx.size and (idx.min() < 0 or idx.max() >= n):
+        raise IndexError("index out of range in self")
+    if x.ndim == 0:
+        return clone(reshape(x, idx.shape))
+    where = (slice(None),) * d + (idx.reshape(-1).astype(np.intp, copy=False),)
+    return record(S.index_select, (x,), x.data[where], params={"index": where, "shape": x.shape})
+
+
+def unfold(x: Tensor, dimension: int, size: int, step: int) -> Tensor:
+    """Every window of ``size`` elements along ``dimension``, ``step`` apart, as a new
+    last dim (PyTorch's ``Tensor.unfold``; a copy here, not a view)."""
+    x = _tensor(x)
+    d = _dim(dimension, _py_max(x.ndim, 1))
+    n = x.shape[d] if x.ndim else 1
+    if size > n:
+        raise RuntimeError(f"maximum size for tensor at dimension {d} is {n} but size is {size}")
+    if step <= 0:
+        raise RuntimeError(f"step is {step} but must be > 0")
+    if x.ndim == 0:
+        return clone(reshape(x, (1,)))
+    windows = (n - size) // step + 1
+    # index arrays broadcasting to the result's shape (x's with ``windows`` at d, then
+    # ``size``): along d, window w's element e is at w * step + e; elsewhere the position
+    full = []
+    for k in range(x.ndim):
+        sh = [1] * (x.ndim + 1)
+        if k == d:
+            sh[k] = windows
+            full.append((np.arange(windows) * step).reshape(sh) + np.arange(size).reshape([1] * x.ndim + [size]))
+        else:
+            sh[k] = x.shape[k]
+            full.append(np.arange(x.shape[k]).reshape(sh))
+    index = tuple(full)
+    return record(S.unfold, (x,), x.data[index], params={"index": index, "shape": x.shape})
+
+
+def scatter_add(x: Tensor, dim: int, index: Any, src: Any) -> Tensor:
+    """A copy of ``x`` with ``src[i][j]`` added at ``[i][index[i][j]]`` (``dim=1``)."""
+    x = _tensor(x)
+    src = _tensor(src)
+    full = _scatter_index(x, dim, index, src, "scatter_add")
+    return add(x, index_add(_leading_part(src, full), full, x.shape, False))
+
+
+def scatter(x: Tensor, dim: int, index: Any, src: Any = None, *, value: Any = None, reduce: Any = None) -> Tensor:
+    """A copy of ``x`` with ``src[i][j]`` (or ``value``) written at ``[i][index[i][j]]``."""
+    if reduce is not None:
+        raise NotImplementedError("scatter(reduce=...) is not supported; use scatter_add")
+    x = _tensor(x)
+    if src is None:
+        src = value
+    if not isinstance(src, Tensor):
+        src = Tensor._wrap(np.full(np.shape(index.data if isinstance(index, Tensor) else index), src,
+                                   dtype=x.dtype))
+    full = _scatter_index(x, dim, index, src, "scatter")
+    return index_put(x, full, _leading_part(src, full))
+
+
+def _leading_part(src: Tensor, full: tuple[np.ndarray, ...]) -> Tensor:
+    """The part of ``src`` that a scatter reads: the leading block of the index's shape."""
+    shape = np.broadcast_shapes(*(a.shape for a in full))
+    return src if src.shape == shape else getitem(src, tuple(slice(0, n) for n in shape))
+
+
+def _scatter_index(x: Tensor, dim: int, index: Any, src: Tensor, op: str) -> tuple[np.ndarray, ...]:
+    idx = _index_array(index, "gather")
+    d = _dim(dim, _py_max(x.ndim, 1))
+    if idx.ndim != x.ndim or src.ndim != x.ndim:
+        raise RuntimeError("Index tensor must have the same number of dimensions as self tensor")
+    for k, n in enumerate(idx.shape):
+        if (k != d and n > x.shape[k]) or n > src.shape[k]:
+            raise RuntimeError(f"Expected index {list(idx.shape)} to be no larger than self {list(x.shape)} "
+                               f"apart from dimension {d} and to be no larger size than src {list(src.shape)}")
+    _check_bounds(idx, x.shape[d], d)
+    return _full_index(idx.shape, d, idx.astype(np.intp, copy=False))
+
+
+def _reduced_dims(dim: Any, ndim: int) -> tuple[int, ...] | None:
+    if dim is None or (isinstance(dim, (tuple, list)) and not dim):
+        return None
+    dims = _dims(dim, ndim)
+    if dims is not None and len(set(dims)) != len(dims):
+        raise RuntimeError(f"dim {dims[0]} appears multiple times in the list of dims")
+    return dims
+
+
+@numpy_aliases
+def amax(x: Tensor, dim: Any = (), keepdim: bool = False) -> Tensor:
+    """The maximum over ``dim`` (an int or a tuple; all dims when empty); the gradient is
+    split evenly among ties."""
+    x = _tensor(x)
+    dims = _reduced_dims(dim, x.ndim)
+    values, weights = R.amax.forward(x.data, dim=dims, keepdim=keepdim)
+    return record(R.amax, (x,), values, aux=weights, params={"dim": dims, "keepdim": keepdim, "shape": x.shape})
+
+
+@numpy_aliases
+def amin(x: Tensor, dim: Any = (), keepdim: bool = False) -> Tensor:
+    """The minimum over ``dim`` (an int or a tuple; all dims when empty); ties share the gradient."""
+    x = _tensor(x)
+    dims = _reduced_dims(dim, x.ndim)
+    values, weights = R.amin.forward(x.data, dim=dims, keepdim=keepdim)
+    return record(R.amin, (x,), values, aux=weights, params={"dim": dims, "keepdim": keepdim, "shape": x.shape})
 
 
 # The ops defined here (not the modules and names this file imports).

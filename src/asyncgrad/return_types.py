@@ -26,3 +26,10 @@ class nanmedian(NamedTuple):  # noqa: N801
 
     values: Tensor
     indices: Tensor
+
+
+class sort(NamedTuple):  # noqa: N801
+    """``(values, indices)`` of ``sort``."""
+
+    values: Tensor
+    indices: Tensor

@@ -20,16 +20,16 @@ from ._aliases import numpy_aliases
 from ._dtype import as_array, is_floating
 from .autograd.graph import AccumulateGrad, HookDict, register_tensor_type
 from .ops import elementwise as E
-from .ops.shape import MULTI_OUTPUT_VIEWS
 
 if TYPE_CHECKING:
     from . import creation, sampling
     from . import functional as F
+    from . import torch_ops as T
     from .functional import _binary, _unary
     from .autograd.graph import Edge, Node, RemovableHandle
 else:
     # bound by bind_functional: these modules import this one
-    F = creation = sampling = None
+    F = T = creation = sampling = None
     # functional's dispatch helpers, called directly by the hottest methods (one frame
     # fewer than F.add -> F._binary: Note [The recording fast path] in recording.py)
     _binary = _unary = None
@@ -62,6 +62,8 @@ def _set_data(self: Tensor, value: Any) -> None:
         arr = value
     else:
         raise TypeError(f"Variable data has to be a tensor, but got {type(value).__name__}")
+    if self._requires_grad and arr.dtype.kind not in "fc":
+        raise RuntimeError("data set to a tensor that requires gradients must be floating point or complex dtype")
     old = self._data
     self._data = arr
     self._saved = None  # a cached SavedTensor describes the old storage
@@ -74,7 +76,7 @@ class Tensor:
 
     __slots__ = ("_data", "_requires_grad", "grad_fn", "output_nr", "_grad", "_version_counter",
                  "_base", "_hooks", "_post_acc_hooks", "_retains_grad", "_acc_ref", "_views",
-                 "_saved", "__weakref__")
+                 "_saved", "_creation_meta", "__weakref__")
     # numpy must defer to our reflected operators (ndarray * Tensor -> Tensor.__rmul__)
     __array_ufunc__ = None
 
@@ -93,6 +95,7 @@ class Tensor:
     _acc_ref: Any
     _saved: Any  # the SavedTensor last made of this tensor, shared while it stays valid
     _views: list[weakref.ref[Tensor]] | None  # views to re-point after an in-place op (see _register_view)
+    _creation_meta: int | str  # how a view was made (Note [View creation meta]); 0 otherwise
 
     def __init__(self, data: Any, *, dtype: Any = None, requires_grad: bool = False) -> None:
         arr = data.data if isinstance(data, Tensor) else as_array(data, dtype)
@@ -396,14 +399,16 @@ class Tensor:
                       inputs=inputs)
 
     # --- in-place machinery ---------------------------------------------------------------
-    def _check_inplace(self) -> None:
+    def _check_inplace(self, args: tuple[Any, ...] = ()) -> None:
         if not _context.grad_enabled.get():
             return
+        base = self._base
+        if base is not None and self._creation_meta != VIEW_DEFAULT and (
+                self._requires_grad or base._requires_grad
+                or any(isinstance(a, Tensor) and a._requires_grad for a in args)):
+            _refuse_inplace_on_view(self)
         if self._requires_grad and self.grad_fn is None:
             raise RuntimeError("a leaf Variable that requires grad is being used in an in-place operation.")
-        base = self._base
-        if base is not None and self.grad_fn is not None:
-            _check_multi_output_view(self)
         # PyTorch's check: the view requires grad and its base is a leaf (the base itself
         # need not require grad: ``y = x.view(2); y.requires_grad_()`` makes y a leaf that
         # views x, and an in-place op on a view of y, recorded on x, would bypass y)
@@ -426,7 +431,7 @@ class Tensor:
         With grad recording, the new node takes self's old gradient edge and self is
         rebased onto it (PyTorch: hooks stay on the old node, retain_grad moves).
         """
-        self._check_inplace()
+        self._check_inplace(args)
         records = _context.grad_enabled.get() and (
             self._requires_grad or any(isinstance(a, Tensor) and a._requires_grad for a in args)
         )
@@ -537,6 +542,10 @@ class Tensor:
     def __rtruediv__(self, other: Any) -> Tensor: return F.div(other, self)
     def __pow__(self, other: Any) -> Tensor: return F.pow(self, other)
     def __rpow__(self, other: Any) -> Tensor: return F.pow(other, self)
+    def __mod__(self, other: Any) -> Tensor: return T.remainder(self, other)
+    def __rmod__(self, other: Any) -> Tensor: return T.remainder(other, self)
+    def __floordiv__(self, other: Any) -> Tensor: return T.floor_divide(self, other)
+    def __rfloordiv__(self, other: Any) -> Tensor: return T.floor_divide(other, self)
     def __matmul__(self, other: Any) -> Tensor: return F.matmul(self, other)
     def __rmatmul__(self, other: Any) -> Tensor: return F.matmul(other, self)
     def __neg__(self) -> Tensor: return _unary(E.neg, self)
@@ -555,7 +564,7 @@ class Tensor:
         records = _context.grad_enabled.get() and (
             self._requires_grad or (isinstance(value, Tensor) and value._requires_grad))
         if not records:
-            self._check_inplace()
+            self._check_inplace((value,))
             _write_region(self, index, value)
             return
         idx, basic = F._normalise_index(index)
@@ -850,12 +859,6 @@ class Tensor:
     def isinf(self) -> Tensor:
         """A bool tensor, True where the value is +inf or -inf."""
         return F.isinf(self)
-    def all(self) -> Tensor:
-        """True (as a 0-d bool tensor) when every element is nonzero."""
-        return Tensor._wrap(np.asarray(self.data.all()))
-    def any(self) -> Tensor:
-        """True (as a 0-d bool tensor) when some element is nonzero."""
-        return Tensor._wrap(np.asarray(self.data.any()))
     def allclose(self, other: Any, rtol: builtins.float = 1e-5, atol: builtins.float = 1e-8) -> bool:
         """Whether every element is within ``atol + rtol * |other|`` of ``other`` (a Python bool)."""
         return bool(np.allclose(self.data, _data(other), rtol=rtol, atol=atol))
@@ -946,6 +949,489 @@ class Tensor:
         """An uninitialised tensor of ``size`` with this tensor's dtype unless ``dtype``."""
         creation._check_device(device)
         return creation._finish(np.empty(_shape_args(size), dtype=dtype or self.dtype), requires_grad)
+    def new(self, *args: Any) -> Tensor:
+        """PyTorch's legacy constructor with this tensor's dtype: ``x.new(2, 3)`` is
+        uninitialised of that shape, ``x.new()`` empty, ``x.new(data)`` a copy of ``data``."""
+        if not args:
+            return Tensor._wrap(np.empty((0,), dtype=self.dtype))
+        if all(isinstance(a, (int, np.integer)) and not isinstance(a, builtins.bool) for a in args):
+            return Tensor._wrap(np.empty(tuple(builtins.int(a) for a in args), dtype=self.dtype))
+        if len(args) > 1:
+            raise TypeError("new() takes sizes (ints) or one sequence of data")
+        return creation.new_tensor(self, args[0])
+
+    # --- PyTorch's other names (issue 32): conversions, dtype queries, split_with_sizes -----
+    def int(self) -> Tensor:
+        """Cast to int32 (outside the graph)."""
+        return F.to_dtype(self, np.int32)
+    def half(self) -> Tensor:
+        """Cast to float16 (differentiable)."""
+        return F.to_dtype(self, np.float16)
+    def bool(self) -> Tensor:
+        """Cast to bool (outside the graph)."""
+        return F.to_dtype(self, np.bool_)
+    def byte(self) -> Tensor:
+        """Cast to uint8 (outside the graph)."""
+        return F.to_dtype(self, np.uint8)
+    def char(self) -> Tensor:
+        """Cast to int8 (outside the graph)."""
+        return F.to_dtype(self, np.int8)
+    def short(self) -> Tensor:
+        """Cast to int16 (outside the graph)."""
+        return F.to_dtype(self, np.int16)
+    def is_floating_point(self) -> builtins.bool:
+        """Whether the dtype is a floating-point one."""
+        return builtins.bool(self._data.dtype.kind == "f")
+    def is_complex(self) -> builtins.bool:
+        """Whether the dtype is a complex one."""
+        return builtins.bool(self._data.dtype.kind == "c")
+    def split_with_sizes(self, split_sizes: Any, dim: builtins.int = 0) -> tuple[Tensor, ...]:
+        """Views of consecutive pieces of the given sizes along ``dim`` (they must add up)."""
+        return F.split_with_sizes(self, split_sizes, dim)
+    def gather(self, dim: builtins.int, index: Any) -> Tensor:
+        """The elements at ``index`` along ``dim`` (``out[i][j] = self[i][index[i][j]]``)."""
+        return F.gather(self, dim, index)
+    def index_select(self, dim: builtins.int, index: Any) -> Tensor:
+        """The entries at ``index`` (a vector) along ``dim``."""
+        return F.index_select(self, dim, index)
+    def unfold(self, dimension: builtins.int, size: builtins.int, step: builtins.int) -> Tensor:
+        """Windows of ``size`` along ``dimension``, ``step`` apart, as a new last dim."""
+        return F.unfold(self, dimension, size, step)
+    @numpy_aliases
+    def amax(self, dim: Any = (), keepdim: builtins.bool = False) -> Tensor:
+        """The maximum over ``dim`` (an int or a tuple of them; all dims when empty)."""
+        return F.amax(self, dim, keepdim)
+    @numpy_aliases
+    def amin(self, dim: Any = (), keepdim: builtins.bool = False) -> Tensor:
+        """The minimum over ``dim`` (an int or a tuple of them; all dims when empty)."""
+        return F.amin(self, dim, keepdim)
+    def scatter(self, dim: builtins.int, index: Any, src: Any = None, *, value: Any = None) -> Tensor:
+        """A copy with ``src`` (or ``value``) written at ``index`` along ``dim``."""
+        return F.scatter(self, dim, index, src, value=value)
+    def scatter_(self, dim: builtins.int, index: Any, src: Any = None, *, value: Any = None) -> Tensor:
+        """In place: ``scatter``; returns self."""
+        return self._apply_inplace(F.scatter, dim, index, src, value=value)
+    def scatter_add(self, dim: builtins.int, index: Any, src: Any) -> Tensor:
+        """A copy with ``src`` added at ``index`` along ``dim``."""
+        return F.scatter_add(self, dim, index, src)
+    def scatter_add_(self, dim: builtins.int, index: Any, src: Any) -> Tensor:
+        """In place: ``scatter_add``; returns self."""
+        return self._apply_inplace(F.scatter_add, dim, index, src)
+
+    # --- more of PyTorch's Tensor methods (issue 32; the ops are in asyncgrad.torch_ops) ----
+    def rsqrt(self) -> Tensor:
+        """``1 / sqrt(self)``."""
+        return T.rsqrt(self)
+    def log1p(self) -> Tensor:
+        """``log(1 + self)``."""
+        return T.log1p(self)
+    def expm1(self) -> Tensor:
+        """``exp(self) - 1``."""
+        return T.expm1(self)
+    def log2(self) -> Tensor:
+        """The base-2 logarithm."""
+        return T.log2(self)
+    def log10(self) -> Tensor:
+        """The base-10 logarithm."""
+        return T.log10(self)
+    def exp2(self) -> Tensor:
+        """``2 ** self``."""
+        return T.exp2(self)
+    def sinh(self) -> Tensor:
+        """The hyperbolic sine."""
+        return T.sinh(self)
+    def cosh(self) -> Tensor:
+        """The hyperbolic cosine."""
+        return T.cosh(self)
+    def asin(self) -> Tensor:
+        """The inverse sine."""
+        return T.asin(self)
+    def acos(self) -> Tensor:
+        """The inverse cosine."""
+        return T.acos(self)
+    def atan(self) -> Tensor:
+        """The inverse tangent."""
+        return T.atan(self)
+    def reciprocal(self) -> Tensor:
+        """``1 / self``."""
+        return T.reciprocal(self)
+    def erfc(self) -> Tensor:
+        """``1 - erf(self)``."""
+        return T.erfc(self)
+    def floor(self) -> Tensor:
+        """Rounded down."""
+        return T.floor(self)
+    def ceil(self) -> Tensor:
+        """Rounded up."""
+        return T.ceil(self)
+    def trunc(self) -> Tensor:
+        """Rounded towards zero."""
+        return T.trunc(self)
+    def frac(self) -> Tensor:
+        """``self - trunc(self)``."""
+        return T.frac(self)
+    def sign(self) -> Tensor:
+        """-1, 0 or 1 by sign."""
+        return T.sign(self)
+    def square(self) -> Tensor:
+        """``self * self``."""
+        return T.square(self)
+    def fliplr(self) -> Tensor:
+        """``flip(1)``."""
+        return T.fliplr(self)
+    def flipud(self) -> Tensor:
+        """``flip(0)``."""
+        return T.flipud(self)
+    def trace(self) -> Tensor:
+        """The sum of the diagonal."""
+        return T.trace(self)
+    def nonzero(self) -> Tensor:
+        """The indices of the nonzero elements."""
+        return T.nonzero(self)
+    def argwhere(self) -> Tensor:
+        """The indices of the nonzero elements."""
+        return T.argwhere(self)
+    def logical_not(self) -> Tensor:
+        """Elementwise ``not``."""
+        return T.logical_not(self)
+    def atan2(self, other: Any) -> Tensor:
+        """The angle of ``(other, self)``."""
+        return T.atan2(self, other)
+    def remainder(self, other: Any) -> Tensor:
+        """Python's modulus."""
+        return T.remainder(self, other)
+    def fmod(self, other: Any) -> Tensor:
+        """C's remainder."""
+        return T.fmod(self, other)
+    def floor_divide(self, other: Any) -> Tensor:
+        """``floor(self / other)``."""
+        return T.floor_divide(self, other)
+    def true_divide(self, other: Any) -> Tensor:
+        """``self / other``."""
+        return T.true_divide(self, other)
+    def clamp_min(self, min: Any) -> Tensor:  # noqa: A002
+        """``max(self, min)``."""
+        return T.clamp_min(self, min)
+    def clamp_max(self, max: Any) -> Tensor:  # noqa: A002
+        """``min(self, max)``."""
+        return T.clamp_max(self, max)
+    def hypot(self, other: Any) -> Tensor:
+        """``sqrt(self**2 + other**2)``."""
+        return T.hypot(self, other)
+    def logaddexp(self, other: Any) -> Tensor:
+        """``log(exp(self) + exp(other))``."""
+        return T.logaddexp(self, other)
+    def xlogy(self, other: Any) -> Tensor:
+        """``self * log(other)``."""
+        return T.xlogy(self, other)
+    def outer(self, other: Any) -> Tensor:
+        """The outer product."""
+        return T.outer(self, other)
+    def dot(self, other: Any) -> Tensor:
+        """The inner product of vectors."""
+        return T.dot(self, other)
+    def bmm(self, other: Any) -> Tensor:
+        """Batched matrix product."""
+        return T.bmm(self, other)
+    def mv(self, vec: Any) -> Tensor:
+        """Matrix times vector."""
+        return T.mv(self, vec)
+    def logical_and(self, other: Any) -> Tensor:
+        """Elementwise ``and``."""
+        return T.logical_and(self, other)
+    def logical_or(self, other: Any) -> Tensor:
+        """Elementwise ``or``."""
+        return T.logical_or(self, other)
+    def logical_xor(self, other: Any) -> Tensor:
+        """Elementwise ``xor``."""
+        return T.logical_xor(self, other)
+    def masked_select(self, mask: Any) -> Tensor:
+        """The elements where ``mask`` is true."""
+        return T.masked_select(self, mask)
+    def sigmoid_(self) -> Tensor:
+        """In place: ``sigmoid``; returns self."""
+        return self._apply_inplace(F.sigmoid)
+    def tanh_(self) -> Tensor:
+        """In place: ``tanh``; returns self."""
+        return self._apply_inplace(F.tanh)
+    def abs_(self) -> Tensor:
+        """In place: ``abs``; returns self."""
+        return self._apply_inplace(F.abs)
+    def sqrt_(self) -> Tensor:
+        """In place: ``sqrt``; returns self."""
+        return self._apply_inplace(F.sqrt)
+    def log_(self) -> Tensor:
+        """In place: ``log``; returns self."""
+        return self._apply_inplace(F.log)
+    def sin_(self) -> Tensor:
+        """In place: ``sin``; returns self."""
+        return self._apply_inplace(F.sin)
+    def cos_(self) -> Tensor:
+        """In place: ``cos``; returns self."""
+        return self._apply_inplace(F.cos)
+    def floor_(self) -> Tensor:
+        """In place: ``floor``; returns self."""
+        return self._apply_inplace(T.floor)
+    def ceil_(self) -> Tensor:
+        """In place: ``ceil``; returns self."""
+        return self._apply_inplace(T.ceil)
+    def round_(self) -> Tensor:
+        """In place: ``round``; returns self."""
+        return self._apply_inplace(T.round)
+    def trunc_(self) -> Tensor:
+        """In place: ``trunc``; returns self."""
+        return self._apply_inplace(T.trunc)
+    def square_(self) -> Tensor:
+        """In place: ``square``; returns self."""
+        return self._apply_inplace(T.square)
+    def reciprocal_(self) -> Tensor:
+        """In place: ``reciprocal``; returns self."""
+        return self._apply_inplace(T.reciprocal)
+    def rsqrt_(self) -> Tensor:
+        """In place: ``rsqrt``; returns self."""
+        return self._apply_inplace(T.rsqrt)
+    def log1p_(self) -> Tensor:
+        """In place: ``log1p``; returns self."""
+        return self._apply_inplace(T.log1p)
+    def expm1_(self) -> Tensor:
+        """In place: ``expm1``; returns self."""
+        return self._apply_inplace(T.expm1)
+    def sign_(self) -> Tensor:
+        """In place: ``sign``; returns self."""
+        return self._apply_inplace(T.sign)
+    def frac_(self) -> Tensor:
+        """In place: ``frac``; returns self."""
+        return self._apply_inplace(T.frac)
+    def round(self, *, decimals: builtins.int = 0) -> Tensor:
+        """Rounded half to even (to ``decimals`` places)."""
+        return T.round(self, decimals=decimals)
+    def clip_(self, min: Any = None, max: Any = None) -> Tensor:  # noqa: A002
+        """In place: ``clamp``; returns self."""
+        return self._apply_inplace(F.clamp, min, max)
+    def clamp_min_(self, min: Any) -> Tensor:  # noqa: A002
+        """In place: ``clamp_min``; returns self."""
+        return self._apply_inplace(F.clamp, min, None)
+    def clamp_max_(self, max: Any) -> Tensor:  # noqa: A002
+        """In place: ``clamp_max``; returns self."""
+        return self._apply_inplace(F.clamp, None, max)
+    def lerp(self, end: Any, weight: Any) -> Tensor:
+        """``self + weight * (end - self)``."""
+        return T.lerp(self, end, weight)
+    def lerp_(self, end: Any, weight: Any) -> Tensor:
+        """In place: ``lerp``; returns self."""
+        return self._apply_inplace(T.lerp, end, weight)
+    def addcmul(self, t1: Any, t2: Any, *, value: builtins.float = 1) -> Tensor:
+        """``self + value * t1 * t2``."""
+        return T.addcmul(self, t1, t2, value=value)
+    def addcmul_(self, t1: Any, t2: Any, *, value: builtins.float = 1) -> Tensor:
+        """In place: ``addcmul``; returns self."""
+        return self._apply_inplace(T.addcmul, t1, t2, value=value)
+    def addcdiv(self, t1: Any, t2: Any, *, value: builtins.float = 1) -> Tensor:
+        """``self + value * t1 / t2``."""
+        return T.addcdiv(self, t1, t2, value=value)
+    def addcdiv_(self, t1: Any, t2: Any, *, value: builtins.float = 1) -> Tensor:
+        """In place: ``addcdiv``; returns self."""
+        return self._apply_inplace(T.addcdiv, t1, t2, value=value)
+    def addmm(self, m1: Any, m2: Any, *, beta: builtins.float = 1, alpha: builtins.float = 1) -> Tensor:
+        """``beta * self + alpha * (m1 @ m2)``."""
+        return T.addmm(self, m1, m2, beta=beta, alpha=alpha)
+    def baddbmm(self, b1: Any, b2: Any, *, beta: builtins.float = 1, alpha: builtins.float = 1) -> Tensor:
+        """``beta * self + alpha * bmm(b1, b2)``."""
+        return T.baddbmm(self, b1, b2, beta=beta, alpha=alpha)
+    def nan_to_num(self, nan: builtins.float = 0.0, posinf: builtins.float | None = None,
+                   neginf: builtins.float | None = None) -> Tensor:
+        """NaN and infinities replaced by finite values."""
+        return T.nan_to_num(self, nan, posinf, neginf)
+    @numpy_aliases
+    def logsumexp(self, dim: Any, keepdim: builtins.bool = False) -> Tensor:
+        """``log(sum(exp(self), dim))`` without overflow."""
+        return T.logsumexp(self, dim, keepdim)
+    def cumsum(self, dim: builtins.int, *, dtype: Any = None) -> Tensor:
+        """The running sum along ``dim``."""
+        return T.cumsum(self, dim, dtype=dtype)
+    def diff(self, n: builtins.int = 1, dim: builtins.int = -1) -> Tensor:
+        """Differences of neighbours along ``dim``."""
+        return T.diff(self, n, dim)
+    def flip(self, *dims: Any) -> Tensor:
+        """A copy with ``dims`` reversed."""
+        return T.flip(self, dims[0] if len(dims) == 1 and not isinstance(dims[0], builtins.int) else dims)
+    def roll(self, shifts: Any, dims: Any = None) -> Tensor:
+        """Elements shifted along ``dims``, wrapping around."""
+        return T.roll(self, shifts, dims)
+    def movedim(self, source: Any, destination: Any) -> Tensor:
+        """Dims ``source`` moved to ``destination``."""
+        return T.movedim(self, source, destination)
+    moveaxis = movedim
+    def swapdims(self, dim0: builtins.int, dim1: builtins.int) -> Tensor:
+        """``transpose(dim0, dim1)``."""
+        return F.transpose(self, dim0, dim1)
+    swapaxes = swapdims
+    def unflatten(self, dim: builtins.int, sizes: Any) -> Tensor:
+        """Dim ``dim`` split into ``sizes``."""
+        return T.unflatten(self, dim, sizes)
+    def tile(self, *dims: Any) -> Tensor:
+        """``repeat`` with leading 1s as needed."""
+        return T.tile(self, _shape_args(dims))
+    def repeat_interleave(self, repeats: Any, dim: builtins.int | None = None) -> Tensor:
+        """Each element repeated ``repeats`` times along ``dim``."""
+        return T.repeat_interleave(self, repeats, dim)
+    def take_along_dim(self, indices: Any, dim: builtins.int | None = None) -> Tensor:
+        """``gather`` with the index broadcast."""
+        return T.take_along_dim(self, indices, dim)
+    def diag(self, diagonal: builtins.int = 0) -> Tensor:
+        """A vector's diagonal matrix, or a matrix's diagonal."""
+        return T.diag(self, diagonal)
+    def diag_embed(self) -> Tensor:
+        """Each last-dim vector as a diagonal matrix."""
+        return T.diag_embed(self)
+    def isclose(self, other: Any, rtol: builtins.float = 1e-5, atol: builtins.float = 1e-8,
+                equal_nan: builtins.bool = False) -> Tensor:
+        """Elementwise closeness to ``other``."""
+        return T.isclose(self, other, rtol, atol, equal_nan)
+    @numpy_aliases
+    def all(self, dim: Any = None, keepdim: builtins.bool = False) -> Tensor:
+        """Whether every element (along ``dim``) is nonzero."""
+        return T.all(self, dim, keepdim)
+    @numpy_aliases
+    def any(self, dim: Any = None, keepdim: builtins.bool = False) -> Tensor:
+        """Whether some element (along ``dim``) is nonzero."""
+        return T.any(self, dim, keepdim)
+    @numpy_aliases
+    def count_nonzero(self, dim: Any = None) -> Tensor:
+        """The number of nonzero elements (along ``dim``)."""
+        return T.count_nonzero(self, dim)
+    def sort(self, dim: builtins.int = -1, descending: builtins.bool = False, stable: builtins.bool = False) -> Any:
+        """``(values, indices)`` sorted along ``dim``."""
+        return T.sort(self, dim, descending, stable)
+    def argsort(self, dim: builtins.int = -1, descending: builtins.bool = False,
+                stable: builtins.bool = False) -> Tensor:
+        """The indices that sort along ``dim``."""
+        return T.argsort(self, dim, descending, stable)
+    def unique(self, sorted: builtins.bool = True, return_inverse: builtins.bool = False,  # noqa: A002
+               return_counts: builtins.bool = False, dim: builtins.int | None = None) -> Any:
+        """The distinct elements."""
+        return T.unique(self, sorted, return_inverse, return_counts, dim)
+    def reshape_as(self, other: Tensor) -> Tensor:
+        """Reshaped to ``other``'s shape."""
+        return F.reshape(self, other.shape)
+    def nelement(self) -> builtins.int:
+        """The number of elements."""
+        return builtins.int(self._data.size)
+    def ndimension(self) -> builtins.int:
+        """The number of dims."""
+        return self._data.ndim
+    def element_size(self) -> builtins.int:
+        """Bytes per element."""
+        return builtins.int(self._data.itemsize)
+    def stride(self, dim: builtins.int | None = None) -> Any:
+        """Strides in elements (not bytes), as PyTorch."""
+        st = tuple(s // self._data.itemsize for s in self._data.strides)
+        return st if dim is None else st[dim]
+    def data_ptr(self) -> builtins.int:
+        """The address of the first element."""
+        return builtins.int(self._data.__array_interface__["data"][0])
+    def pin_memory(self) -> Tensor:
+        """Self (there is no GPU to pin memory for)."""
+        return self
+    def is_pinned(self) -> builtins.bool:
+        """False (there is no GPU)."""
+        return False
+    def share_memory_(self) -> Tensor:
+        """Self (asyncgrad shares memory between threads, not processes)."""
+        return self
+    def is_shared(self) -> builtins.bool:
+        """False."""
+        return False
+    def cuda(self, device: Any = None, non_blocking: builtins.bool = False) -> Tensor:
+        """Refused: asyncgrad computes on the CPU (``ag.cuda.is_available()`` is False)."""
+        _device.check_device("cuda")
+        return self
+    def tan(self) -> Tensor:
+        """The tangent."""
+        return T.tan(self)
+    def mm(self, other: Any) -> Tensor:
+        """Matrix product."""
+        return F.matmul(self, other)
+    def inner(self, other: Any) -> Tensor:
+        """The inner product of vectors."""
+        return T.dot(self, other)
+    def ger(self, other: Any) -> Tensor:
+        """The outer product."""
+        return T.outer(self, other)
+    def ravel(self) -> Tensor:
+        """The elements as a 1-D tensor."""
+        return T.ravel(self)
+    def fix(self) -> Tensor:
+        """``trunc``."""
+        return T.trunc(self)
+    def divide(self, other: Any) -> Tensor:
+        """``self / other``."""
+        return F.div(self, other)
+    def multiply(self, other: Any) -> Tensor:
+        """``self * other``."""
+        return F.mul(self, other)
+    def subtract(self, other: Any, *, alpha: builtins.float = 1) -> Tensor:
+        """``self - alpha * other``."""
+        return F.sub(self, other, alpha=alpha)
+    def negative(self) -> Tensor:
+        """``-self``."""
+        return F.neg(self)
+    def positive(self) -> Tensor:
+        """``self``."""
+        return self
+    def greater(self, other: Any) -> Tensor:
+        """``self > other``."""
+        return F.gt(self, other)
+    def greater_equal(self, other: Any) -> Tensor:
+        """``self >= other``."""
+        return F.ge(self, other)
+    def less(self, other: Any) -> Tensor:
+        """``self < other``."""
+        return F.lt(self, other)
+    def less_equal(self, other: Any) -> Tensor:
+        """``self <= other``."""
+        return F.le(self, other)
+    def not_equal(self, other: Any) -> Tensor:
+        """``self != other``."""
+        return F.ne(self, other)
+    def isneginf(self) -> Tensor:
+        """True where -inf."""
+        return T.isneginf(self)
+    def isposinf(self) -> Tensor:
+        """True where +inf."""
+        return T.isposinf(self)
+    def histc(self, bins: builtins.int = 100, min: Any = 0, max: Any = 0) -> Tensor:  # noqa: A002
+        """A histogram of equal bins."""
+        return T.histc(self, bins, min, max)
+    def index_add(self, dim: builtins.int, index: Any, source: Any, *, alpha: builtins.float = 1) -> Tensor:
+        """A copy with ``alpha * source`` added at ``index`` along ``dim``."""
+        return T.index_add(self, dim, index, source, alpha=alpha)
+    def index_add_(self, dim: builtins.int, index: Any, source: Any, *, alpha: builtins.float = 1) -> Tensor:
+        """In place: ``index_add``; returns self."""
+        return self._apply_inplace(T.index_add, dim, index, source, alpha=alpha)
+    def index_fill(self, dim: builtins.int, index: Any, value: Any) -> Tensor:
+        """A copy with ``value`` at ``index`` along ``dim``."""
+        return T.index_fill(self, dim, index, value)
+    def index_fill_(self, dim: builtins.int, index: Any, value: Any) -> Tensor:
+        """In place: ``index_fill``; returns self."""
+        return self._apply_inplace(T.index_fill, dim, index, value)
+    @numpy_aliases
+    def nansum(self, dim: Any = None, keepdim: builtins.bool = False) -> Tensor:
+        """The sum, NaN counted as 0."""
+        return T.nansum(self, dim, keepdim)
+    @numpy_aliases
+    def nanmean(self, dim: Any = None, keepdim: builtins.bool = False) -> Tensor:
+        """The mean of the non-NaN elements."""
+        return T.nanmean(self, dim, keepdim)
+    def tensor_split(self, indices_or_sections: Any, dim: builtins.int = 0) -> tuple[Tensor, ...]:
+        """Split into nearly equal parts, or at indices."""
+        return T.tensor_split(self, indices_or_sections, dim)
+    def sum_to_size(self, *size: Any) -> Tensor:
+        """Summed down to ``size`` (broadcast-compatible)."""
+        return F.sum_to(self, _shape_args(size))
+    def sgn(self) -> Tensor:
+        """``sign``."""
+        return T.sign(self)
 
 
 _new_counter = object.__new__
@@ -969,19 +1455,61 @@ def _init(t: Tensor, arr: np.ndarray, node: Node | None, output_nr: int,
     t._acc_ref = None
     t._saved = None
     t._views = None
+    t._creation_meta = 0
 
 
-def _check_multi_output_view(view: Tensor) -> None:
-    """PyTorch forbids in-place changes through one of several views returned together
-    (unbind, split, chunk): their shared backward could not account for it."""
-    name = view.grad_fn.name() if view.grad_fn is not None else ""
-    if name in MULTI_OUTPUT_VIEWS:  # the view's grad_fn is still the node that made it
-        raise RuntimeError(
-            f"Output {view.output_nr} of {name[:-len('Backward0')]} is a view and is being "
-            "modified inplace. This view is the output of a function that returns multiple views. Such "
-            "functions do not allow the output views to be modified inplace. You should replace the "
-            "inplace operation by an out-of-place one."
-        )
+# Note [View creation meta]: as PyTorch's CreationMeta, a view remembers how it was made
+# when that forbids recording an in-place change through it: made in no_grad mode (the
+# change could not be tracked), one of several views returned together (unbind, split,
+# chunk: their shared backward cannot account for it), or returned by a custom Function
+# (recording it would replace the Function's backward). A view of such a view inherits it;
+# one made in grad mode of a no_grad view keeps its own node's name instead (a str), for
+# PyTorch's "Output 0 of View is a view of a view which was created in no_grad mode".
+VIEW_DEFAULT, VIEW_NO_GRAD, VIEW_MULTI_OUTPUT, VIEW_IN_CUSTOM_FUNCTION = 0, 1, 2, 3
+
+_VIEW_REFUSALS = {
+    VIEW_NO_GRAD: " Given that this use case is ambiguous and error-prone, it is forbidden. You can clarify "
+                  "your code by moving both the view and the inplace either both inside the no_grad block "
+                  "(if you don't want the inplace to be tracked) or both outside (if you want the inplace "
+                  "to be tracked).",
+    VIEW_MULTI_OUTPUT: " This view is the output of a function that returns multiple views. Such "
+                       "functions do not allow the output views to be modified inplace. You should replace "
+                       "the inplace operation by an out-of-place one.",
+    VIEW_IN_CUSTOM_FUNCTION: " This view was created inside a custom Function (or because an input was "
+                             "returned as-is) and the autograd logic to handle view+inplace would override "
+                             "the custom backward associated with the custom Function, leading to incorrect "
+                             "gradients. This behavior is forbidden. You can fix this by cloning the output "
+                             "of the custom Function.",
+}
+
+
+def view_creation_meta(base_view: Tensor, made: int, node_name: str = "") -> int | str:
+    """The creation meta of a view made (``made``, by the op ``node_name``) of
+    ``base_view``: a view of a view keeps its base view's unless it has its own (Note
+    [View creation meta])."""
+    if made != VIEW_DEFAULT or base_view._base is None:
+        return made
+    meta = base_view._creation_meta
+    if (meta == VIEW_NO_GRAD or isinstance(meta, str)) and node_name:
+        return node_name
+    return meta
+
+
+def _refuse_inplace_on_view(view: Tensor) -> None:
+    """PyTorch's error for an in-place change through a view whose creation forbids it."""
+    meta = view._creation_meta
+    node = view.grad_fn
+    name = meta if isinstance(meta, str) else node.name() if node is not None else None
+    if isinstance(meta, str):
+        meta = VIEW_NO_GRAD
+    if name is None:
+        head = "A view was created in no_grad mode and is being modified inplace with grad mode enabled."
+    else:
+        name = name[:name.rindex("Backward")] if "Backward" in name else name
+        head = f"Output {view.output_nr} of {name} is a view "
+        head += ("of a view which was created in no_grad mode and is being modified inplace with grad mode "
+                 "enabled." if meta == VIEW_NO_GRAD else "and is being modified inplace.")
+    raise RuntimeError(head + _VIEW_REFUSALS[meta])
 
 
 def _append_view(views: list[weakref.ref[Tensor]], view: Tensor) -> None:
@@ -1060,7 +1588,7 @@ def _write_into(t: Tensor, value: np.ndarray) -> None:
     t._version_counter.value += 1
 
 
-def _recordable_view_index(view: Tensor, base: Tensor) -> tuple[np.ndarray, ...]:
+def _recordable_view_index(view: Tensor, base: Tensor) -> tuple[Any, ...]:
     """``_view_index`` of a view whose in-place change is recorded on its base, or a clear
     error when its layout cannot be inverted."""
     where = _view_index(view.data, base.data)
@@ -1072,13 +1600,16 @@ def _recordable_view_index(view: Tensor, base: Tensor) -> tuple[np.ndarray, ...]
     return where
 
 
-def _view_index(view: np.ndarray, base: np.ndarray, *, writable: bool = True) -> tuple[np.ndarray, ...] | None:
+def _view_index(view: np.ndarray, base: np.ndarray, *, writable: bool = True) -> tuple[Any, ...] | None:
     """Integer index arrays ``where`` with ``base[where]`` aliasing ``view`` element for
-    element (from byte offsets), or None when the layout cannot be inverted.
+    element (from byte offsets), or None when the layout cannot be inverted. A view of a
+    0-d base (``view_as``, ``view(1)``) is its one element: ``where`` adds the view's dims.
 
     With ``writable``, raises when several elements of ``view`` share one memory location
     (an expanded view), as PyTorch does for an in-place write through one.
     """
+    if base.ndim == 0 and view.size == 1:
+        return (None,) * view.ndim if view.ndim else (Ellipsis,)
     if base.ndim == 0 or view.size == 0:
         return None
     offset = np.full(view.shape, view.__array_interface__["data"][0] - base.__array_interface__["data"][0],
@@ -1134,9 +1665,9 @@ def bind_functional(module: Any) -> None:
     """Called once by the package (``asyncgrad/__init__.py``) after importing
     ``functional``, which imports this module: the ops the methods above delegate to, and
     the factories (``creation``, ``sampling``) that import this module too."""
-    global F, creation, sampling, _binary, _unary
-    from . import creation as creation_module, sampling as sampling_module
+    global F, T, creation, sampling, _binary, _unary
+    from . import creation as creation_module, sampling as sampling_module, torch_ops
 
     F = module
     _binary, _unary = module._binary, module._unary
-    creation, sampling = creation_module, sampling_module
+    creation, sampling, T = creation_module, sampling_module, torch_ops

@@ -23,6 +23,7 @@ from .engine import get_engine
 from .graph import Edge
 from .graph_task import GraphTask
 from .scheduler import UNHELD, admission
+from .task_order import check_priority
 from .threads import in_event_loop_thread, running_graph_task
 
 _CREATE_GRAPH_WARNING = (
@@ -95,9 +96,9 @@ def _input_edges(inputs: tuple[Tensor, ...]) -> list[Edge]:
 
 
 def _prepare_backward(tensors: Any, grad_tensors: Any, retain_graph: bool | None,
-                      create_graph: bool, inputs: Any) -> GraphTask:
+                      create_graph: bool, inputs: Any, priority: int = 0) -> GraphTask:
     if type(tensors) is Tensor and grad_tensors is None and inputs is None and not create_graph:
-        return _prepare_scalar_backward(tensors, retain_graph)
+        return _prepare_scalar_backward(tensors, retain_graph, priority)
     outputs = _as_tuple(tensors)
     grads = _as_tuple(grad_tensors) if grad_tensors is not None else (None,) * len(outputs)
     if len(grads) != len(outputs):
@@ -122,12 +123,13 @@ def _prepare_backward(tensors: Any, grad_tensors: Any, retain_graph: bool | None
         for t in input_list:
             t.retain_grad()
     keep = create_graph if retain_graph is None else retain_graph
-    task = GraphTask(get_engine(), keep_graph=keep, create_graph=create_graph, accumulate=True)
+    task = GraphTask(get_engine(), keep_graph=keep, create_graph=create_graph, accumulate=True,
+                     priority=priority)
     task.set_roots(roots, root_grads, _input_edges(input_list) if input_list is not None else None)
     return task
 
 
-def _prepare_scalar_backward(t: Tensor, retain_graph: bool | None) -> GraphTask:
+def _prepare_scalar_backward(t: Tensor, retain_graph: bool | None, priority: int) -> GraphTask:
     """``_prepare_backward`` of the most common call, ``backward(loss)``: the same
     checks and errors, in the same order, without the general bookkeeping."""
     if not t._requires_grad:
@@ -138,7 +140,7 @@ def _prepare_scalar_backward(t: Tensor, retain_graph: bool | None) -> GraphTask:
     if data.dtype.kind != "f":
         raise RuntimeError(f"grad can be implicitly created only for real scalar outputs but got {t.dtype}")
     task = GraphTask(get_engine(), keep_graph=False if retain_graph is None else retain_graph,
-                     create_graph=False, accumulate=True)
+                     create_graph=False, accumulate=True, priority=priority)
     task.set_roots([t._gradient_edge()], [_one(data.shape, data.dtype)])
     return task
 
@@ -156,8 +158,8 @@ def _one(shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
 
 
 def _prepare_grad(outputs: Any, inputs: Any, grad_outputs: Any, retain_graph: bool | None,
-                  create_graph: bool, allow_unused: bool | None, materialize_grads: bool
-                  ) -> tuple[GraphTask, tuple[Tensor, ...], bool]:
+                  create_graph: bool, allow_unused: bool | None, materialize_grads: bool,
+                  priority: int = 0) -> tuple[GraphTask, tuple[Tensor, ...], bool]:
     if materialize_grads and allow_unused is False:
         raise ValueError(
             "Expected allow_unused to be True or not passed when materialize_grads=True, "
@@ -180,7 +182,8 @@ def _prepare_grad(outputs: Any, inputs: Any, grad_outputs: Any, retain_graph: bo
     roots = _root_edges(outs)
     root_grads = _make_grads(outs, grads, create_graph)
     keep = create_graph if retain_graph is None else retain_graph
-    task = GraphTask(get_engine(), keep_graph=keep, create_graph=create_graph, accumulate=False)
+    task = GraphTask(get_engine(), keep_graph=keep, create_graph=create_graph, accumulate=False,
+                     priority=priority)
     task.set_roots(roots, root_grads, _input_edges(ins))
     return task, ins, allow_unused
 
@@ -232,12 +235,19 @@ def _execute_sync(task: GraphTask) -> None:
 
 
 async def backward(tensors: Any, grad_tensors: Any = None, *, retain_graph: bool | None = None,
-                   create_graph: bool = False, inputs: Any = None) -> None:
+                   create_graph: bool = False, inputs: Any = None, priority: int = 0) -> None:
     """Accumulate the gradients of ``tensors`` into ``.grad`` of the leaves (and of
-    tensors that ``retain_grad()``), committing only if the whole backward succeeds."""
-    held = admission()  # (Note [Admission] in scheduler.py)
+    tensors that ``retain_grad()``), committing only if the whole backward succeeds.
+
+    ``priority``: on this loop, the ready nodes of higher-priority calls run first;
+    equal priorities share the loop fairly; a lower-priority call is slowed, never
+    starved (Note [Task order] in task_order.py). A nested backward runs at its
+    parent's priority."""
+    if type(priority) is not int:
+        priority = check_priority(priority)
+    held = admission(priority)  # (Note [Admission] in scheduler.py)
     if held is UNHELD:  # it starts at once: nothing to enter or leave (the common case)
-        task = _prepare_backward(tensors, grad_tensors, retain_graph, create_graph, inputs)
+        task = _prepare_backward(tensors, grad_tensors, retain_graph, create_graph, inputs, priority)
         token = _saved_hooks.set(_saved_hooks.get())  # (``_execute`` inlined: one coroutine less)
         try:
             await task.engine.execute(task)
@@ -245,17 +255,21 @@ async def backward(tensors: Any, grad_tensors: Any = None, *, retain_graph: bool
             _saved_hooks.reset(token)
         return
     async with held:
-        task = _prepare_backward(tensors, grad_tensors, retain_graph, create_graph, inputs)
+        task = _prepare_backward(tensors, grad_tensors, retain_graph, create_graph, inputs, priority)
         await _execute(task)
 
 
 async def grad(outputs: Any, inputs: Any, grad_outputs: Any = None, *,
                retain_graph: bool | None = None, create_graph: bool = False,
-               allow_unused: bool | None = None, materialize_grads: bool = False
-               ) -> tuple[Tensor | None, ...]:
-    """The gradients of ``outputs`` with respect to ``inputs``; no ``.grad`` is touched."""
-    args = (outputs, inputs, grad_outputs, retain_graph, create_graph, allow_unused, materialize_grads)
-    held = admission()  # (Note [Admission] in scheduler.py)
+               allow_unused: bool | None = None, materialize_grads: bool = False,
+               priority: int = 0) -> tuple[Tensor | None, ...]:
+    """The gradients of ``outputs`` with respect to ``inputs``; no ``.grad`` is touched.
+    ``priority`` orders it among the loop's backward calls, as in ``backward``."""
+    if type(priority) is not int:
+        priority = check_priority(priority)
+    args = (outputs, inputs, grad_outputs, retain_graph, create_graph, allow_unused, materialize_grads,
+            priority)
+    held = admission(priority)  # (Note [Admission] in scheduler.py)
     if held is UNHELD:  # it starts at once (as in ``backward``)
         task, ins, allow = await _run_grad(*args)
     else:
@@ -281,22 +295,29 @@ def _check_sync_allowed(name: str) -> None:
 
 
 def backward_sync(tensors: Any, grad_tensors: Any = None, *, retain_graph: bool | None = None,
-                  create_graph: bool = False, inputs: Any = None) -> None:
+                  create_graph: bool = False, inputs: Any = None, priority: int = 0) -> None:
     """Blocking ``backward``. Inside a running backward (a hook, a Function's backward,
-    a callback) it runs a nested (reentrant) backward on this thread."""
+    a callback) it runs a nested (reentrant) backward on this thread, at its parent's
+    priority. ``priority`` orders its kernels on the engine's worker threads among
+    other calls' (Note [Task order] in task_order.py)."""
     _check_sync_allowed("backward_sync")
-    task = _prepare_backward(tensors, grad_tensors, retain_graph, create_graph, inputs)
+    if type(priority) is not int:
+        priority = check_priority(priority)
+    task = _prepare_backward(tensors, grad_tensors, retain_graph, create_graph, inputs, priority)
     _execute_sync(task)
 
 
 def grad_sync(outputs: Any, inputs: Any, grad_outputs: Any = None, *,
               retain_graph: bool | None = None, create_graph: bool = False,
-              allow_unused: bool | None = None, materialize_grads: bool = False
-              ) -> tuple[Tensor | None, ...]:
-    """Blocking ``grad`` (reentrant inside a running backward)."""
+              allow_unused: bool | None = None, materialize_grads: bool = False,
+              priority: int = 0) -> tuple[Tensor | None, ...]:
+    """Blocking ``grad`` (reentrant inside a running backward; ``priority`` as in
+    ``backward_sync``)."""
     _check_sync_allowed("grad_sync")
+    if type(priority) is not int:
+        priority = check_priority(priority)
     task, ins, allow = _prepare_grad(outputs, inputs, grad_outputs, retain_graph, create_graph,
-                                     allow_unused, materialize_grads)
+                                     allow_unused, materialize_grads, priority)
     _execute_sync(task)
     return _grad_results(task, ins, allow, materialize_grads, create_graph)
 

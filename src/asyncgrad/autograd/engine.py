@@ -10,6 +10,15 @@ pre-commit functions, commits (commit.py) and runs final callbacks, unless the r
 did those for it (Note [The runner completes small backward calls] in scheduler.py). The
 synchronous driver is in sync_driver.py.
 
+Note [Each call runs by its engine's policy]: the loop's scheduler is shared by every
+engine on the loop, and its runner (the driver of one engine's backward) runs the queued
+nodes of all of them. So each GraphTask takes a snapshot of its engine's settings when
+it is created (``GraphTask.policy``, a ``TaskPolicy``), and every decision about one of
+its nodes or its completion reads that snapshot, never the runner's engine: which nodes
+run inline, whether the runner may complete it, and how long its nodes may keep the loop
+(a slice ends at the earliest ``yield_interval`` of the calls it ran). Changing an
+engine's ``inline_threshold`` applies to its later calls.
+
 Note [Reentrant backwards]: a backward started while a node of another backward runs,
 in that node's own task or thread (Note [Explicit nesting] in threads.py), is *nested*:
 depth + 1, and its parent starts no new node until it finished. ``await ag.backward``
@@ -62,7 +71,7 @@ from .errors import EngineInternalError
 from .graph_task import GraphTask
 from .lifecycle import START_HOOKS
 from .offload import WorkerKernels, run_async_node
-from .policy import BLAS, Policy
+from .policy import BLAS, Policy, TaskPolicy
 from .scheduler import LoopScheduler, grant_admission_pass, loop_scheduler, wake
 from .statistics import EngineStatistics
 from .sync_driver import drain_sync, enter_task, execute_sync_here, exit_task
@@ -99,10 +108,11 @@ class Engine:
         threshold = DEFAULT_INLINE_THRESHOLD if inline_threshold is None else inline_threshold
         self.executor = executor
         self.worker_nice = worker_nice
-        self.yield_interval = yield_interval
         self.blas_threads = blas_threads
         self.tune_malloc = tune_malloc
         self.policy = Policy(self.max_workers, threshold, blas_threads, tune_malloc)
+        # what each new GraphTask takes (Note [Each call runs by its engine's policy])
+        self.task_policy = TaskPolicy(threshold, yield_interval)
         self._pool: WorkerPool | None = None
         self._lock = threading.Lock()  # guards the counters below (any thread reads statistics)
         self._started = self._succeeded = self._failed = self._cancelled = 0
@@ -118,6 +128,16 @@ class Engine:
     @inline_threshold.setter
     def inline_threshold(self, value: int) -> None:
         self.policy.inline_threshold = value
+        self.task_policy = TaskPolicy(value, self.task_policy.yield_interval)
+
+    @property
+    def yield_interval(self) -> float:
+        """The longest (seconds) this engine's backward calls keep the loop from a turn."""
+        return self.task_policy.yield_interval
+
+    @yield_interval.setter
+    def yield_interval(self, value: float) -> None:
+        self.task_policy = TaskPolicy(self.task_policy.inline_threshold, value)
 
     def statistics(self) -> EngineStatistics:
         with self._lock:
@@ -249,10 +269,10 @@ class Engine:
                 if task.has_ready():
                     if not task.active_children:
                         scheduler.add(task)
-                elif task in scheduler.queued:  # nothing left to run inline: no runner's turn
+                elif task in scheduler.queue:  # nothing left to run inline: no runner's turn
                     scheduler.discard(task)  # for it (Note [Start the hop before the turn])
-                if scheduler.runner is None and task in scheduler.queued:
-                    await scheduler.run(task, self.policy.inline_threshold, self.yield_interval)
+                if scheduler.runner is None and task in scheduler.queue:
+                    await scheduler.run(task)
                     continue
                 if task.stopping and not task.in_flight:
                     # a kernel's task was cancelled and its gradients dropped: the
@@ -287,9 +307,10 @@ class Engine:
             self._in_flight += delta
 
     # --- worker threads -------------------------------------------------------------------
-    async def offload(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """``fn(*args)`` on a worker thread (see threads.run_in_executor)."""
-        return await run_in_executor(self.worker_executor(), fn, args)
+    async def offload(self, fn: Callable[..., Any], *args: Any, priority: int = 0) -> Any:
+        """``fn(*args)`` on a worker thread, queued by ``priority`` (see
+        threads.run_in_executor)."""
+        return await run_in_executor(self.worker_executor(), fn, args, priority)
 
     def worker_executor(self) -> Executor:
         """Where kernels run: the ``executor`` given, else the engine's worker threads."""
@@ -312,7 +333,7 @@ class Engine:
         """``_commit`` without a coroutine when it has nothing to await: a commit small
         enough for the loop and saved tensors released in one step. False (nothing
         done) otherwise."""
-        if not commits_in_one_step(task, self.policy.inline_threshold):
+        if not commits_in_one_step(task, task.policy.inline_threshold):
             return False
         commit_and_release(task)
         return True
@@ -322,11 +343,11 @@ class Engine:
         cancellation once started: it happens entirely or not at all. From here on the
         backward is never aborted (Note [Abort functions] in lifecycle.py)."""
         lifecycle.disarm(task)
-        if task.create_graph or commit.staged_size(task) < self.inline_threshold:
+        if task.create_graph or commit.staged_size(task) < task.policy.inline_threshold:
             commit.commit_inline(task)
         else:
             with anyio.CancelScope(shield=True):
-                prepared = await self.offload(commit.sum_fresh, task)
+                prepared = await self.offload(commit.sum_fresh, task, priority=task.priority)
             commit.publish(task, prepared)
         try:
             commit.after_commit(task)
@@ -393,6 +414,7 @@ class Engine:
         if parent is not None:
             task.parent = parent
             task.depth = parent.depth + 1
+            task.priority = parent.priority  # (Note [Task order] in task_order.py)
             parent.active_children += 1
         with self._lock:
             self._started += 1

@@ -410,7 +410,7 @@ def run_inline(task: GraphTask, threshold: float, deadline: float) -> bool:
                                 push(heap, (-seq, child, ready))
                         else:
                             task.add_gradient(child, nr, gi, d)
-                    if saved and not keep:
+                    if (saved or spec.saves_params) and not keep:
                         executed.append(node)
             count += 1
             # the clock every 8 nodes, or after any node heavy enough to make it cheap

@@ -48,7 +48,7 @@ from .once_differentiable import DelayedError, once_differentiable
 
 # (the ctx, the node and once_differentiable live in modules of their own; this is
 # their public path, as in PyTorch)
-__all__ = ["DelayedError", "Function", "FunctionCtx", "FunctionNode", "once_differentiable"]
+__all__ = ["DelayedError", "Function", "FunctionCtx", "FunctionNode", "InplaceFunction", "once_differentiable"]
 
 _grad_enabled = _context.grad_enabled
 
@@ -175,3 +175,12 @@ def _bind(cls: type[Function], setup_style: bool, args: tuple[Any, ...],
         return tuple(bound.args), dict(bound.kwargs)
     bound = sig.bind(None, *args, **kwargs)
     return tuple(bound.args[1:]), dict(bound.kwargs)
+
+
+class InplaceFunction(Function):
+    """PyTorch's ``InplaceFunction``: a Function whose instances carry an ``inplace`` flag
+    (read by subclasses' legacy code); used through ``apply`` like any Function."""
+
+    def __init__(self, inplace: bool = False) -> None:
+        super().__init__()
+        self.inplace = inplace

@@ -140,11 +140,15 @@ class FunctionNode(Node):
     # --- see Note [Function gradients] -----------------------------------------------
     def _grad_outputs(self, grads: list[Any]) -> list[Tensor | None]:
         ctx = self.ctx
+        # PyTorch's private flag (set by torch.compile-style code): False hands None, not
+        # zeros, for the gradients of outputs marked non-differentiable
+        materialize_non_diff = getattr(ctx, "_materialize_non_diff_grads", True)
         out: list[Tensor | None] = []
         for i, meta in enumerate(self.output_meta):
             g = grads[i] if i < len(grads) else None
             if g is None:
-                if meta is not None and ctx.materialize_grads:
+                if meta is not None and ctx.materialize_grads and (
+                        materialize_non_diff or i not in self.non_diff):
                     out.append(Tensor._wrap(np.zeros(meta[0], dtype=meta[1])))
                 else:
                     out.append(None)

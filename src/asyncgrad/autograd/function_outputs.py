@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import _context
-from ..tensor import Tensor
+from ..tensor import VIEW_IN_CUSTOM_FUNCTION, Tensor
 from .function_node import FunctionCtx
 from .graph import Edge, Node
 from .saved import SavedTensor
@@ -29,6 +29,17 @@ _DIRTY_NOT_RETURNED = (
 _DIRTY_NOT_INPUT = (
     "ctx.mark_dirty() received a tensor that was not an input. Only input Tensors that have "
     "been mutated should be passed to ctx.mark_dirty()."
+)
+
+# PyTorch's text: its engine cannot record a dirty view on its base for a node with more
+# outputs (asyncgrad's could, but refuses as PyTorch does, so code behaves the same in both)
+_DIRTY_VIEW_OF_MANY = (
+    "If your Function modifies inplace an input that is a view of another Tensor, your Function cannot "
+    "return more than one Tensor. This is not supported by the current autograd engine. You should either "
+    "make sure the input is not a view (using .clone() for example) or make your Function only return one "
+    "Tensor (potentially splitting it into two Functions: one doing the inplace that returns a single "
+    "Tensor and a second one that does the other operations). You can ask on the forum "
+    "https://discuss.pytorch.org/ if you need help to do this change."
 )
 
 
@@ -59,6 +70,9 @@ def wrap_outputs(cls: type[Function], ctx: FunctionCtx, args: tuple[Any, ...],
                 t._requires_grad = False
         return output
 
+    if len(outputs) > 1 and any(o._base is not None for o in outputs
+                                if isinstance(o, Tensor) and id(o) in dirty_ids):
+        raise RuntimeError(_DIRTY_VIEW_OF_MANY)
     node = cls._backward_cls(edges, ctx)
     non_diff_ids = {id(t) for t in non_differentiable}
     dirty_views: list[Tensor] = []
@@ -90,6 +104,8 @@ def wrap_outputs(cls: type[Function], ctx: FunctionCtx, args: tuple[Any, ...],
             o.grad_fn = node
             o.output_nr = i
             o._requires_grad = True
+            if o._base is not None:  # a view made in forward (Note [View creation meta])
+                o._creation_meta = VIEW_IN_CUSTOM_FUNCTION
             new = o
         done[id(o)] = new
         output_nr[id(o)] = output_nr[id(new)] = i
@@ -137,6 +153,8 @@ def _alias(t: Tensor, node: Node | None, output_nr: int) -> Tensor:
     """A new tensor sharing ``t``'s memory and version counter (a view of it)."""
     out = Tensor._nonleaf(t.data, node, output_nr, t._version_counter)
     out._base = t._base if t._base is not None else t
+    if node is not None:  # returned by a custom Function (Note [View creation meta])
+        out._creation_meta = VIEW_IN_CUSTOM_FUNCTION
     return out
 
 

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ..grad_mode import enable_grad, no_grad
+from ..grad_mode import enable_grad
 from ..tensor import Tensor
 from .engine import _run_on_fresh_thread, in_event_loop_thread
 from .graph import Node
@@ -48,7 +48,7 @@ def _numerical(fn: Callable[..., Any], inputs: tuple[Any, ...], i: int, eps: flo
         finally:
             flat[j] = orig
         cols.append([(p - m) / (2 * eps) for p, m in zip(plus, minus)])
-    return [np.stack([c[k] for c in cols], axis=1) if cols else np.zeros((0, 0))
+    return [np.stack([c[k] for c in cols], axis=1) if cols else np.zeros((reference[k].data.size, 0))
             for k in range(len(reference))]
 
 
@@ -114,6 +114,8 @@ def _check(fn: Callable[..., Any], inputs: tuple[Any, ...], eps: float, atol: fl
             warnings.warn(f"Input #{i} requires gradient and is not a double precision floating "
                           "point. gradcheck is only reliable in float64.", UserWarning, stacklevel=3)
     outs = _outputs(fn, inputs)
+    if diff and not any(o.requires_grad for o in outs):
+        return _check_no_differentiable_outputs(fn, inputs, diff, eps, outs, raise_exception)
     analytical = _analytical(outs, inputs, diff)
     # PyTorch computes every vector-Jacobian product twice: a backward that gives different
     # values for the same input and grad_output is reported even when it matches
@@ -134,6 +136,17 @@ def _check(fn: Callable[..., Any], inputs: tuple[Any, ...], eps: float, atol: fl
                 raise GradcheckError(_mismatch_message(k, i, num, ana, atol, rtol))
     if check_undefined_grad and diff:
         return _check_undefined_grad(fn, inputs, diff, raise_exception)
+    return True
+
+
+def _check_no_differentiable_outputs(fn: Callable[..., Any], inputs: tuple[Any, ...], diff: list[int],
+                                     eps: float, outs: tuple[Tensor, ...], raise_exception: bool) -> bool:
+    """No output requires grad: the numerical gradient must be zero everywhere (PyTorch)."""
+    for i in diff:
+        if any(np.any(j != 0) for j in _numerical(fn, inputs, i, eps, outs)):
+            if not raise_exception:
+                return False
+            raise GradcheckError("Numerical gradient for function expected to be zero")
     return True
 
 
@@ -178,6 +191,7 @@ def _check_undefined_grad(fn: Callable[..., Any], inputs: tuple[Any, ...], diff:
         except RuntimeError as e:
             if not raise_exception:
                 return False
+            _warn_undefined_grad_check()
             raise GradcheckError(
                 "Expected backward function to handle undefined output grads. Please look at "
                 '"Notes about undefined output gradients" in "tools/autograd/derivatives.yaml"'
@@ -185,12 +199,23 @@ def _check_undefined_grad(fn: Callable[..., Any], inputs: tuple[Any, ...], diff:
         if any(g is not None and np.any(g.data != 0) for g in grads):
             if not raise_exception:
                 return False
+            _warn_undefined_grad_check()
             raise GradcheckError(
                 "Expected all input grads to be undefined or zero when all output grads are "
                 'undefined or zero. Please look at "Notes about undefined output gradients" in '
                 '"tools/autograd/derivatives.yaml"'
             )
     return True
+
+
+def _warn_undefined_grad_check() -> None:
+    """PyTorch's warning before an undefined-gradient check fails."""
+    import warnings
+
+    warnings.warn(
+        "Backwards compatibility: New undefined gradient support checking feature is enabled by default, "
+        "but it may break existing callers of this function. If this is true for you, you can call this "
+        'function with "check_undefined_grad=False" to disable the feature', UserWarning, stacklevel=4)
 
 
 def _mismatch_message(k: int, i: int, num: np.ndarray, ana: np.ndarray, atol: float, rtol: float,
@@ -242,7 +267,7 @@ def gradgradcheck(fn: Callable[..., Any], inputs: Any, grad_outputs: Sequence[Te
     diff = [i for i, t in enumerate(ins) if isinstance(t, Tensor) and t.requires_grad]
     if grad_outputs is None:
         rng = np.random.default_rng(seed)
-        with no_grad():
+        with enable_grad():  # as PyTorch: fn always runs with grad mode on
             outs = _outputs(fn, ins)
         grad_outputs = [Tensor(rng.standard_normal(o.shape), dtype=o.dtype, requires_grad=True)
                         for o in outs]

@@ -51,10 +51,11 @@ class GraphTask:
     other threads touch say why that is safe."""
 
     def __init__(self, engine: Engine, *, keep_graph: bool, create_graph: bool,
-                 accumulate: bool) -> None:
+                 accumulate: bool, priority: int = 0) -> None:
         # -- written here by the creating thread, read-only afterwards (any thread reads)
         self.id = next(_graph_task_ids)
         self.engine = engine
+        self.policy = engine.task_policy  # its engine's settings now (Note [Each call runs by its engine's policy])
         self.keep_graph = keep_graph  # retain_graph: keep saved tensors
         self.create_graph = create_graph  # record the backward (math on Tensors)
         self.accumulate = accumulate  # backward() writes .grad; grad() only captures
@@ -62,6 +63,9 @@ class GraphTask:
         self.profiler: Any = _context.profiler.get()  # read once: kernels wrapped iff set
         # -- written by the driver as it starts (Engine._begin, engine._enter), on the
         # task's thread, before any node runs; read-only afterwards
+        # the order of its turns (Note [Task order] in task_order.py): the caller's, a
+        # nested backward's parent's (Engine._begin)
+        self.priority = priority
         self.depth = 0  # reentrant depth: parent's + 1
         self.parent: GraphTask | None = None  # the backward this one is nested in
         # the driver's context, nodes run in it; None again once the backward ended (Note

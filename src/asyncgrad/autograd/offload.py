@@ -43,6 +43,7 @@ from .saved import SavedTensor
 from .scheduler import loop_scheduler
 from .split_node import apply_edges, is_leaf_edge, route_edges, routes_early, split_groups, unpack
 from .threads import boxed_call, current_owner, threadsafe_caller
+from .workers import submit
 from .wakeup import Wakeup
 
 if TYPE_CHECKING:
@@ -200,7 +201,7 @@ class WorkerKernels:
         the owner of what runs there), as one part of ``run``; ``arrive(result,
         error)`` then runs on the loop."""
         ctx = contextvars.copy_context()
-        future = self.executor.submit(ctx.run, boxed_call, fn, *args)
+        future = submit(self.executor, self.task.priority, ctx.run, boxed_call, fn, *args)
         self.task.thread_hops += 1
         run.parts += 1
         self.pending.add(future)

@@ -115,9 +115,11 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from heapq import heappop, heappush
 from typing import TYPE_CHECKING, Any
 
+from ..ops.kernels import intra_op
 from .cpu_load import OtherLoad
 from .graph import AccumulateGrad
 from .recording import MultiViewNode, OpNode
@@ -130,6 +132,17 @@ MAX_LIGHT_RUN = 4  # light nodes in a row inside a worker chain (Note [Worker ch
 LIGHT_UNITS = 4  # what a light node counts in that run; a node whose rule costs nothing counts 1
 RELAX_SECONDS = 0.5  # no second backward in flight for this long: BLAS gets its threads back (Note [BLAS hysteresis])
 CORES = os.cpu_count() or 1
+
+
+@dataclass(frozen=True, slots=True)
+class TaskPolicy:
+    """The settings one backward call runs by, taken from its engine when the call's
+    GraphTask is created (Note [Each call runs by its engine's policy]): whoever runs
+    its nodes (its own driver, or the loop's runner, the driver of a call on another
+    engine) decides by these."""
+
+    inline_threshold: int  # nodes whose work is below it run inline (Note [Inline or offload])
+    yield_interval: float  # the longest its nodes keep the loop from a turn (scheduler.py)
 
 
 class Policy:
@@ -177,7 +190,7 @@ class Policy:
         part] in split_node.py): each part is below ``inline_threshold`` (the heaviest
         two of the node's gradients share its work), and nothing else is ready or in
         flight in the GraphTask."""
-        if groups < 2 or node.work // 2 >= self.inline_threshold:
+        if groups < 2 or node.work // 2 >= task.policy.inline_threshold:
             return False
         return not (task.heap or task.ready_leaves or task.to_start) and task.in_flight == 1
 
@@ -194,7 +207,7 @@ class Policy:
         if head._hooks is not None and head._hooks.post:
             return None
         deps = task.dependencies
-        threshold = self.inline_threshold
+        threshold = task.policy.inline_threshold
         nodes: list[Node] = [head]
         feeds: dict[Node, list[tuple[int, int, int]]] = {}  # reached node -> (slot, producer, edge)
         waiting: dict[Node, int] = {}  # reached node -> edges it has yet to hear from
@@ -486,6 +499,7 @@ def _inspect_blas() -> tuple[list[Any], int]:
 
 
 BLAS = BlasThreads(CORES)
+intra_op.use_gate(BLAS)  # the intra-op switch asks BLAS whether the process is idle (ops never import autograd)
 
 
 _malloc_tuned = False

@@ -169,7 +169,7 @@ class OpNode(Node):
 
     def release_variables(self) -> None:
         # Nodes that saved nothing stay usable: the "second time" error is lazy (PyTorch 5.3).
-        if self.saved:
+        if self.saved or self.spec.saves_params:
             self.saved = None
             self.checks = ()
 
@@ -319,6 +319,7 @@ def record(spec: OpSpec, inputs: tuple[Any, ...], out: np.ndarray, aux: Any = No
     result._acc_ref = None
     result._saved = None
     result._views = None
+    result._creation_meta = 0
     # elements the kernel reads: the incoming gradient and every saved array, scaled by
     # the op's cost factor; a matrix product's by its multiply-adds (Note [Inline or
     # offload] in policy.py)

@@ -151,16 +151,18 @@ class HookedSavedTensor:
         return out.data if isinstance(out, _tensor_cls) else np.asarray(out)
 
     def unpack_tensor(self, node: Node | None = None) -> Any:
-        data = self.unpack_array(node)
         kind = self.kind
+        if kind == _PLAIN:  # outside the graph: the unpack hook's Tensor itself, as PyTorch
+            out = self.unpack(self.packed)
+            return out if isinstance(out, _tensor_cls) else _tensor_cls._wrap(np.asarray(out))
+        data = self.unpack_array(node)
         if kind == _NONLEAF:
             return _tensor_cls._nonleaf(data, self.ref, self.output_nr, None)
         if kind == _OUTPUT:
             return _tensor_cls._nonleaf(data, node, self.output_nr, None)
-        t = _tensor_cls._wrap(data)
-        if kind == _LEAF:  # a stand-in for the leaf that feeds the leaf's AccumulateGrad
-            t._requires_grad = True
-            t._acc_ref = weakref.ref(self.ref._gradient_edge()[0])
+        t = _tensor_cls._wrap(data)  # a stand-in for the leaf that feeds its AccumulateGrad
+        t._requires_grad = True
+        t._acc_ref = weakref.ref(self.ref._gradient_edge()[0])
         return t
 
 
@@ -204,17 +206,23 @@ class saved_tensors_hooks:
     def __init__(self, pack_hook: Callable[[Tensor], Any], unpack_hook: Callable[[Any], Tensor]) -> None:
         self.pack_hook = pack_hook
         self.unpack_hook = unpack_hook
-        self._tokens: list[Any] = []
+        self._tokens: list[tuple[Any, tuple[Any, ...]]] = []  # (token, the stack it set) per enter
 
     def __enter__(self) -> saved_tensors_hooks:
-        stack = _context.saved_tensors_hooks.get()
-        self._tokens.append(
-            _context.saved_tensors_hooks.set(stack + ((self.pack_hook, self.unpack_hook),))
-        )
+        stack = _context.saved_tensors_hooks.get() + ((self.pack_hook, self.unpack_hook),)
+        self._tokens.append((_context.saved_tensors_hooks.set(stack), stack))
         return self
 
     def __exit__(self, *exc: object) -> None:
-        _context.saved_tensors_hooks.reset(self._tokens.pop())
+        # Undo the enter that made the current stack: not simply the last one, which may
+        # have been made (and confined) inside a backward that ran in this block, e.g. by
+        # this object's own unpack hook.
+        current = _context.saved_tensors_hooks.get()
+        i = len(self._tokens) - 1
+        while i > 0 and self._tokens[i][1] is not current:
+            i -= 1
+        token, _ = self._tokens.pop(i)
+        _context.saved_tensors_hooks.reset(token)
 
 
 def increment_version(tensor: Any) -> None:

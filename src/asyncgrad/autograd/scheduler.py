@@ -8,8 +8,9 @@ GraphTasks' nodes in turn until the current slice of the loop's time ends
 on. So the loop gets a turn at least every
 ``yield_interval`` whatever the number of backward calls in flight, and a waiting
 GraphTask costs the loop nothing (PyTorch likewise shares one ready queue per device
-among all GraphTasks). A GraphTask whose time slice ran out goes to the back of the
-queue. The runner runs another GraphTask's nodes in that GraphTask's own context, marked
+among all GraphTasks). The queue is a ``TaskOrder`` (Note [Task order] in
+task_order.py): higher-priority calls first, and a GraphTask whose time slice ran out
+goes to the back of its priority. The runner runs another GraphTask's nodes in that GraphTask's own context, marked
 as their owner (Note [Explicit nesting] in threads.py). When its own GraphTask needs its
 driver (nothing left to run inline, a node to start elsewhere, an error) the runner
 hands the role to the next queued GraphTask's driver.
@@ -39,7 +40,8 @@ Note [Admission]: a burst of new backward calls (a gather of 256 tasks, a wave o
 requests) would run all their first steps (argument checks, set-up) in one turn of the
 loop, unbounded by any slice. So a top-level ``backward``/``grad`` starts at once only
 while the loop has time left in the current slice or no runner is active; otherwise the
-caller waits in line (``admission``, FIFO) and the runner admits callers at the start
+caller waits in line (``admission``, a ``TaskOrder``: by priority, first come first
+served within one, Note [Task order] in task_order.py) and the runner admits callers at the start
 of its slices, each counted like a wake-up: one per slice, more while half of the slice
 is left. A caller whose previous backward the runner just completed has a pass (its
 wake-up was counted). When the runner role ends with nothing queued, the first caller
@@ -98,7 +100,6 @@ import contextvars
 import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable
 
 import anyio
@@ -110,6 +111,7 @@ from .execute import run_inline
 from .graph_task import GraphTask
 from .policy import BLAS
 from .recording import OpNode
+from .task_order import TaskOrder
 from .threads import running_graph_task
 from .wakeup import Wakeup
 
@@ -181,26 +183,28 @@ UNHELD = _Unheld()
 
 class Admission:
     """A caller's place in the line of a busy loop (Note [Admission]): waits on entry
-    (counted as a backward call in flight for BLAS, Note [BLAS threads] in policy.py,
-    until the exit); on exit admits the next caller if the runner role is free."""
+    (counted as a backward call in flight for BLAS while it waits, Note [BLAS threads]
+    in policy.py; once admitted, the engine counts it); on exit admits the next caller
+    if the runner role is free."""
 
-    __slots__ = ("_scheduler",)
+    __slots__ = ("_scheduler", "_priority")
 
-    def __init__(self, scheduler: LoopScheduler) -> None:
+    def __init__(self, scheduler: LoopScheduler, priority: int) -> None:
         self._scheduler = scheduler
+        self._priority = priority
 
     async def __aenter__(self) -> None:
-        await self._scheduler.wait_in_line()
+        await self._scheduler.wait_in_line(self._priority)
 
     async def __aexit__(self, *exc: object) -> None:
-        BLAS.backward_ended()
         self._scheduler.hand_on()  # (Note [Handing on]: however this caller leaves)
 
 
-def admission() -> Admission | _Unheld:
-    """``async with admission():`` around a top-level backward call: a place in line
-    when the loop is busy, else nothing (Note [Admission]). A nested backward (started
-    by a node of a running one) is never held back."""
+def admission(priority: int = 0) -> Admission | _Unheld:
+    """``async with admission(priority):`` around a top-level backward call: a place in
+    line (by ``priority``, Note [Task order]) when the loop is busy, else nothing (Note
+    [Admission]). A nested backward (started by a node of a running one) is never held
+    back."""
     scheduler = loop_scheduler()
     if scheduler.runner is None or (not scheduler.admission and time.perf_counter() < scheduler.slice_end):
         return UNHELD
@@ -209,7 +213,7 @@ def admission() -> Admission | _Unheld:
         return UNHELD
     if running_graph_task() is not None:
         return UNHELD
-    return Admission(scheduler)
+    return Admission(scheduler, priority)
 
 
 def grant_admission_pass() -> None:
@@ -223,19 +227,19 @@ def wake(task: GraphTask) -> None:
         task.wakeup.set()
 
 
-def _run_as(owner: object, task: GraphTask, threshold: float, deadline: float) -> bool:
+def _run_as(owner: object, task: GraphTask, deadline: float) -> bool:
     _context.node_owner.set(owner)
-    return run_inline(task, threshold, deadline)
+    return run_inline(task, task.policy.inline_threshold, deadline)
 
 
-def _hop_next(task: GraphTask, threshold: float) -> bool:
+def _hop_next(task: GraphTask) -> bool:
     """Whether ``run_inline`` would hand ``task``'s next ready node to its driver at
     once, computing nothing (Note [Start the hop before the turn])."""
     if not task.heap or task.ready_leaves or task.to_start or task.error is not None or task.stopping \
             or task.active_children or task.context is None or task.exec_info is not None:
         return False
     node = task.heap[0][1]
-    return type(node) is OpNode and node._hooks is None and node.work >= threshold
+    return type(node) is OpNode and node._hooks is None and node.work >= task.policy.inline_threshold
 
 
 def _resolve(future: asyncio.Future[None]) -> None:
@@ -253,9 +257,10 @@ class LoopScheduler:
 
     def __init__(self, loop: asyncio.AbstractEventLoop | None) -> None:
         self.loop = loop  # None on trio (Wakeup picks its primitive by it)
-        self.queue: deque[GraphTask] = deque()
-        self.queued: set[GraphTask] = set()
+        # GraphTasks with nodes to run inline, in the order the runner serves them
+        self.queue: TaskOrder[GraphTask] = TaskOrder()
         self.runner: GraphTask | None = None  # the GraphTask whose driver runs the queue
+        self.slice_start = 0.0  # perf_counter() when the current slice began
         self.slice_end = 0.0  # perf_counter() when the current slice of the loop's time ends
         self.woken = 0  # drivers the runner woke since it last let the loop run
         self.wake_cost = WAKE_COST  # estimated loop time one woken driver takes (Note [Wake-ups cost the loop])
@@ -263,7 +268,7 @@ class LoopScheduler:
         # perf_counter() when the loop last ran a kernel's arrival, right after a turn
         # (Note [A turn the loop just had])
         self.turn_at = 0.0
-        self.admission: deque[Wakeup] = deque()  # callers waiting to start a backward (Note [Admission])
+        self.admission: TaskOrder[Wakeup] = TaskOrder()  # callers waiting to start a backward (Note [Admission])
         # ``await check_cancelled()``: a checkpoint only if the caller's cancel scope was
         # cancelled; ``await checkpoint()``: the back end's plain checkpoint
         self.check_cancelled, self.checkpoint = _back_end_checkpoints()
@@ -274,38 +279,39 @@ class LoopScheduler:
 
     def add(self, task: GraphTask) -> None:
         """Queue ``task`` (it has ready nodes); without a runner, wake its driver."""
-        if task not in self.queued:
-            self.queued.add(task)
-            self.queue.append(task)
+        self.queue.push(task, task.priority)
         if self.runner is None and task.wakeup is not None:  # (``wake`` inlined)
             task.wakeup.set()
 
     def discard(self, task: GraphTask) -> None:
-        if task in self.queued:
-            self.queued.discard(task)
-            self.queue.remove(task)
+        self.queue.remove(task)
 
-    async def wait_in_line(self) -> None:
-        """Wait until the runner admits this caller (Note [Admission]); it counts as a
-        backward call in flight for BLAS from now on (``Admission`` ends that)."""
+    async def wait_in_line(self, priority: int = 0) -> None:
+        """Wait until the runner admits this caller (Note [Admission]). While it waits
+        it counts as a backward call in flight for BLAS; admitted, it stops counting
+        here, and the engine counts the call it starts (``Engine._begin``), so a call
+        is counted once at any moment."""
         waiting = self.wakeup()
-        self.admission.append(waiting)
+        self.admission.push(waiting, priority)
         BLAS.backward_started()
         try:
             await waiting.wait()
         except BaseException:
-            BLAS.backward_ended()
-            if waiting in self.admission:
-                self.admission.remove(waiting)
-            else:  # chosen, then cancelled before it took over: choose another
+            if not self.admission.remove(waiting):  # chosen, then cancelled before it took over: choose another
                 self.hand_on()
             raise
+        finally:
+            BLAS.backward_ended()  # (synchronously before the engine counts the call)
 
     def hand_on(self) -> None:
         """Without a runner, wake the driver that takes the role next (Note [Handing
         on]): the first queued GraphTask's waiting driver, else the first caller in line.
         Waking one too many is harmless (the role is taken synchronously, by one)."""
         if self.runner is not None:
+            return
+        first = self.queue.first()
+        if first is not None and first.wakeup is not None and first.wakeup.waiting:
+            first.wakeup.set()  # (the common case, without walking the order)
             return
         for task in self.queue:
             waiting = task.wakeup
@@ -317,26 +323,16 @@ class LoopScheduler:
     def admit_next(self) -> bool:
         """Wake the first caller in line that still waits (a cancelled one leaves the
         line by itself, in ``wait_in_line``). False when there is none."""
-        for waiting in self.admission:
+        admission = self.admission
+        while (waiting := admission.pop()) is not None:
             if waiting.waiting:
-                self.admission.remove(waiting)
                 waiting.set()
                 return True
         return False
 
     async def loop_turn(self) -> None:
         """Let the loop run its due timers and I/O, and the tasks they wake, before this
-        task goes on (Note [Handing on]: the runner role must never be free while work waits for it. The
-role is taken synchronously (``run`` sets ``runner``), so one driver holds it; it is
-handed on by waking a driver, and a woken driver can be cancelled before it takes over
-(on asyncio the cancellation arrives after the wake-up, before the task resumes). So
-every way out hands on: the runner's ``run`` on return or cancellation, a driver leaving
-``Engine._serve`` for any reason (after it left the queue), a caller leaving the line
-when it was chosen, and a caller leaving its admission. ``hand_on`` wakes the first
-queued GraphTask's waiting driver, else the first caller in line that still waits;
-calling it when the role is taken, or waking one driver too many, is harmless.
-
-Note [A turn after the timers])."""
+        task goes on (Note [A turn after the timers])."""
         loop = self.loop
         if loop is None:
             await self.checkpoint()  # (trio: I/O and timers run between batches)
@@ -345,29 +341,32 @@ Note [A turn after the timers])."""
         loop.call_at(loop.time(), _resolve, turn)
         await turn
 
-    def _drop(self, task: GraphTask, owner: object, threshold: float) -> float:
+    def _drop(self, task: GraphTask, owner: object) -> float:
         """Take ``task`` off the queue and wake its driver; when every node ran, first
         complete the backward for the waiting caller (Note [The runner completes small
         backward calls]). Returns the loop time to charge for the wake-up."""
-        self.queue.popleft()
-        self.queued.discard(task)
+        self.queue.pop()
         waiting = task.wakeup
         if task is self.runner or waiting is None or not waiting.waiting:
             return 0.0  # (this driver, or one that runs anyway)
         if (task.error is None and not task.stopping and not task.nodes_left()
-                and task.context is not None and can_complete_inline(task, threshold)):
+                and task.context is not None and can_complete_inline(task, task.policy.inline_threshold)):
             task.context.run(_complete_as, owner, task, waiting)
         waiting.set()
         self.woken += 1
         return self.wake_cost
 
-    async def run(self, me: GraphTask, threshold: float, interval: float) -> None:
+    async def run(self, me: GraphTask) -> None:
         """Be the runner until ``me`` needs its driver; then hand over.
 
         The slice is the loop's, not the runner's: ``slice_end`` carries over from one
         runner (and one backward call) to the next, and is renewed only after the loop
         had a turn. So a task awaiting many small backward calls in a row, each done
-        within a slice, still lets the loop run every ``interval``."""
+        within a slice, still lets the loop run every ``interval``. The slice is as long
+        as ``me``'s engine's ``yield_interval``, and ends earlier when it runs a call
+        whose engine's is shorter (Note [Each call runs by its engine's policy] in
+        engine.py)."""
+        interval = me.policy.yield_interval
         self.runner = me
         self.half_interval = interval / 2
         owner = _context.node_owner.get()  # this driver's task (sync_driver.enter_task set it)
@@ -377,12 +376,13 @@ Note [A turn after the timers])."""
                 if clock() >= self.slice_end:
                     turn = self.turn_at
                     if turn >= self.slice_end and clock() < turn + interval:
+                        self.slice_start = turn
                         self.slice_end = turn + interval  # (Note [A turn the loop just had])
                         self.woken = 0  # (they ran in that turn)
                         continue
-                    if _hop_next(me, threshold):  # (Note [Start the hop before the turn])
+                    if _hop_next(me):  # (Note [Start the hop before the turn])
                         assert me.context is not None
-                        me.context.run(_run_as, owner, me, threshold, 0.0)
+                        me.context.run(_run_as, owner, me, 0.0)
                         if me.to_start:
                             return
                     woken, left = self.woken, clock()
@@ -392,17 +392,19 @@ Note [A turn after the timers])."""
                         sample = min((now - left) / woken, interval)
                         self.wake_cost += (sample - self.wake_cost) * WAKE_COST_WEIGHT
                     self.woken = 0
+                    self.slice_start = now
                     self.slice_end = now + interval
-                self._run_slice(owner, threshold, self.slice_end)
-                if me not in self.queued or me.to_start or me.error is not None or not self.queue:
+                self._run_slice(owner, self.slice_end)
+                if me not in self.queue or me.to_start or me.error is not None or not self.queue:
                     return
         finally:
             self.runner = None
             self.hand_on()  # (if ``me`` is leaving, its driver hands on again once it left)
 
-    def _run_slice(self, owner: object, threshold: float, deadline: float) -> None:
+    def _run_slice(self, owner: object, deadline: float) -> None:
         """Run queued GraphTasks' nodes until ``deadline``, which each driver woken
-        moves earlier by its estimated cost (Note [Wake-ups cost the loop])."""
+        moves earlier by its estimated cost (Note [Wake-ups cost the loop]), and a call
+        with a shorter ``yield_interval`` than the slice's moves to its own end."""
         queue = self.queue
         clock = time.perf_counter
         admission = self.admission
@@ -412,25 +414,27 @@ Note [A turn after the timers])."""
             deadline -= self.wake_cost
             if deadline - clock() - self.wake_cost <= self.half_interval:
                 break
-        while queue:
-            task = queue[0]
+        while (task := queue.first()) is not None:
             if task.stopping or task.active_children or task.context is None:
                 # its driver handles it (a nested task wakes it at its end)
-                deadline -= self._drop(task, owner, threshold)
+                deadline -= self._drop(task, owner)
                 continue
+            end = self.slice_start + task.policy.yield_interval
+            if end < deadline:  # (Note [Each call runs by its engine's policy] in engine.py)
+                deadline = self.slice_end = end
             try:
-                more = task.context.run(_run_as, owner, task, threshold, deadline)
+                more = task.context.run(_run_as, owner, task, deadline)
             except Exception:  # recorded on the task by run_inline; its driver raises it
-                deadline -= self._drop(task, owner, threshold)
+                deadline -= self._drop(task, owner)
                 continue
             if task.to_start and task is not self.runner:
                 wake(task)
             if not more:
-                deadline -= self._drop(task, owner, threshold)
+                deadline -= self._drop(task, owner)
                 if clock() >= deadline:
                     return
             elif clock() >= deadline:
-                queue.rotate(-1)  # its slice ran out: to the back
+                queue.requeue_first(task.priority)  # its slice ran out: to the back
                 return
             elif task.to_start and task is self.runner:
                 return

@@ -41,12 +41,13 @@ class GraphTaskStatistics:
     ready: int
     pending: int
     thread_hops: int = 0
+    priority: int = 0  # the order of its turns (Note [Task order] in task_order.py)
 
 
 def graph_task_statistics(task: GraphTask) -> GraphTaskStatistics:
     return GraphTaskStatistics(task.id, task.depth, task.nodes_inline, task.nodes_offloaded,
                                task.in_flight, len(task.heap) + len(task.ready_leaves),
-                               len(task.dependencies), task.thread_hops)
+                               len(task.dependencies), task.thread_hops, task.priority)
 
 
 def current_graph_task_statistics() -> GraphTaskStatistics | None:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from .. import _context
+from .workers import submit
 
 # Note [No one-time stall] (policy.py): anyio imports its asyncio back end on first use,
 # ~25 ms of imports that would land on the loop inside the first ``await backward``.
@@ -102,9 +103,11 @@ def redeliver_cancellation(cancelled: BaseException) -> None:
         task.cancel(cancelled.args[0] if cancelled.args else None)
 
 
-async def run_in_executor(executor: Executor, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+async def run_in_executor(executor: Executor, fn: Callable[..., Any], args: tuple[Any, ...],
+                          priority: int = 0) -> Any:
     """Run ``fn`` on ``executor`` in a copy of this context (the worker thread is the
-    owner of what runs there). Cancellation: a call that has not started is withdrawn;
+    owner of what runs there), queued by ``priority`` on the engine's own threads.
+    Cancellation: a call that has not started is withdrawn;
     one that has is waited for (a thread cannot be interrupted), then the cancellation
     goes on.
 
@@ -126,9 +129,9 @@ async def run_in_executor(executor: Executor, fn: Callable[..., Any], args: tupl
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:  # trio
-        return await _run_in_executor_anyio(executor, fn, args, ctx)
+        return await _run_in_executor_anyio(executor, fn, args, ctx, priority)
     arrival = _Arrival(loop)
-    future = executor.submit(ctx.run, boxed_call, fn, *args)
+    future = submit(executor, priority, ctx.run, boxed_call, fn, *args)
     future.add_done_callback(arrival.from_worker)
     try:
         await arrival.waiter
@@ -162,10 +165,10 @@ class _Arrival:
 
 
 async def _run_in_executor_anyio(executor: Executor, fn: Callable[..., Any], args: tuple[Any, ...],
-                                 ctx: contextvars.Context) -> Any:
+                                 ctx: contextvars.Context, priority: int) -> Any:
     done = anyio.Event()
     call_soon, _ = threadsafe_caller()
-    future = executor.submit(ctx.run, boxed_call, fn, *args)
+    future = submit(executor, priority, ctx.run, boxed_call, fn, *args)
     future.add_done_callback(lambda _: call_soon(done.set))
     try:
         await done.wait()
@@ -211,8 +214,12 @@ def block_on(fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> Any:
         # The caller runs a node or callback of a backward (Note [Explicit nesting]): the
         # coroutine does so on its behalf, in the new loop's task, which owns it now.
         async def as_node_owner(*args: Any) -> Any:
-            _context.node_owner.set(current_owner())
-            return await fn(*args)
+            # reset after: the task's context naming the task itself is a reference cycle
+            token = _context.node_owner.set(current_owner())
+            try:
+                return await fn(*args)
+            finally:
+                _context.node_owner.reset(token)
 
         run = as_node_owner
     if not in_event_loop_thread():

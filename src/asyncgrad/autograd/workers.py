@@ -22,6 +22,11 @@ lets the loop wait behind them. Two means keep the loop served:
   idle only after reporting, the workers take turns, each waking from a sleep, and the
   loop waits behind them.
 
+When every thread is busy, a submitted kernel waits in the pool's queue, served in
+priority order with aging, as the loop's runner serves backward calls (``submit_at``;
+Note [Task order] in task_order.py): a higher-priority call's kernels start first, and
+a lower one's still start after a bounded number of later submissions.
+
 Engines with the same ``max_workers`` and ``worker_nice`` share one pool
 (``shared_pool``): each thread has its own malloc arena, and a fresh thread's arena
 page-faults every array it hands out, so new threads per engine would make an engine
@@ -32,12 +37,15 @@ seconds, so a process that stops using the engine holds no threads.
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import threading
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
+from heapq import heappop, heappush
 from typing import Any
+
+from .task_order import TURNS_PER_PRIORITY
 
 IDLE_TIMEOUT = 10.0
 
@@ -52,7 +60,8 @@ class _Worker:
 
 class WorkerPool(Executor):
     """At most ``max_workers`` threads; a submitted call goes to the thread that went
-    idle last, else to a new thread, else waits (first in, first out)."""
+    idle last, else to a new thread, else waits (by priority, first in first out within
+    one: Note [Task order] in task_order.py)."""
 
     def __init__(self, max_workers: int, *, nice: int = 0, name: str = "asyncgrad-worker",
                  idle_timeout: float = IDLE_TIMEOUT) -> None:
@@ -62,13 +71,21 @@ class WorkerPool(Executor):
         self.idle_timeout = idle_timeout
         self._lock = threading.Lock()
         self._idle: list[_Worker] = []
-        self._waiting: deque[tuple[Future[Any], Callable[..., Any], tuple[Any, ...]]] = deque()
+        # (key, seq, job) of the calls waiting for a thread, a heap (Note [Task order])
+        self._waiting: list[tuple[int, int, tuple[Future[Any], Callable[..., Any], tuple[Any, ...]]]] = []
+        self._seq = itertools.count()
         self._threads = 0
         self._count = 0
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        """``fn(*args, **kwargs)`` on a worker thread, at priority 0."""
         if kwargs:
             fn, args = functools.partial(fn, *args, **kwargs), ()
+        return self.submit_at(0, fn, *args)
+
+    def submit_at(self, priority: int, fn: Callable[..., Any], /, *args: Any) -> Future[Any]:
+        """``fn(*args)`` on a worker thread; when every thread is busy it waits behind
+        the calls of its priority submitted before it (Note [Task order])."""
         future: Future[Any] = Future()
         job = (future, fn, args)
         with self._lock:
@@ -78,7 +95,8 @@ class WorkerPool(Executor):
                 worker.wake.set()
                 return future
             if self._threads >= self.max_workers:
-                self._waiting.append(job)
+                seq = next(self._seq)
+                heappush(self._waiting, (seq - priority * TURNS_PER_PRIORITY, seq, job))
                 return future
             self._threads += 1
             self._count += 1
@@ -110,7 +128,7 @@ class WorkerPool(Executor):
             # the loop submits then goes to this same thread (see the note).
             with self._lock:
                 if self._waiting:
-                    job = self._waiting.popleft()
+                    job = heappop(self._waiting)[2]
                 else:
                     job = worker.job = None
                     worker.wake.clear()
@@ -143,6 +161,13 @@ def shared_pool(max_workers: int, nice: int) -> WorkerPool:
         if pool is None:
             pool = _shared[(max_workers, nice)] = WorkerPool(max_workers, nice=nice)
         return pool
+
+
+def submit(executor: Executor, priority: int, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+    """``executor.submit(fn, *args)``, in ``priority`` order when it is a WorkerPool."""
+    if type(executor) is WorkerPool:
+        return executor.submit_at(priority, fn, *args)
+    return executor.submit(fn, *args)
 
 
 def lower_priority(nice: int) -> None:

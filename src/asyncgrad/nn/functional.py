@@ -212,3 +212,18 @@ __all__ += [  # image layers (issue 32)
     "adaptive_avg_pool2d", "adaptive_max_pool2d", "avg_pool2d", "batch_norm", "conv1d", "conv2d",
     "conv_transpose2d", "group_norm", "interpolate", "max_pool2d", "pad",
 ]
+
+
+# More activations, vector functions and losses (issue 32; in nn/activations.py)
+from .activations import (  # noqa: E402
+    binary_cross_entropy, binary_cross_entropy_with_logits, celu, cosine_similarity, elu, glu,
+    hardsigmoid, hardswish, hardtanh, huber_loss, kl_div, l1_loss, leaky_relu, logsigmoid, mish,
+    normalize, one_hot, pairwise_distance, relu6, selu, silu, smooth_l1_loss, softmin, softplus,
+    softsign, tanhshrink,
+)
+__all__ += [
+    "binary_cross_entropy", "binary_cross_entropy_with_logits", "celu", "cosine_similarity", "elu",
+    "glu", "hardsigmoid", "hardswish", "hardtanh", "huber_loss", "kl_div", "l1_loss", "leaky_relu",
+    "logsigmoid", "mish", "normalize", "one_hot", "pairwise_distance", "relu6", "selu", "silu",
+    "smooth_l1_loss", "softmin", "softplus", "softsign", "tanhshrink"
+]

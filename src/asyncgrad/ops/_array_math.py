@@ -8,10 +8,10 @@ from typing import Any
 
 import numpy as np
 
-from . import _fast as fast
+from .kernels import compiled_path as fast
 from ._broadcast import sum_to
 from ._index import index_add_zeros
-from ._special import erf
+from .kernels.special import erf
 
 # Note [ReLU backward by bit mask]: relu's gradient is ``g`` where ``ans > 0``, else +0,
 # whatever ``g`` holds there (an infinite or NaN gradient is dropped too, as PyTorch's
@@ -21,8 +21,8 @@ from ._special import erf
 # three ReLU nodes cost more than its 4.2 ms of overhead over the numpy floor. The same
 # result without a branch: AND each float's bits with 0 or all ones, from the mask as
 # int8 0 / -1 (widened by numpy's integer casting), 0.19 ms. With the compiled kernels
-# loaded (ops/kernels.py) it is one select per element instead, the same bits:
-# ``_numba_kernels.threshold_backward``.
+# loaded (ops/kernels/loader.py) it is one select per element instead, the same bits:
+# ``numba_kernels.threshold_backward``.
 _SAME_SIZE_INT = {2: np.int16, 4: np.int32, 8: np.int64}
 
 
@@ -45,6 +45,14 @@ class ArrayMath:
     zeros_like = staticmethod(np.zeros_like)
     stack = staticmethod(np.stack)
     cat = staticmethod(np.concatenate)
+
+    @staticmethod
+    def cumsum(x: np.ndarray, dim: int) -> np.ndarray:
+        return np.cumsum(x, axis=dim)
+
+    @staticmethod
+    def einsum(equation: str, *operands: Any) -> np.ndarray:
+        return np.asarray(np.einsum(equation, *operands, optimize=len(operands) > 1))
 
     @staticmethod
     def constant(value: Any) -> Any:

@@ -67,6 +67,10 @@ class OpSpec:
     # read their gradient at any strides and return new arrays (never it or a view of it)
     view_vjp: Rule | None = None
     takes_views: bool = False
+    # the params hold what PyTorch saves as tensors (advanced indexing's index arrays): a
+    # backward without retain_graph frees them with the saved values, so a second
+    # backward through the node raises as in PyTorch
+    saves_params: bool = False
 
     #: whether the engine's fused inline step handles this op (see GraphTask.run_inline)
     fusable: bool = field(init=False, default=True)

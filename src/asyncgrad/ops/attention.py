@@ -11,7 +11,7 @@ compiled pass each way:
 * forward: ``s = q @ k^T`` (BLAS), then ``attention_softmax`` (``_causal``,
   ``_masked``) in place: scale, mask, max, exp, sum and normalise per row, the scale
   applied within the max and exp passes; causal rows run at full width with a select
-  (Note [Causal rows at full width] in ``_numba_kernels.py``). ``out = p @ v``. The
+  (Note [Causal rows at full width] in ``numba_kernels.py``). ``out = p @ v``. The
   weights ``p`` are kept (aux), as the composite kept its softmax's output;
 * backward: ``dv = p^T @ g``, ``dp = g @ v^T``, then ``attention_softmax_backward`` (as
   above) in place (``ds = p * (dp - rowsum(dp * p)) * scale``, 0 where masked),
@@ -156,7 +156,7 @@ def _causal_halves(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) ->
     is still a little more than the extra GEMM calls, so the halves start at
     ``CAUSAL_HALVES_MIN`` = 64 rows (four blocks were no faster at 128). The skipped
     quarter of the scores is never written by a product: the causal kernel reads it only
-    under its select (Note [Causal rows at full width] in ``_numba_kernels.py``) and
+    under its select (Note [Causal rows at full width] in ``numba_kernels.py``) and
     writes its zeros; numpy's pass gets it zeroed. The joint backward does the same
     (``_joint_halves``): ``dp = g @ v^T``, ``dq = ds @ k``, and the keys' halves of ``dk =
     ds^T @ q`` and ``dv = p^T @ g``, each gradient in its input's layout."""

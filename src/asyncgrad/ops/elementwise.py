@@ -14,10 +14,10 @@ from dataclasses import replace
 
 import numpy as np
 
-from . import _fast as fast
+from .kernels import compiled_path as fast
 from ._quiet import quiet
 from ._spec import defop
-from ._special import erf as _erf
+from .kernels.special import erf as _erf
 
 _2_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
 
@@ -187,3 +187,43 @@ bernoulli_scalar = replace(uniform, node_name="BernoulliBackward2")  # bernoulli
 bernoulli_tensor = defop("BernoulliBackward1", None,  # type: ignore[arg-type]
                          lambda m, g, ans, x, p: m.zeros_like(g),
                          lambda m, g, ans, x, p: m.zeros_like(g))  # summed down to p's shape
+
+
+# --- more of PyTorch's elementwise functions (issue 32) ------------------------------------
+_LN2 = math.log(2.0)
+_LN10 = math.log(10.0)
+
+
+def _zero_rule(m, g, ans, x):  # type: ignore[no-untyped-def]
+    return m.zeros_like(g)  # piecewise constant: a zero gradient (PyTorch's for floor etc.)
+
+
+rsqrt = defop("RsqrtBackward0", quiet(lambda x: 1.0 / np.sqrt(x), 1),
+              lambda m, g, ans, x: -0.5 * g * ans * ans * ans, save="ans")
+log1p = defop("Log1PBackward0", quiet(np.log1p, 1), quiet(lambda m, g, ans, x: g / (x + 1.0)), save="x")
+expm1 = defop("Expm1Backward0", quiet(np.expm1, 1), lambda m, g, ans, x: g * (ans + 1.0), save="ans")
+log2 = defop("Log2Backward0", quiet(np.log2, 1), quiet(lambda m, g, ans, x: g / (x * _LN2)), save="x")
+log10 = defop("Log10Backward0", quiet(np.log10, 1), quiet(lambda m, g, ans, x: g / (x * _LN10)), save="x")
+exp2 = defop("Exp2Backward0", quiet(np.exp2, 1), lambda m, g, ans, x: g * ans * _LN2, save="ans")
+sinh = defop("SinhBackward0", quiet(np.sinh, 1),
+             lambda m, g, ans, x: g * (m.exp(x) + m.exp(-x)) * 0.5, save="x")
+cosh = defop("CoshBackward0", quiet(np.cosh, 1),
+             lambda m, g, ans, x: g * (m.exp(x) - m.exp(-x)) * 0.5, save="x")
+asin = defop("AsinBackward0", quiet(np.arcsin, 1),
+             quiet(lambda m, g, ans, x: g / m.sqrt(1.0 - x * x)), save="x")
+acos = defop("AcosBackward0", quiet(np.arccos, 1),
+             quiet(lambda m, g, ans, x: -g / m.sqrt(1.0 - x * x)), save="x")
+atan = defop("AtanBackward0", np.arctan, lambda m, g, ans, x: g / (1.0 + x * x), save="x")
+atan2 = defop("Atan2Backward0", quiet(np.arctan2, 2),
+              quiet(lambda m, g, ans, y, x: g * x / (x * x + y * y)),
+              quiet(lambda m, g, ans, y, x: -g * y / (x * x + y * y)), save="x y")
+reciprocal = defop("ReciprocalBackward0", quiet(np.reciprocal, 1), lambda m, g, ans, x: -g * ans * ans,
+                   save="ans")
+erfc = defop("ErfcBackward0", lambda x: 1.0 - _erf(x),
+             lambda m, g, ans, x: -g * _2_OVER_SQRT_PI * m.exp(-(x * x)), save="x")
+floor = defop("FloorBackward0", np.floor, _zero_rule)
+ceil = defop("CeilBackward0", np.ceil, _zero_rule)
+round_ = defop("RoundBackward0", np.round, _zero_rule)
+trunc = defop("TruncBackward0", np.trunc, _zero_rule)
+sign = replace(sgn, node_name="SignBackward0")
+frac = defop("FracBackward0", lambda x: x - np.trunc(x), lambda m, g, ans, x: g)

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from . import _intra
+from .kernels import intra_op
 from ._spec import defop
 
 
@@ -37,8 +37,8 @@ def _row_major(b: np.ndarray) -> np.ndarray:
 
 def _mm_pool(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """``_mm`` while one pool is on: a 2-D float product split over TBB's pool when Note
-    [One pool] in ``_intra.py`` allows it (``_intra.product``), else numpy's ``matmul``."""
-    product = _intra.product
+    [One pool] in ``intra_op.py`` allows it (``intra_op.product``), else numpy's ``matmul``."""
+    product = intra_op.product
     if product is not None:
         res = product(a, b, out)
         if res is not None:
@@ -47,9 +47,9 @@ def _mm_pool(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.
 
 
 # the linear layers' and flat products (``_mm(a, b[, out])``): numpy's ``matmul``, or
-# ``_mm_pool`` while one pool is on (``_intra.set_one_pool`` swaps it), so the default
+# ``_mm_pool`` while one pool is on (``intra_op.set_one_pool`` swaps it), so the default
 # path costs what it did before
-_mm: Callable[..., np.ndarray] = _mm_pool if _intra.one_pool else np.matmul
+_mm: Callable[..., np.ndarray] = _mm_pool if intra_op.one_pool else np.matmul
 
 
 def _stacked(a: np.ndarray, b: np.ndarray) -> bool:

@@ -1,7 +1,7 @@
 """Neural-network primitives: softmax, log_softmax, gelu, nll_loss, mse_loss, layer_norm.
 
-Each kernel and plain-backward rule first asks ``ops/_fast.py`` for the compiled path (one
-pass, numba; see ``ops/kernels.py``) and runs its numpy form when that returns None: the
+Each kernel and plain-backward rule first asks ``ops/kernels/compiled_path.py`` for the compiled path (one
+pass, numba; see ``ops/kernels/loader.py``) and runs its numpy form when that returns None: the
 numpy forms are the complete fallback and, under create_graph, the differentiable rules."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import math
 
 import numpy as np
 
-from . import _fast as fast
-from . import _kernels as K
+from .kernels import compiled_path as fast
+from .kernels import blockwise as K
 from ._quiet import quiet
 from ._spec import defop
-from ._special import erf
+from .kernels.special import erf, normal_cdf_block
 
 _SQRT_2 = math.sqrt(2.0)
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -95,8 +95,8 @@ def _gelu(x, *, approximate):  # type: ignore[no-untyped-def]
     if compiled is not None:
         return compiled
     with np.errstate(over="ignore", invalid="ignore"):  # -inf * Phi(-inf) = NaN, as PyTorch
-        if x.dtype in _FAST:  # fused, block by block, in x's dtype (ops/_kernels.py)
-            cdf = K.blockwise(K.normal_cdf_block, x)
+        if x.dtype in _FAST:  # fused, block by block, in x's dtype (ops/kernels/blockwise.py)
+            cdf = K.blockwise(normal_cdf_block, x)
         else:
             cdf = 0.5 * (1.0 + erf(x / _SQRT_2))
         return np.asarray(x * cdf), cdf

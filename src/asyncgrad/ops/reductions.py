@@ -37,13 +37,13 @@ def _count(shape: tuple[int, ...], dim: tuple[int, ...] | None) -> int:
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 # Below this many elements a sum over the last axis keeps numpy's reduction: a call into a
-# compiled kernel costs ~1-2 us more (as ``_fast.ELEMENTWISE_MIN``).
+# compiled kernel costs ~1-2 us more (as ``compiled_path.ELEMENTWISE_MIN``).
 ROW_SUMS_MIN = 4096
 
 
 def _row_sums(x: np.ndarray, dim: tuple[int, ...] | None, keepdim: bool) -> np.ndarray | None:
     """``np.add.reduce(x, axis=dim, keepdims=keepdim)`` by the compiled ``row_sums``, the
-    same bits (Note [Row sums in numpy's order] in _numba_kernels.py), when ``dim`` is the
+    same bits (Note [Row sums in numpy's order] in numba_kernels.py), when ``dim`` is the
     last axis of a C-contiguous, writeable float32/float64 ``x`` of at least
     ``ROW_SUMS_MIN`` elements (and one) and the compiled kernels are in use and sum as
     this numpy does (checked at their load); else None."""
@@ -92,7 +92,8 @@ def _var(x, *, dim, keepdim, correction):  # type: ignore[no-untyped-def]
 def _extreme_all(reduce: Any):  # type: ignore[no-untyped-def]
     def forward(x):  # type: ignore[no-untyped-def]
         ans = np.asarray(reduce(x))
-        mask = x == ans
+        # a NaN result: the gradient is split among the NaN elements, as PyTorch's
+        mask = np.isnan(x) if ans.dtype.kind == "f" and np.isnan(ans) else x == ans
         weights = mask / np.asarray(mask.sum(), dtype=x.dtype)
         return ans, weights.astype(x.dtype, copy=False)
     return forward
@@ -343,3 +344,26 @@ std_of_std_mean = replace(std, node_name="StdMeanBackward0")
 mean_of_std_mean = replace(mean, node_name="StdMeanBackward0")
 norm = defop("LinalgVectorNormBackward0", _norm, _norm_rule, save="x ans")
 norm_inf = defop("LinalgVectorNormBackward0", _norm_inf, _norm_inf_rule, save="x", has_aux=True)
+
+
+# --- amax / amin (PyTorch's: several dims; ties and NaN as its amax_backward) ---------------
+def _extreme_dims(reduce: Any):  # type: ignore[no-untyped-def]
+    def forward(x, *, dim, keepdim):  # type: ignore[no-untyped-def]
+        ans = reduce(x, axis=dim, keepdims=True)
+        mask = x == ans
+        with np.errstate(invalid="ignore", divide="ignore"):  # a NaN result: NaN weights, as PyTorch
+            weights = mask / np.sum(mask, axis=dim, keepdims=True, dtype=x.dtype)
+        values = ans if keepdim else np.squeeze(ans, axis=dim if dim is not None else None)
+        return np.asarray(values), weights.astype(x.dtype, copy=False)
+    return forward
+
+
+def _extreme_dims_rule(m, g, ans, x, *, dim, keepdim, shape, aux):  # type: ignore[no-untyped-def]
+    return _expand_back(m, g, dim, keepdim, shape) * aux
+
+
+amax = defop("AmaxBackward0", _extreme_dims(np.max), _extreme_dims_rule, has_aux=True)
+amin = defop("AminBackward0", _extreme_dims(np.min), _extreme_dims_rule, has_aux=True)
+cumsum = defop("CumsumBackward0", lambda x, *, dim: np.cumsum(x, axis=dim),
+               # each input feeds every later output: the reversed running sum of g
+               lambda m, g, ans, x, *, dim: m.sum(g, dim, True) - m.cumsum(g, dim) + g)

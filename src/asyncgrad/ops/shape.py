@@ -74,14 +74,21 @@ getitem_basic = defop("SliceBackward0", lambda x, *, index: x[index],
 getitem_select = replace(getitem_basic, node_name="SelectBackward0")
 getitem_unsqueeze = replace(getitem_basic, node_name="UnsqueezeBackward0")
 getitem_alias = replace(getitem_basic, node_name="AliasBackward0")
-getitem_advanced = defop("IndexBackward0", lambda x, *, index: x[index],
-                         lambda m, g, ans, x, *, index, shape: m.index_add(g, index, shape, False))
+getitem_advanced = replace(defop("IndexBackward0", lambda x, *, index: x[index],
+                                 lambda m, g, ans, x, *, index, shape: m.index_add(g, index, shape, False)),
+                           saves_params=True)
 index_add = defop("IndexAddBackward0", _index_add_forward,
                   lambda m, g, ans, x, *, index: m.getitem(g, index))
-index_put = defop("IndexPutBackward0", _index_put,
-                  lambda m, g, ans, x, v, *, index, mask: m.where(mask, 0.0, g),
-                  lambda m, g, ans, x, v, *, index, mask: m.getitem(g, index))
-copy_slices = replace(index_put, node_name="CopySlices")  # x[basic index] = v; in-place through a view
+index_put = replace(defop("IndexPutBackward0", _index_put,
+                          lambda m, g, ans, x, v, *, index, mask: m.where(mask, 0.0, g),
+                          lambda m, g, ans, x, v, *, index, mask: m.getitem(g, index)), saves_params=True)
+# x[basic index] = v; in-place through a view (a basic index holds no tensors)
+copy_slices = replace(index_put, node_name="CopySlices", saves_params=False)
+# ops that pick elements by a full advanced index (built in functional.py): indexing's
+# rules under PyTorch's node names
+gather = replace(getitem_advanced, node_name="GatherBackward0")
+index_select = replace(getitem_advanced, node_name="IndexSelectBackward0")
+unfold = replace(getitem_advanced, node_name="UnfoldBackward0")
 cat = defop("CatBackward0", _cat_forward, _cat_rule, variadic=True)
 stack = defop("StackBackward0", _stack_forward, _stack_rule, variadic=True)
 

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from ..ops import _fast as fast
+from ..ops.kernels import compiled_path as fast
 from ..tensor import Tensor
 from .optimizer import Optimizer, _commit
 

@@ -77,10 +77,12 @@ class Optimizer:
         super().__init_subclass__(**kwargs)
         step = cls.__dict__.get("step")
         if step is not None:
+            # the subclass's own signature is kept: ``step(self)`` without a closure is
+            # called without one, as PyTorch's wrapper passes on whatever it was given
             @functools.wraps(step)
-            def locked_step(self: Optimizer, closure: Callable[[], Any] | None = None) -> Any:
+            def locked_step(self: Optimizer, *args: Any, **kwargs: Any) -> Any:
                 with grad_lock():  # every .grad from one commit or another, whole
-                    return step(self, closure)
+                    return step(self, *args, **kwargs)
 
             cls.step = locked_step  # type: ignore[method-assign]
 

@@ -1,5 +1,6 @@
-"""``asyncgrad.utils``: helpers built on the autograd engine (``utils.checkpoint``)."""
+"""``asyncgrad.utils``: helpers built on the autograd engine (``utils.checkpoint``) and
+``utils.data`` (datasets and the ``DataLoader``)."""
 
-from . import checkpoint
+from . import checkpoint, data
 
-__all__ = ["checkpoint"]
+__all__ = ["checkpoint", "data"]

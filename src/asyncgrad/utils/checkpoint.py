@@ -67,10 +67,11 @@ from typing import Any
 
 from .. import _context
 from ..random import get_rng_state
-from .checkpoint_hooks import checkpoint_with_hooks
+from .checkpoint_hooks import CheckpointError, checkpoint_with_hooks
 from .checkpoint_reentrant import checkpoint_reentrant
 
-__all__ = ["checkpoint", "checkpoint_sequential", "set_checkpoint_early_stop"]
+__all__ = ["CheckpointError", "checkpoint", "checkpoint_sequential", "set_checkpoint_debug_enabled",
+           "set_checkpoint_early_stop"]
 
 # PyTorch's texts (torch 2.13), with asyncgrad's module name
 USE_REENTRANT_WARNING = (
@@ -90,7 +91,8 @@ SEQUENTIAL_USE_REENTRANT_WARNING = (
 
 
 def checkpoint(fn: Callable[..., Any], *args: Any, use_reentrant: bool | None = None,
-               preserve_rng_state: bool = True, early_stop: bool = True, **kwargs: Any) -> Any:
+               preserve_rng_state: bool = True, early_stop: bool = True, debug: bool = False,
+               **kwargs: Any) -> Any:
     """``fn(*args, **kwargs)``, keeping only the inputs for backward, which recomputes
     ``fn`` (see the module docstring for the two forms). Non-tensor arguments and
     results pass through unchanged. Under ``no_grad`` this is just ``fn(*args)``.
@@ -98,7 +100,10 @@ def checkpoint(fn: Callable[..., Any], *args: Any, use_reentrant: bool | None = 
     ``use_reentrant`` should be passed: without it, PyTorch's warning, and the
     reentrant form. ``early_stop`` (non-reentrant form; overridden by
     :func:`set_checkpoint_early_stop`) stops each recomputation as soon as every tensor
-    the forward saved is back (Note [Early stop])."""
+    the forward saved is back (Note [Early stop]). A recomputation that saves tensors
+    of another number, shape, dtype or device than the forward raises
+    :class:`CheckpointError`; with ``debug=True`` (or inside
+    :func:`set_checkpoint_debug_enabled`) its message shows where each was saved."""
     if use_reentrant is None:
         warnings.warn(USE_REENTRANT_WARNING, UserWarning, stacklevel=2)
         use_reentrant = True
@@ -108,7 +113,9 @@ def checkpoint(fn: Callable[..., Any], *args: Any, use_reentrant: bool | None = 
     if use_reentrant:
         return checkpoint_reentrant(fn, args, kwargs, rng)
     override = _context.checkpoint_early_stop.get()
-    return checkpoint_with_hooks(fn, args, kwargs, rng, early_stop if override is None else override)
+    debug_override = _context.checkpoint_debug.get()
+    return checkpoint_with_hooks(fn, args, kwargs, rng, early_stop if override is None else override,
+                                 debug if debug_override is None else debug_override)
 
 
 @contextmanager
@@ -121,6 +128,18 @@ def set_checkpoint_early_stop(enable: bool) -> Iterator[None]:
         yield
     finally:
         _context.checkpoint_early_stop.reset(token)
+
+
+@contextmanager
+def set_checkpoint_debug_enabled(enabled: bool | None) -> Iterator[None]:
+    """Whether non-reentrant checkpoints whose forward runs inside this block explain a
+    mismatched recomputation in detail (``debug=True``), overriding each checkpoint's
+    ``debug`` argument; None leaves it to the argument. Context-local, like grad mode."""
+    token = _context.checkpoint_debug.set(None if enabled is None else bool(enabled))
+    try:
+        yield
+    finally:
+        _context.checkpoint_debug.reset(token)
 
 
 def checkpoint_sequential(functions: Any, segments: int, input: Any, use_reentrant: bool | None = None,

@@ -6,6 +6,7 @@ recomputes ``fn`` (Note [When recomputed values are dropped], Note [Early stop])
 from __future__ import annotations
 
 import threading
+import traceback
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -17,6 +18,29 @@ from .checkpoint_rng import restored_rng
 
 if TYPE_CHECKING:
     from ..tensor import Tensor
+
+
+class CheckpointError(RuntimeError):
+    """A recomputation that does not match its checkpoint's forward (PyTorch's name)."""
+
+
+def _metadata(t: Tensor) -> dict[str, Any]:
+    """What a recomputed saved tensor must share with the one the forward saved."""
+    return {"shape": tuple(t.shape), "dtype": t.dtype, "device": t.device}
+
+
+def _where_saved() -> str:
+    """The user's frames that led to a save (for ``debug=True``), innermost last."""
+    frames = [f for f in traceback.extract_stack()[:-3] if "/asyncgrad/" not in f.filename]
+    return "".join(traceback.format_list(frames[-6:]))
+
+
+_DEBUG_TIP = (
+    "\nTip: To see a more detailed error message, either pass `debug=True` to\n"
+    "`asyncgrad.utils.checkpoint.checkpoint(...)` or wrap the code block\n"
+    "with `with asyncgrad.utils.checkpoint.set_checkpoint_debug_enabled(True):` to\n"
+    "enable checkpoint-debug mode globally.\n"
+)
 
 
 class _Recomputed:
@@ -50,11 +74,14 @@ class _Frame:
     """
 
     __slots__ = ("fn", "args", "kwargs", "rng", "count", "lock", "by_task", "early_stop",
-                 "forward_completed", "__weakref__")
+                 "forward_completed", "metadata", "debug", "traces", "__weakref__")
 
     def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-                 rng: dict[str, Any] | None, early_stop: bool = True) -> None:
+                 rng: dict[str, Any] | None, early_stop: bool = True, debug: bool = False) -> None:
         self.fn = fn
+        self.metadata: list[dict[str, Any]] = []  # of each tensor the forward saved
+        self.debug = debug
+        self.traces: list[str] = []  # with debug: where the forward saved each
         self.args = args
         self.kwargs = kwargs
         self.rng = rng
@@ -67,6 +94,9 @@ class _Frame:
     def pack(self, t: Tensor) -> _Handle:
         handle = _Handle(self, self.count)
         self.count += 1
+        self.metadata.append(_metadata(t))
+        if self.debug:
+            self.traces.append(_where_saved())
         return handle
 
     def unpack(self, index: int) -> Any:
@@ -101,20 +131,26 @@ class _Frame:
     # passed through, as in PyTorch.
     def _recompute(self) -> list[Any]:
         values: list[Any] = []
+        traces: list[str] = []
         needed = self.count  # what the forward saved so far (all of it once it completed)
 
         def pack(t: Tensor) -> Any:
             if len(values) >= needed:
                 if not self.forward_completed:
                     return t  # see Note [Early stop]
-                raise RuntimeError(
+                raise CheckpointError(
                     "asyncgrad.utils.checkpoint: trying to save more tensors during recomputation "
                     "than during the original forward pass."
                 )
-            values.append(t)
+            # detached, as PyTorch keeps it: a recomputed node that saves its own output
+            # would otherwise hold it, and through its grad_fn itself (a reference cycle)
+            kept = t.detach() if t.requires_grad else t
+            values.append(kept)
+            if self.debug:
+                traces.append(_where_saved())
             if self.early_stop and len(values) == needed:
                 raise _StopRecomputation
-            return t
+            return kept
 
         try:
             with restored_rng(self.rng), enable_grad(), saved_tensors_hooks(pack, _identity):
@@ -122,13 +158,39 @@ class _Frame:
         except _StopRecomputation:
             pass
         if len(values) != needed:
-            raise RuntimeError(
+            raise CheckpointError(
                 "asyncgrad.utils.checkpoint: A different number of tensors was saved during the "
                 "original forward and recomputation.\n"
                 f"Number of tensors saved during forward: {needed}\n"
                 f"Number of tensors saved during recomputation: {len(values)}"
+                + self._explain(traces)
             )
+        self._check_metadata(values, traces)
         return values
+
+    def _check_metadata(self, values: list[Any], traces: list[str]) -> None:
+        """Raise CheckpointError when a recomputed tensor differs from the saved one in
+        shape, dtype or device (its gradient would silently be wrong), as PyTorch."""
+        wrong = ""
+        for i, (v, saved) in enumerate(zip(values, self.metadata)):
+            now = _metadata(v)
+            if now != saved:
+                wrong += f"tensor at position {i}:\nsaved metadata: {saved}\nrecomputed metadata: {now}\n"
+        if wrong:
+            raise CheckpointError(
+                "asyncgrad.utils.checkpoint: Recomputed values for the following tensors have "
+                f"different metadata than during the forward pass.\n{wrong}." + self._explain(traces)
+            )
+
+    def _explain(self, traces: list[str]) -> str:
+        """With debug: where each tensor was saved, in the forward and in the recomputation."""
+        if not self.debug:
+            return "\n" + _DEBUG_TIP
+        parts = ["\n\nThe tensors saved in the original forward (debug=True), in order:"]
+        parts += [f"\n${i}:\n{tr}" for i, tr in enumerate(self.traces)]
+        parts.append("\nThe tensors saved in the recomputation, in order:")
+        parts += [f"\n${i}:\n{tr}" for i, tr in enumerate(traces)]
+        return "".join(parts)
 
 
 class _StopRecomputation(BaseException):
@@ -153,8 +215,8 @@ def _unpack_handle(handle: _Handle) -> Any:
 
 
 def checkpoint_with_hooks(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-                           rng: dict[str, Any] | None, early_stop: bool) -> Any:
-    frame = _Frame(fn, args, kwargs, rng, early_stop)
+                           rng: dict[str, Any] | None, early_stop: bool, debug: bool = False) -> Any:
+    frame = _Frame(fn, args, kwargs, rng, early_stop, debug)
     with saved_tensors_hooks(frame.pack, _unpack_handle):
         result = fn(*args, **kwargs)
     frame.forward_completed = True

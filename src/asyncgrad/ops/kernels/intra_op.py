@@ -1,9 +1,9 @@
 """Intra-op threads: whether a large compiled kernel may split itself over the cores now.
 
-Note [Intra-op threads]: the compiled elementwise and row kernels (``_numba_kernels.py``)
+Note [Intra-op threads]: the compiled elementwise and row kernels (``numba_kernels.py``)
 have parallel forms (numba ``prange``) that split one call over the cores. They run only
 when all of these hold, else the serial kernel runs (the same results, Note [Parallel
-kernels give the serial bits] in ``_numba_kernels.py``):
+kernels give the serial bits] in ``numba_kernels.py``):
 
 * numba's TBB threading layer is in use (``available``). TBB's pool is shared by every
   thread that calls into it (two kernels called at once share its threads, they do not
@@ -73,7 +73,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -88,16 +89,16 @@ MIN_HEAVY = 65536  # gelu (both forms) and its backward, sigmoid, softmax, log_s
 MIN_PRODUCT = 1 << 22  # multiply-adds from which a product splits (Note [One pool]; untuned: the step's least is 8.5 M)
 MIN_LIGHT = 262144  # tanh's, sigmoid's, relu's, softmax's, log_softmax's and layer_norm's backward, masks
 
-available = False  # set by _numba_kernels at import when it compiled the parallel forms (TBB)
+available = False  # set by numba_kernels at import when it compiled the parallel forms (TBB)
 _setting = os.environ.get(ENV_VAR, "").strip().lower()
-load_forms = _setting not in ("0", "off", "false", "no")  # read by _numba_kernels at import
+load_forms = _setting not in ("0", "off", "false", "no")  # read by numba_kernels at import
 _enabled = _setting in ("1", "on", "true", "yes", "pool")  # off unless asked for: Note [Intra-op threads]
 launches = 0  # parallel kernel calls so far (tests observe the switch through it)
 one_pool = _setting == "pool"  # Note [One pool]: BLAS at one thread, products in TBB's pool too
 # a 2-D product ``(a, b, out) -> out`` or None (numpy's then), set by ``build_product`` once
 # it compiled the split product over numpy's BLAS; ``linalg._mm`` calls it
 product: Callable[[Any, Any, Any], Any] | None = None
-# compiles ``product`` (once; whether it could), set by _numba_kernels with the parallel
+# compiles ``product`` (once; whether it could), set by numba_kernels with the parallel
 # forms: the split product is built the first time one pool is turned on
 build_product: Callable[[], bool] | None = None
 _pin: Any = None  # the BLAS.pinned(1) block one pool holds open
@@ -120,7 +121,7 @@ def set_one_pool(on: bool) -> None:
     large 2-D products split over TBB's pool; off, BLAS's threads adapt again and the
     parallel kernels stay as :func:`set_enabled` left them."""
     global one_pool, _pin
-    from . import linalg
+    from .. import linalg
 
     if on:
         if build_product is not None:
@@ -135,17 +136,15 @@ def set_one_pool(on: bool) -> None:
 
 
 def _pin_blas() -> None:
-    """Hold BLAS at one thread per call for one pool (once)."""
-    global _pin, _blas
-    if _pin is None:
-        from ..autograd.policy import BLAS
-
-        _blas = BLAS
-        _pin = BLAS.pinned(1)
+    """Hold BLAS at one thread per call for one pool (once; not before a gate is
+    registered: the next kernel that asks pins it)."""
+    global _pin
+    if _pin is None and _gate is not None:
+        _pin = _gate.pinned(1)
         _pin.__enter__()
 
 
-on_switch: Callable[[bool], None] | None = None  # set by _numba_kernels: installs or removes its dispatchers
+on_switch: Callable[[bool], None] | None = None  # set by numba_kernels: installs or removes its dispatchers
 
 
 def enabled() -> bool:
@@ -155,20 +154,38 @@ def enabled() -> bool:
 
 def allowed() -> bool:
     """Whether a large kernel called now may split itself over the cores (Note [Intra-op
-    threads]); each True answer counts as one launch."""
-    global launches, _blas
-    if not (_enabled and available):
+    threads]); each True answer counts as one launch. Without a registered gate
+    (:func:`use_gate`) nothing says the process is idle, so every kernel stays serial."""
+    global launches
+    if not (_enabled and available) or _gate is None:
         return False
-    if _blas is None:
-        from ..autograd.policy import BLAS
-
-        _blas = BLAS
     if one_pool and _pin is None:  # ASYNCGRAD_INTRA_OP=pool: pinned at the first kernel
         _pin_blas()
-    if not _blas.intra_op_ok(one_pool):
+    if not _gate.intra_op_ok(one_pool):
         return False
     launches += 1
     return True
 
 
-_blas: Any = None  # autograd.policy.BLAS, imported at first use (ops load before autograd)
+class Gate(Protocol):
+    """What the intra-op switch asks of whoever runs numpy's BLAS (the engine's
+    ``BLAS`` thread policy, which registers itself with :func:`use_gate`): ops never
+    import the engine, the engine tells ops what they need."""
+
+    def intra_op_ok(self, one_pool: bool = False) -> bool:
+        """Whether a kernel may split itself over the cores now (Note [Intra-op threads])."""
+        ...
+
+    def pinned(self, n: int) -> AbstractContextManager[None]:
+        """A block in which numpy's BLAS runs ``n`` threads per call."""
+        ...
+
+
+_gate: Gate | None = None  # registered by the engine at import (autograd/policy.py)
+
+
+def use_gate(gate: Gate) -> None:
+    """Ask ``gate`` from now on whether the process is idle enough for parallel kernels,
+    and pin BLAS through it for one pool (Note [One pool])."""
+    global _gate
+    _gate = gate

@@ -1,6 +1,6 @@
-"""Special functions numpy lacks. ``erf`` in float64 follows W. J. Cody's rational
-approximations (as in Cephes' ``ndtr.c``), accurate to double precision, vectorised over
-arrays; float32 has its own float32 kernel (``_kernels.erf_f32_block``), never upcast.
+"""Special functions numpy lacks, in numpy: ``erf`` and the standard normal cdf. ``erf`` in
+float64 follows W. J. Cody's rational approximations (as in Cephes' ``ndtr.c``), accurate to
+double precision, vectorised over arrays; float32 has its own float32 kernel (``erf_f32_block``), never upcast.
 
 Why not ``scipy.special.erf``: it evaluates float32 through the scalar double-precision
 Cephes routine, 11.1 ms for 1024x512 floats here against 1.6-3.2 ms for the float32 kernel
@@ -9,10 +9,47 @@ would add a 40 MB dependency. The float32 kernel is within 7 ulps (torch.erf: 0.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-from ._kernels import blockwise, erf_f32_block
+from .blockwise import blockwise
 
+# --- erf in float32 ----------------------------------------------------------------------------
+# A rational approximation erf(x) ~ x * P(x^2) / Q(x^2) on [-4, 4] (outside it erf is +-1 in
+# float32), with the coefficients of Eigen's ``generic_fast_erf_float`` (also XLA's). Odd
+# numerator: exact sign and full relative accuracy near 0, including subnormals. Measured
+# against a float64 erf over [-6, 6] and 1e-30..10: at most 7 float32 ulps (4.2e-7
+# absolute, near |x| = 3.3). clip propagates NaN; +-inf clip to +-4 and give +-1.
+_ERF_P = tuple(np.float32(c) for c in (
+    -2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06, -5.69250639462346e-05,
+    -7.34990630326855e-04, -2.95459980854025e-03, -1.60960333262415e-02))
+_ERF_Q = tuple(np.float32(c) for c in (
+    -1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03, -7.37332916720468e-03,
+    -1.42647390514189e-02))
+_F4 = np.float32(4.0)
+
+
+def erf_f32_block(x: np.ndarray) -> np.ndarray:
+    """erf of a float32 block, in float32 (see the note above for its accuracy)."""
+    c = np.clip(x, -_F4, _F4)
+    x2 = c * c
+    p = x2 * _ERF_P[0]
+    p += _ERF_P[1]
+    for k in _ERF_P[2:]:
+        p *= x2
+        p += k
+    p *= c
+    q = x2 * _ERF_Q[0]
+    q += _ERF_Q[1]
+    for k in _ERF_Q[2:]:
+        q *= x2
+        q += k
+    p /= q
+    return p
+
+
+# --- erf in float64 -------------------------------------------------------------------------
 # Cephes erf/erfc coefficients (ndtr.c).
 _T = [9.60497373987051638749e0, 9.00260197203842689217e1, 2.23200534594684319226e3,
       7.00332514112805075473e3, 5.55923013010394962768e4]
@@ -71,3 +108,19 @@ def erf(x: np.ndarray) -> np.ndarray:
             return blockwise(erf_f32_block, x)
     dtype = x.dtype if x.dtype.kind == "f" else np.dtype(np.float64)
     return blockwise(erf_f64, x.astype(np.float64, copy=False)).astype(dtype, copy=False)
+
+
+# --- the standard normal's cdf (GELU's) ----------------------------------------------------------
+_INV_SQRT_2 = 1.0 / math.sqrt(2.0)
+
+
+def _erf_block(x: np.ndarray) -> np.ndarray:
+    return erf_f32_block(x) if x.dtype == np.float32 else erf_f64(x)
+
+
+def normal_cdf_block(x: np.ndarray) -> np.ndarray:
+    """``Phi(x) = 0.5 * (1 + erf(x / sqrt(2)))``, the standard normal's cdf."""
+    t = _erf_block(x * x.dtype.type(_INV_SQRT_2))
+    t += 1
+    t *= x.dtype.type(0.5)
+    return t

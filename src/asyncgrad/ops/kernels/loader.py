@@ -4,7 +4,7 @@ the optional ``fast`` extra), loaded on a background thread.
 Note [Compiled kernels load off the loop]: importing numba and loading the kernels from
 numba's cache takes 0.6-0.9 s, compiling them after an install about 10 s: far too long
 to stall an event loop for (issue 11). So nothing loads at import: the first op that
-could use a compiled kernel starts a daemon thread that imports ``ops/_numba_kernels.py``,
+could use a compiled kernel starts a daemon thread that imports ``ops/kernels/numba_kernels.py``,
 and every op runs its numpy kernel until that import has finished, then the compiled
 one. The loader is ~1 s of Python on a second thread: it shares the GIL and a core with
 the loop, so it runs with the collector off, a short switch interval (Note [The loader
@@ -49,7 +49,7 @@ _loaded: ModuleType | None = None  # the compiled kernels, once imported
 _error: BaseException | None = None  # why they could not be imported
 _mode: str | None = None  # None: read ENV_VAR at first use
 _active: ModuleType | None = None  # what compiled() returns: _loaded unless mode is numpy
-_use_cache = True  # read by _numba_kernels at import
+_use_cache = True  # read by numba_kernels at import
 LOADER_SWITCH_INTERVAL = 0.0005  # seconds: the GIL switch interval while the loader runs
 LOADER_NICE = 19  # the loader thread's nice value (Linux; Note [The loader runs at low CPU priority])
 
@@ -228,7 +228,7 @@ def _load() -> None:
 
 def _import_kernels() -> None:
     global _loaded, _active, _error, _use_cache
-    name = __name__.rsplit(".", 1)[0] + "._numba_kernels"
+    name = __name__.rsplit(".", 1)[0] + ".numba_kernels"
     try:
         try:
             module = importlib.import_module(name)

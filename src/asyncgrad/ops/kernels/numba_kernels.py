@@ -1,5 +1,5 @@
 """Compiled kernels (numba): one pass per op where numpy needs several. Imported only by
-``ops/kernels.py``'s loader thread; never import it elsewhere (importing numba and loading
+``ops/kernels/loader.py``'s loader thread; never import it elsewhere (importing numba and loading
 these kernels takes a few hundred ms).
 
 Every kernel is compiled for float32 and float64 (explicit signatures: compiled, or loaded
@@ -36,7 +36,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-from . import _intra
+from . import intra_op
 
 _FLAGS = {"reassoc", "contract", "arcp"}  # Note [Fast-math flags]
 _CACHE = os.environ.get("ASYNCGRAD_KERNELS_CACHE", "1") != "0"  # set by the loader
@@ -119,7 +119,7 @@ def _exp_impl(x):  # type: ignore[no-untyped-def]
 
 
 def _erf(x):  # type: ignore[no-untyped-def]
-    """erf(x) in x's type: float32 as ``_kernels.erf_f32_block`` (Eigen's rational)."""
+    """erf(x) in x's type: float32 as ``blockwise.erf_f32_block`` (Eigen's rational)."""
 
 
 @overload(_erf, inline="always", jit_options={"fastmath": _FLAGS})
@@ -130,7 +130,7 @@ def _erf_impl(x):  # type: ignore[no-untyped-def]
 
     def erf_f32(x):  # type: ignore[no-untyped-def]
         c = x
-        if c > f(4.0):  # clip that keeps NaN (see _kernels.erf_f32_block)
+        if c > f(4.0):  # clip that keeps NaN (see blockwise.erf_f32_block)
             c = f(4.0)
         if c < f(-4.0):
             c = f(-4.0)
@@ -965,7 +965,7 @@ def adam_step(x, g, m, v, decoupled, decay, maximize, use_l2, l2,  # type: ignor
 
 # --- the same with a constant gradient --------------------------------------------------------
 # A gradient that is one value broadcast (zero strides: a sum's gradient, passed on by
-# adds and views) would be copied out in full for the kernels above (``_fast._c``): these
+# adds and views) would be copied out in full for the kernels above (``compiled_path._c``): these
 # read the value once instead. Same expressions, so the same bits.
 @_jit((F32, A32, A32), (F64, A64, A64))
 def tanh_backward_scalar(g, ans, out):  # type: ignore[no-untyped-def]
@@ -985,7 +985,7 @@ def threshold_backward_scalar(g, ans, out):  # type: ignore[no-untyped-def]
         out[i] = g if ans[i] > _c(ans[i], 0.0) else _c(g, 0.0)
 
 
-# --- parallel forms (Note [Intra-op threads] in _intra.py) -------------------------------------
+# --- parallel forms (Note [Intra-op threads] in intra_op.py) -------------------------------------
 # Note [Parallel kernels give the serial bits]: each parallel form cuts its arrays into one
 # contiguous part per thread (elements, or whole rows) and runs the serial kernel on each
 # part, so every element, and every row's reductions (softmax's max and sum, layer_norm's
@@ -1024,7 +1024,7 @@ def _tbb_layer() -> bool:
     return True
 
 
-PARALLEL = _intra.load_forms and _tbb_layer()
+PARALLEL = intra_op.load_forms and _tbb_layer()
 
 
 # parts per parallel call: numba hands each thread a contiguous run of them (16 spreads
@@ -1043,10 +1043,10 @@ def _pjit_exact(*sigs):  # type: ignore[no-untyped-def]
 
 
 def _dispatch(serial, parallel, minimum):  # type: ignore[no-untyped-def]
-    """The public kernel: ``parallel`` when its first array has at least ``_intra.<minimum>``
+    """The public kernel: ``parallel`` when its first array has at least ``intra_op.<minimum>``
     elements and the switch allows it (Note [Intra-op threads]), else ``serial``."""
     def call(*args):  # type: ignore[no-untyped-def]
-        if args[0].size >= getattr(_intra, minimum) and _intra.allowed():
+        if args[0].size >= getattr(intra_op, minimum) and intra_op.allowed():
             return parallel(*args)
         return serial(*args)
     call.serial = serial  # type: ignore[attr-defined]
@@ -1056,7 +1056,7 @@ def _dispatch(serial, parallel, minimum):  # type: ignore[no-untyped-def]
     return call
 
 
-_PARALLEL_FORMS = {  # public kernel: its parallel form, and the _intra threshold it goes parallel from
+_PARALLEL_FORMS = {  # public kernel: its parallel form, and the intra_op threshold it goes parallel from
     "gelu": ("_gelu_p", "MIN_HEAVY"),
     "gelu_backward": ("_gelu_backward_p", "MIN_HEAVY"),
     "gelu_tanh": ("_gelu_tanh_p", "MIN_HEAVY"),
@@ -1080,7 +1080,7 @@ _PARALLEL_FORMS = {  # public kernel: its parallel form, and the _intra threshol
 def _install(on: bool) -> None:
     """Make each public kernel with a parallel form its dispatcher (``on``) or its serial
     kernel, so that with the switch off (the default) a call costs what it did before the
-    parallel forms (a dispatcher costs ~0.3 us a call). ``_intra.set_enabled`` calls it."""
+    parallel forms (a dispatcher costs ~0.3 us a call). ``intra_op.set_enabled`` calls it."""
     table = _DISPATCHING if on else _SERIAL
     globals().update(table)
 
@@ -1230,12 +1230,12 @@ if PARALLEL:
     _SERIAL = {name: globals()[name] for name in _PARALLEL_FORMS}
     _DISPATCHING = {name: _dispatch(_SERIAL[name], globals()[par], minimum)
                     for name, (par, minimum) in _PARALLEL_FORMS.items()}
-    _intra.available = True
-    _intra.on_switch = _install
-    _install(_intra.enabled())
+    intra_op.available = True
+    intra_op.on_switch = _install
+    _install(intra_op.enabled())
 
 
-# --- products over the same pool (Note [One pool] in _intra.py) --------------------------------
+# --- products over the same pool (Note [One pool] in intra_op.py) --------------------------------
 def _numpy_gemm() -> tuple[object, object] | None:
     """numpy's own BLAS ``cblas_sgemm`` and ``cblas_dgemm`` as ctypes functions, or None
     (a BLAS whose symbols are not found: products stay numpy's). The symbols of numpy's
@@ -1293,14 +1293,14 @@ def _product_rows(gemm):  # type: ignore[no-untyped-def]
 def _split_product(a, b, out):  # type: ignore[no-untyped-def]
     """``a @ b`` of 2-D float arrays split over the pool into ``out`` (or a new array),
     or None when Note [One pool] does not apply (then ``linalg._mm`` runs numpy's)."""
-    if not _intra.one_pool:
+    if not intra_op.one_pool:
         return None
     kernel = _PRODUCT_ROWS.get(a.dtype)
     if kernel is None or b.dtype != a.dtype or a.ndim != 2 or b.ndim != 2:
         return None
     n, k = a.shape
     m = b.shape[1]
-    if n < _PRODUCT_PARTS or n * k * m < _intra.MIN_PRODUCT or b.shape[0] != k:
+    if n < _PRODUCT_PARTS or n * k * m < intra_op.MIN_PRODUCT or b.shape[0] != k:
         return None
     size = a.itemsize
     for x in (a, b):  # one unit stride (a BLAS layout), the other a positive multiple
@@ -1311,7 +1311,7 @@ def _split_product(a, b, out):  # type: ignore[no-untyped-def]
         out = np.empty((n, m), a.dtype)
     elif out.dtype != a.dtype or out.shape != (n, m) or not out.flags.c_contiguous:
         return None
-    if not _intra.allowed():
+    if not intra_op.allowed():
         return None
     kernel(a, b, out)  # type: ignore[operator]
     return out
@@ -1322,7 +1322,7 @@ def _build_product() -> bool:
     whether numpy's BLAS gemm was found. Not cached, as the BLAS functions' addresses are
     compiled in (~1 s): built lazily, so a process that never turns one pool on never
     pays it, with TBB installed or not."""
-    if _intra.product is not None:
+    if intra_op.product is not None:
         return True
     gemm = _numpy_gemm()
     if gemm is None:
@@ -1332,11 +1332,11 @@ def _build_product() -> bool:
                                                nogil=True, parallel=True)(_product_rows(dgemm))
     _PRODUCT_ROWS[np.dtype(np.float32)] = njit([(types.float32[:, :], types.float32[:, :], M32)],
                                                nogil=True, parallel=True)(_product_rows(sgemm))
-    _intra.product = _split_product
+    intra_op.product = _split_product
     return True
 
 
 if PARALLEL:
-    _intra.build_product = _build_product
-    if _intra.one_pool:  # (ASYNCGRAD_INTRA_OP=pool: built now, on the loader thread)
+    intra_op.build_product = _build_product
+    if intra_op.one_pool:  # (ASYNCGRAD_INTRA_OP=pool: built now, on the loader thread)
         _build_product()

@@ -1,6 +1,6 @@
-"""The compiled path of each op (``ops/_numba_kernels.py``): every function returns the
+"""The compiled path of each op (``ops/kernels/numba_kernels.py``): every function returns the
 op's result, or None when the compiled kernels are not in use (not loaded yet, mode
-``numpy``, see ``ops/kernels.py``) or do not apply, and the caller then runs its numpy
+``numpy``, see ``ops/kernels/loader.py``) or do not apply, and the caller then runs its numpy
 kernel. They apply to float32 and float64 arrays of at least one dimension whose dtypes
 all agree (mixed dtypes keep numpy's promotion); inputs that are not C-contiguous are
 copied first, as are read-only ones (the kernels are compiled for writeable arrays).
@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .kernels import compiled
+from .loader import compiled
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -146,7 +146,7 @@ def threshold_backward(g: np.ndarray, ans: np.ndarray) -> np.ndarray | None:
     return _binary("threshold_backward", g, ans)
 
 
-# --- masks (Note [Masks broadcast over rows] in _numba_kernels.py) ----------------------------
+# --- masks (Note [Masks broadcast over rows] in numba_kernels.py) ----------------------------
 def select(mask: np.ndarray, x: np.ndarray, fill: Any, keep: bool = True) -> np.ndarray | None:
     """``np.where(mask, x, fill)`` (``keep``) or ``np.where(mask, fill, x)`` (not ``keep``)
     for a bool ``mask`` that broadcasts over ``x``'s leading dims only (its shape, less
@@ -273,7 +273,7 @@ def layer_norm_backward_joint(g: np.ndarray, xhat: np.ndarray, rstd: np.ndarray,
 def nll_loss(logp: np.ndarray, target: np.ndarray, ignore_index: int,
              mean: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, int] | None:
     """``(picked, safe targets, coefficients, count)`` of nll_loss's forward in one pass
-    (Note [NLL in one pass] in ``_numba_kernels.py``), or None: ``logp`` a non-empty 2-D
+    (Note [NLL in one pass] in ``numba_kernels.py``), or None: ``logp`` a non-empty 2-D
     float32/64 array, ``target`` int64. Raises PyTorch's IndexError for a target out of
     range that is not ``ignore_index``."""
     k = compiled()
@@ -322,7 +322,7 @@ def add_rows(out: np.ndarray, rows: np.ndarray, g: np.ndarray) -> bool:
     return True
 
 
-# --- optimizers (Note [Adam in one pass] in _numba_kernels.py) ---------------------------------
+# --- optimizers (Note [Adam in one pass] in numba_kernels.py) ---------------------------------
 def adam_step(x: np.ndarray, g: np.ndarray, m: np.ndarray, v: np.ndarray, *, decoupled: bool, lr: float,
               weight_decay: float, maximize: bool, beta1: float, beta2: float, step_size: float,
               bc2_sqrt: float, eps: float) -> bool:

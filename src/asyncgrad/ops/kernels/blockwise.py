@@ -1,12 +1,12 @@
 """Fused elementwise kernels in numpy, evaluated block by block (plain backward and forward
 only; under ``create_graph`` the rules use their composite form, see ``ops/nn.py``). They
-are the path used when the compiled kernels (``ops/_numba_kernels.py``) are not loaded.
+are the path used when the compiled kernels (``ops/kernels/numba_kernels.py``) are not loaded.
 
 Why blocks: a numpy expression of k ufuncs over n elements streams k temporaries of n
 elements through main memory, and with glibc's default thresholds every fresh temporary
 above 128 KB is mmap'd and page-faulted in again. Evaluating it on blocks of :data:`BLOCK`
 elements keeps the temporaries in L2 cache and lets malloc reuse them. The 24-ufunc float32
-``erf`` below, on 1024x512 floats, one thread (medians, this machine):
+``erf`` (``special.erf_f32_block``), on 1024x512 floats, one thread (medians, this machine):
 
     blocks of 16,384: 4.0 ms   65,536: 2.3 ms   131,072: 1.8 ms   whole array: 9.5 ms
     the same after the engine raised malloc's thresholds (no page faults):
@@ -48,61 +48,10 @@ def blockwise(kernel: Kernel, *arrays: np.ndarray) -> np.ndarray:
     return out.reshape(first.shape)
 
 
-# --- erf in float32 ----------------------------------------------------------------------------
-# A rational approximation erf(x) ~ x * P(x^2) / Q(x^2) on [-4, 4] (outside it erf is +-1 in
-# float32), with the coefficients of Eigen's ``generic_fast_erf_float`` (also XLA's). Odd
-# numerator: exact sign and full relative accuracy near 0, including subnormals. Measured
-# against a float64 erf over [-6, 6] and 1e-30..10: at most 7 float32 ulps (4.2e-7
-# absolute, near |x| = 3.3). clip propagates NaN; +-inf clip to +-4 and give +-1.
-_ERF_P = tuple(np.float32(c) for c in (
-    -2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06, -5.69250639462346e-05,
-    -7.34990630326855e-04, -2.95459980854025e-03, -1.60960333262415e-02))
-_ERF_Q = tuple(np.float32(c) for c in (
-    -1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03, -7.37332916720468e-03,
-    -1.42647390514189e-02))
-_F4 = np.float32(4.0)
-
-
-def erf_f32_block(x: np.ndarray) -> np.ndarray:
-    """erf of a float32 block, in float32 (see the note above for its accuracy)."""
-    c = np.clip(x, -_F4, _F4)
-    x2 = c * c
-    p = x2 * _ERF_P[0]
-    p += _ERF_P[1]
-    for k in _ERF_P[2:]:
-        p *= x2
-        p += k
-    p *= c
-    q = x2 * _ERF_Q[0]
-    q += _ERF_Q[1]
-    for k in _ERF_Q[2:]:
-        q *= x2
-        q += k
-    p /= q
-    return p
-
-
 # --- GELU ------------------------------------------------------------------------------------
-_INV_SQRT_2 = 1.0 / math.sqrt(2.0)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 _TANH_C = 0.044715
-
-
-def _erf_block(x: np.ndarray) -> np.ndarray:
-    if x.dtype == np.float32:
-        return erf_f32_block(x)
-    from ._special import erf_f64
-
-    return erf_f64(x)
-
-
-def normal_cdf_block(x: np.ndarray) -> np.ndarray:
-    """``Phi(x) = 0.5 * (1 + erf(x / sqrt(2)))``, the standard normal's cdf."""
-    t = _erf_block(x * x.dtype.type(_INV_SQRT_2))
-    t += 1
-    t *= x.dtype.type(0.5)
-    return t
 
 
 def gelu_exact_backward_block(g: np.ndarray, x: np.ndarray, cdf: np.ndarray) -> np.ndarray:

@@ -1,0 +1,311 @@
+"""One forward and one backward for a batch of requests, answering each as if alone.
+
+The batch's loss is the sum over requests of each request's mean row loss. Rows of
+different requests do not interact (the contract of ``loss_fn``), so the gradient of
+that sum with respect to a request's rows is the gradient of its own loss, and with
+respect to a parameter it is the sum of every request's own gradient: exactly what one
+backward per request would add to ``.grad``.
+
+Note [One commit per batch]: with ``accumulate=True`` the pass is one ``await
+ag.backward`` whose pre-commit function (``queue_pre_commit``, registered when the
+backward starts) sees every staged gradient before anything is written. There the
+answers are checked and the per-request parameter gradients computed; a request that
+is at fault, or was withdrawn, makes it raise, so the commit does not happen and the
+isolation layer reruns the others. The pre-commit function ends without an await after
+its last check, so once it returns the batch commits as a whole.
+
+The pass raises only the exceptions below (or the pass's own), each saying what the
+isolation layer should do next."""
+
+from __future__ import annotations
+
+import contextvars
+import inspect
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import anyio
+import numpy as np
+
+from .. import autograd
+from ..autograd import api
+from ..creation import from_numpy
+from ..grad_mode import enable_grad
+from ..tensor import Tensor
+from .capture import RECORDING, GraphWalk, LayerHooks, Recording, covered
+from .requests import GradientResult, Request, Signature
+from .rules import rule_for
+from .segments import Segments
+from .statistics import Counters
+
+OFFLOAD_FORWARD_ABOVE = 1 << 16  # elements of a batch's arguments above which its sync forward runs on a thread
+OFFLOAD_CHECKS_ABOVE = 1 << 19  # gradient elements whose rules and checks run on a thread
+
+ENGINE_TAKES_PRIORITY = "priority" in inspect.signature(api.backward).parameters
+
+
+class Culprits(Exception):
+    """These requests fail with these errors; rerun the others."""
+
+    def __init__(self, errors: dict[Request, BaseException]) -> None:
+        super().__init__(f"{len(errors)} request(s) at fault")
+        self.errors = errors
+
+
+class Withdrawn(Exception):
+    """A request of the batch was withdrawn before the commit: rerun the others."""
+
+
+class SplitNeeded(Exception):
+    """Some request made a summed gradient non-finite: split the batch to find it."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class FailAll(Exception):
+    """``loss_fn`` broke its contract for any batch: every request fails with ``error``."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _or_zeros(g: np.ndarray | None, t: Tensor) -> np.ndarray:
+    return np.zeros_like(t.data) if g is None else g
+
+
+class BatchedPass:
+    """Runs batches for one batcher (configuration in ``GradientBatcher``)."""
+
+    def __init__(self, loss_fn: Callable[..., Any], signature: Signature, params: Sequence[Tensor] | None,
+                 accumulate: bool, per_request: bool, check_finite: bool, counters: Counters) -> None:
+        self.loss_fn = loss_fn
+        self.signature = signature
+        self.fixed_params = params is not None
+        self.params: list[Tensor] = list(params or ())
+        self.accumulate = accumulate
+        self.per_request = per_request
+        self.check_finite = check_finite
+        self.counters = counters
+        self.layers: LayerHooks | None = None
+        self.scope: anyio.CancelScope | None = None  # the running backward's, until its commit
+        self.running: list[Request] = []  # the requests of the pass that runs
+        self.is_async = inspect.iscoroutinefunction(loss_fn) or inspect.iscoroutinefunction(
+            type(loss_fn).__call__)
+
+    def close(self) -> None:
+        if self.layers is not None:
+            self.layers.remove()
+            self.layers = None
+
+    def withdraw(self, r: Request) -> None:
+        """``r`` was withdrawn: if its pass runs, stop that pass's backward before the commit."""
+        if self.scope is not None and r in self.running:
+            self.scope.cancel()
+
+    # --- the pass ---------------------------------------------------------------------------
+    async def run(self, batch: list[Request]) -> list[GradientResult | None]:
+        """Answers for ``batch`` (None for a request withdrawn meanwhile)."""
+        self.running = batch
+        try:
+            with enable_grad():  # (whatever the mode of the task that opened the batcher)
+                return await self._run(batch)
+        finally:
+            self.running = []
+
+    async def _run(self, batch: list[Request]) -> list[GradientResult | None]:
+        seg = Segments([r.rows for r in batch])
+        grad_inputs = self.signature.grad_inputs
+        tensors = []
+        for i in range(len(batch[0].arrays)):
+            arr = batch[0].arrays[i] if len(batch) == 1 else np.concatenate([r.arrays[i] for r in batch])
+            t = from_numpy(arr)
+            if i in grad_inputs:
+                t.requires_grad_(True)
+            tensors.append(t)
+        if self.layers is None:
+            self.layers = LayerHooks(self.loss_fn, record=self.per_request)
+        recording = Recording() if self.per_request else None
+        row_losses = await self._forward(tensors, seg.rows, recording)
+
+        losses = seg.sum(row_losses.detach().numpy()) / seg.sizes
+        if self.check_finite:
+            bad = ~np.isfinite(losses)
+            if bad.any():
+                raise Culprits({batch[r]: FloatingPointError(f"loss is not finite ({losses[r]})")
+                                for r in np.flatnonzero(bad)})
+        weights = np.repeat(1.0 / seg.sizes, seg.sizes).astype(row_losses.dtype)
+        total = (row_losses * from_numpy(weights)).sum()
+        inputs = [tensors[i] for i in grad_inputs]
+        if total.grad_fn is None or not (inputs or not self.fixed_params or self.params):
+            # nothing requires grad, or no gradient was asked for: losses only
+            zeros = tuple(np.zeros((seg.count, *p.shape), p.dtype) for p in self.params) if self.per_request else None
+            return [GradientResult(float(losses[r]), tuple(np.zeros_like(t.data[a:a + n]) for t in inputs),
+                                   None if zeros is None else tuple(z[r] for z in zeros), int(n))
+                    for r, (a, n) in enumerate(zip(seg.starts, seg.sizes))]
+
+        walk = GraphWalk(total.grad_fn)
+        self._learn_params(walk, inputs)
+        params = [p for p in self.params if walk.edges[id(p)]]  # (the others get no gradient)
+        rule_calls: dict[int, list[Any]] = {}
+        fallback: dict[int, np.ndarray] = {}
+        if self.per_request:
+            assert recording is not None
+            rule_calls = covered(walk, recording.calls)
+            uncovered = [p for p in params if id(p) not in rule_calls]
+            if uncovered:
+                fallback = await self._one_backward_each(row_losses, seg, uncovered, batch)
+            recording.armed = True
+        answers: list[GradientResult | None] = []
+
+        async def finish(grads: dict[int, np.ndarray | None]) -> None:
+            # the checks and the answers; raises instead of answering when something is wrong
+            if self.accumulate and any(r.withdrawn for r in batch):
+                raise Withdrawn
+            input_grads = [_or_zeros(grads.get(id(t)), t) for t in inputs]
+
+            def per_request_and_checks() -> list[np.ndarray] | None:
+                per_request = self._per_request_grads(seg, rule_calls, fallback) if self.per_request else None
+                if self.check_finite:
+                    self._check(batch, seg, inputs, input_grads, per_request, params, grads)
+                return per_request
+
+            size = sum(g.size for g in input_grads) + sum(p.numel() for p in params) * (
+                seg.count if self.per_request else 1)
+            if size > OFFLOAD_CHECKS_ABOVE:  # (numpy releases the GIL: the loop stays free)
+                per_request = await anyio.to_thread.run_sync(contextvars.copy_context().run, per_request_and_checks)
+            else:
+                per_request = per_request_and_checks()
+            if self.accumulate and any(r.withdrawn for r in batch):
+                raise Withdrawn
+            pieces = [seg.split(g) for g in input_grads]
+            for r, (n, loss) in enumerate(zip(seg.sizes, losses)):
+                answers.append(None if batch[r].withdrawn else GradientResult(
+                    float(loss), tuple(p[r] for p in pieces),
+                    None if per_request is None else tuple(g[r] for g in per_request), int(n)))
+
+        priority: dict[str, Any] = {"priority": max(r.priority for r in batch)} if ENGINE_TAKES_PRIORITY else {}
+        targets = inputs + params
+        try:
+            with anyio.CancelScope() as scope:
+                self.scope = scope if self.accumulate else None
+                if self.accumulate:
+                    async def pre_commit(staged: dict[Tensor, Tensor]) -> None:
+                        await finish({id(t): g.numpy() for t, g in staged.items()})
+                        self.scope = None  # (from here the batch commits whole: Note [One commit per batch])
+
+                    handle = autograd.register_backward_start_hook(
+                        total.grad_fn, lambda: autograd.queue_pre_commit(pre_commit))
+                    try:
+                        await api.backward(total, inputs=targets, **priority)
+                    finally:
+                        handle.remove()
+                else:
+                    grads = await api.grad(total, targets, allow_unused=True, **priority)
+                    await finish({id(t): None if g is None else g.numpy() for t, g in zip(targets, grads)})
+        finally:
+            self.scope = None
+            if recording is not None:
+                recording.armed = False
+        if scope.cancel_called:
+            raise Withdrawn
+        return answers
+
+    async def _forward(self, tensors: list[Tensor], rows: int, recording: Recording | None) -> Tensor:
+        """``loss_fn`` on the batch, grad mode on; a large sync forward on a worker thread
+        (numpy releases the GIL), in a copy of this context (grad mode, the recording)."""
+        token = RECORDING.set(recording)
+        try:
+            if self.is_async:
+                out = await self.loss_fn(*tensors)
+            elif sum(t.numel() for t in tensors) > OFFLOAD_FORWARD_ABOVE:
+                out = await anyio.to_thread.run_sync(contextvars.copy_context().run, self.loss_fn, *tensors)
+            else:
+                out = self.loss_fn(*tensors)
+            if inspect.isawaitable(out):
+                out = await out
+        finally:
+            RECORDING.reset(token)
+        if not isinstance(out, Tensor) or out.shape != (rows,) or out.dtype.kind != "f":
+            what = f"{out.dtype} {out.shape}" if isinstance(out, Tensor) else type(out).__name__
+            raise FailAll(ValueError(f"loss_fn must return a Tensor of {rows} per-row float losses (one per row of "
+                                     f"the batch), got {what}"))
+        return out
+
+    def _learn_params(self, walk: GraphWalk, inputs: list[Tensor]) -> None:
+        """``params=None``: every leaf the losses reach, the layers' in their order first."""
+        if self.fixed_params:
+            return
+        known = {id(p) for p in self.params} | {id(t) for t in inputs}
+        new = [leaf for leaf in walk.leaves if id(leaf) not in known]
+        if new:
+            order = self.layers.order if self.layers is not None else {}
+            new.sort(key=lambda p: order.get(id(p), math.inf))
+            self.params.extend(new)
+
+    async def _one_backward_each(self, row_losses: Tensor, seg: Segments, params: list[Tensor],
+                                 batch: list[Request]) -> dict[int, np.ndarray]:
+        """The fallback: each request's gradient of ``params`` by a backward of its own
+        loss through the batch's graph (kept for the batch's backward)."""
+        out = {id(p): np.zeros((seg.count, *p.shape), dtype=p.dtype) for p in params}
+        for r, (a, n) in enumerate(zip(seg.starts, seg.sizes)):
+            loss = row_losses[int(a):int(a + n)].sum() / float(n)
+            grads = await api.grad(loss, params, retain_graph=True, allow_unused=True)
+            self.counters.per_request_backwards += 1
+            for p, g in zip(params, grads):
+                if g is not None:
+                    out[id(p)][r] = g.numpy()
+        return out
+
+    def _per_request_grads(self, seg: Segments, rule_calls: dict[int, list[Any]],
+                           fallback: dict[int, np.ndarray]) -> list[np.ndarray]:
+        """``(requests, *shape)`` per parameter, in ``self.params`` order."""
+        by_call: dict[int, dict[str, np.ndarray]] = {}
+        out = []
+        for p in self.params:
+            if id(p) in fallback:
+                out.append(fallback[id(p)])
+                continue
+            total = np.zeros((seg.count, *p.shape), dtype=p.dtype)
+            for call in rule_calls.get(id(p), ()):
+                if id(call) not in by_call:
+                    g = call.grad if call.grad is not None else np.zeros(call.output.shape, call.output.dtype)
+                    rule = rule_for(call.layer)
+                    assert rule is not None
+                    by_call[id(call)] = rule(call.layer, call.x, g, seg)
+                name = next(n for n, q in call.layer.named_parameters(recurse=False) if q is p)
+                total += by_call[id(call)][name]
+            out.append(total)
+        return out
+
+    def _name(self, p: Tensor) -> str:
+        names = self.layers.names if self.layers is not None else {}
+        return names.get(id(p)) or f"params[{next(i for i, q in enumerate(self.params) if q is p)}]"
+
+    def _check(self, batch: list[Request], seg: Segments, inputs: list[Tensor], input_grads: list[np.ndarray],
+               per_request: list[np.ndarray] | None, params: list[Tensor],
+               grads: dict[int, np.ndarray | None]) -> None:
+        """Non-finite gradients: a request's own ones fail it; a non-finite sum whose
+        request cannot be told needs a split."""
+        errors: dict[Request, BaseException] = {}
+        for i, g in zip(self.signature.grad_inputs, input_grads):
+            bad = seg.rows_with(~np.isfinite(g.reshape(seg.rows, -1)).all(1))
+            for r in np.flatnonzero(bad):
+                errors.setdefault(batch[r], FloatingPointError(
+                    f"the gradient with respect to {self.signature.name(i)} is not finite"))
+        if per_request is not None:
+            for p, g in zip(self.params, per_request):
+                bad = ~np.isfinite(g.reshape(seg.count, -1)).all(1)
+                for r in np.flatnonzero(bad):
+                    errors.setdefault(batch[r], FloatingPointError(
+                        f"the gradient with respect to parameter {self._name(p)} is not finite"))
+        if errors:
+            raise Culprits(errors)
+        for p in params:
+            summed = grads.get(id(p))
+            if summed is not None and not np.isfinite(summed).all():
+                raise SplitNeeded(FloatingPointError(f"the gradient with respect to parameter {self._name(p)} "
+                                                     f"is not finite"))
