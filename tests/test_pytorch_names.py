@@ -142,3 +142,40 @@ def test_an_optimizer_whose_step_takes_no_closure():
         opt.step(lambda: None)  # its signature takes none
     sgd = ag.optim.SGD([w], lr=0.1)
     assert sgd.step(lambda: 7.0) == 7.0  # a closure still reaches the built-in optimizers
+
+
+@pytest.mark.parametrize("name, kwargs", [
+    ("RMSprop", {"lr": 0.01}), ("RMSprop", {"lr": 0.01, "momentum": 0.9, "centered": True, "weight_decay": 0.1}),
+    ("Adagrad", {"lr": 0.1, "lr_decay": 0.01, "initial_accumulator_value": 0.1}),
+    ("Adadelta", {}), ("Adadelta", {"lr": 0.5, "rho": 0.8, "weight_decay": 0.01, "maximize": True}),
+])
+def test_more_optimizers_follow_pytorchs_updates(name, kwargs):
+    rng = np.random.default_rng(0)
+    w0 = rng.standard_normal(4)
+    grads = [rng.standard_normal(4) for _ in range(3)]
+    w = ag.tensor(w0.copy(), requires_grad=True)
+    opt = getattr(ag.optim, name)([w], **kwargs)
+    for g in grads:
+        w.grad = ag.tensor(g)
+        opt.step()
+    assert np.isfinite(w.numpy()).all() and not np.allclose(w.numpy(), w0)
+    assert opt.state[w]["step"] == 3
+    torch = pytest.importorskip("torch")
+    tw = torch.tensor(w0.copy(), requires_grad=True)
+    topt = getattr(torch.optim, name)([tw], **kwargs)
+    for g in grads:
+        tw.grad = torch.tensor(g)
+        topt.step()
+    assert np.allclose(w.numpy(), tw.detach().numpy(), rtol=1e-12, atol=1e-14)
+    assert set(opt.state[w]) == set(topt.state[tw])
+
+
+def test_where_with_one_argument_and_more_init_functions():
+    rows, cols = ag.where(ag.tensor([[0.0, 1.0], [2.0, 0.0]]) > 0)
+    assert rows.tolist() == [0, 1] and cols.tolist() == [1, 0] and rows.dtype == np.int64
+    w = ag.empty(300)
+    ag.nn.init.trunc_normal_(w, std=1.0, a=-1.0, b=1.5)
+    assert w.numpy().min() >= -1.0 and w.numpy().max() <= 1.5 and w.numpy().std() > 0.3
+    q = ag.nn.init.orthogonal_(ag.empty(3, 5), gain=2.0)
+    assert np.allclose(q.numpy() @ q.numpy().T, 4 * np.eye(3))
+    assert ag.nn.init.eye_(ag.empty(2, 3)).tolist() == [[1, 0, 0], [0, 1, 0]]

@@ -302,8 +302,12 @@ def minimum(x: Any, y: Any) -> Tensor:
     return _binary(E.minimum, x, y)
 
 
-def where(condition: Any, x: Any, y: Any) -> Tensor:
-    """Elements of ``x`` where ``condition`` holds, else of ``y`` (cond is not differentiated)."""
+def where(condition: Any, x: Any = None, y: Any = None) -> Any:
+    """Elements of ``x`` where ``condition`` holds, else of ``y`` (cond is not differentiated);
+    ``where(condition)`` alone is ``nonzero(condition, as_tuple=True)``, as PyTorch."""
+    if x is None and y is None:
+        cond1 = np.atleast_1d(condition.data if isinstance(condition, Tensor) else np.asarray(condition))
+        return tuple(Tensor._wrap(w.astype(np.int64)) for w in np.nonzero(cond1))
     cond = condition.data if isinstance(condition, Tensor) else np.asarray(condition)
     cond = cond.astype(bool, copy=False)
     tx, ty = type(x) is Tensor, type(y) is Tensor

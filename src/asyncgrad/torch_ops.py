@@ -397,7 +397,7 @@ def meshgrid(*tensors: Any, indexing: str | None = None) -> tuple[Tensor, ...]:
     if len(tensors) == 1 and isinstance(tensors[0], (list, tuple)):
         tensors = tuple(tensors[0])
     if indexing is None:
-        warnings.warn("torch.meshgrid: in an upcoming release, it will be required to pass the indexing "
+        warnings.warn("asyncgrad.meshgrid: in an upcoming release, it will be required to pass the indexing "
                       "argument.", UserWarning, stacklevel=2)
         indexing = "ij"
     ts = [reshape(_tensor(t), (-1,)) for t in tensors]

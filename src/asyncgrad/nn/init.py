@@ -106,7 +106,40 @@ def xavier_normal_(t: Tensor, gain: float = 1.0, generator: Generator | None = N
     return normal_(t, 0.0, gain * math.sqrt(2.0 / (fan_in + fan_out)), generator)
 
 
+def trunc_normal_(t: Tensor, mean: float = 0.0, std: float = 1.0, a: float = -2.0, b: float = 2.0,
+                  generator: Generator | None = None) -> Tensor:
+    """Fill ``t`` in place with normal samples kept within ``[a, b]`` (redrawn until they
+    are); returns ``t``."""
+    rng = _rng(generator)
+    out = rng.normal(mean, std, t.shape)
+    bad = (out < a) | (out > b)
+    while bad.any():
+        out[bad] = rng.normal(mean, std, int(bad.sum()))
+        bad = (out < a) | (out > b)
+    return _fill(t, out)
+
+
+def orthogonal_(t: Tensor, gain: float = 1.0, generator: Generator | None = None) -> Tensor:
+    """Fill ``t`` (at least 2-D, flattened to ``(rows, rest)``) in place with a (semi-)
+    orthogonal matrix times ``gain``; returns ``t``."""
+    if t.ndim < 2:
+        raise ValueError("Only tensors with 2 or more dimensions are supported")
+    rows = t.shape[0]
+    cols = t.data.size // rows
+    flat = _rng(generator).standard_normal((rows, cols))
+    q, r = np.linalg.qr(flat.T if rows < cols else flat)
+    q = q * np.sign(np.diag(r))  # a uniform distribution over orthogonal matrices
+    return _fill(t, gain * (q.T if rows < cols else q).reshape(t.shape))
+
+
+def eye_(t: Tensor) -> Tensor:
+    """Fill the 2-D ``t`` in place with the identity; returns ``t``."""
+    if t.ndim != 2:
+        raise ValueError("Only tensors with 2 dimensions are supported")
+    return _fill(t, np.eye(t.shape[0], t.shape[1]))
+
+
 __all__ = [
-    "calculate_fan_in_and_fan_out", "calculate_gain", "constant_", "kaiming_normal_", "kaiming_uniform_",
-    "normal_", "ones_", "uniform_", "xavier_normal_", "xavier_uniform_", "zeros_",
+    "calculate_fan_in_and_fan_out", "calculate_gain", "constant_", "eye_", "kaiming_normal_", "kaiming_uniform_",
+    "normal_", "ones_", "orthogonal_", "trunc_normal_", "uniform_", "xavier_normal_", "xavier_uniform_", "zeros_",
 ]

@@ -1,4 +1,5 @@
-"""``ag.optim``: ``SGD``, ``Adam`` and ``AdamW`` with PyTorch's update rules.
+"""``ag.optim``: ``SGD``, ``Adam``, ``AdamW``, ``RMSprop``, ``Adagrad`` and ``Adadelta`` with
+PyTorch's update rules.
 
     opt = ag.optim.Adam(model.parameters(), lr=1e-3)
     opt.zero_grad()
@@ -8,7 +9,8 @@
 
 from . import lr_scheduler
 from .adam import Adam, AdamW
+from .adaptive import Adadelta, Adagrad, RMSprop
 from .optimizer import Optimizer
 from .sgd import SGD
 
-__all__ = ["SGD", "Adam", "AdamW", "Optimizer", "lr_scheduler"]
+__all__ = ["SGD", "Adam", "AdamW", "Optimizer", "RMSprop", "Adagrad", "Adadelta", "lr_scheduler"]
