@@ -101,7 +101,7 @@ def run(impls: list[str], rounds: int | None = None, batch: int = 32, size: int 
             loss = torch.nn.functional.cross_entropy(theirs(xt), yt)
             loss.backward()
             opt_t.step()
-            losses.setdefault(TORCH, []).append(float(loss))
+            losses.setdefault(TORCH, []).append(loss.item())
 
         cases.append(Case(TORCH, lambda: None, torch_step))
     if ASYNCGRAD in impls:

@@ -42,15 +42,26 @@ def _max_pool(x: np.ndarray, *, win: W.Window) -> tuple[np.ndarray, np.ndarray]:
 def max_pool_index(arg: np.ndarray, win: W.Window) -> np.ndarray:
     """The flat index into each (H * W) plane of the element that tap ``arg`` read (as
     PyTorch's ``return_indices``); a tap in the padding (an all -inf window) is clipped in."""
-    kw = win.kernel[1]
+    kh, kw = win.kernel
     (sh, sw), (dh, dw), ((pt, _), (pl, _)) = win.stride, win.dilation, win.pad
-    oh, ow = win.out_size
+    (oh, ow), width = win.out_size, win.in_size[1]
+    if pt == 0 and pl == 0 and _taps_inside(win):
+        # every tap inside the input: a window's origin plus the tap's offset
+        origin = (np.arange(oh, dtype=np.intp)[:, None] * sh) * width + np.arange(ow, dtype=np.intp)[None, :] * sw
+        offset = ((np.arange(kh, dtype=np.intp) * dh)[:, None] * width + np.arange(kw, dtype=np.intp) * dw).ravel()
+        return offset[arg] + origin  # type: ignore[no-any-return]
     a = arg.astype(np.intp)
     rows = np.arange(oh, dtype=np.intp)[:, None] * sh + (a // kw) * dh - pt
     cols = np.arange(ow, dtype=np.intp)[None, :] * sw + (a % kw) * dw - pl
     np.clip(rows, 0, win.in_size[0] - 1, out=rows)
-    np.clip(cols, 0, win.in_size[1] - 1, out=cols)
-    return rows * win.in_size[1] + cols  # type: ignore[no-any-return]
+    np.clip(cols, 0, width - 1, out=cols)
+    return rows * width + cols  # type: ignore[no-any-return]
+
+
+def _taps_inside(win: W.Window) -> bool:
+    """Whether every tap of every window reads an input element (no padding reached)."""
+    return all((o - 1) * s + d * (k - 1) < n
+               for o, s, d, k, n in zip(win.out_size, win.stride, win.dilation, win.kernel, win.in_size))
 
 
 def _global_index(plane_index: np.ndarray, plane: int) -> np.ndarray:
