@@ -183,10 +183,12 @@ VICTIMS = {i for i in range(CALLS) if i % 3 == 0}
 @pytest.mark.parametrize("nth", [1, 2, 3])
 @pytest.mark.parametrize("kind", ["backward", "grad"])
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
-def test_a_caller_cancelled_when_chosen_hands_on(backend, kind, nth, monkeypatch):
+def test_a_caller_cancelled_when_chosen_hands_on(backend, kind, nth, monkeypatch, restore_engine):
     """The victims are cancelled right as their ``nth`` wake-up is set: chosen to start
     (admission), to take the runner's role, or to start kernels, and cancelled before
-    they take over."""
+    they take over. (On an Engine: under ``--reference-engine`` the default one runs
+    no scheduler, so there would be no wait to hit.)"""
+    ag.autograd.set_engine(ag.autograd.Engine())
     _wakes.clear()
 
     def wakeup(self: LoopScheduler) -> Wakeup:
