@@ -188,10 +188,13 @@ async def _exact_storm(kind: str, victims: set[int]) -> None:
 @pytest.mark.parametrize("nth", [1, 2, 3])
 @pytest.mark.parametrize("kind", ["backward", "grad"])
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
-def test_a_caller_cancelled_when_chosen_hands_on(backend, kind, nth, monkeypatch):
+def test_a_caller_cancelled_when_chosen_hands_on(backend, kind, nth, monkeypatch, restore_engine):
     """Calls are cancelled right as a wake-up of theirs is set (every third on the loop,
     from the ``nth``): chosen to start (admission), to take the runner's role, or to
-    start kernels, and cancelled before they take over."""
+    start kernels, and cancelled before they take over. (On an Engine: under
+    ``--reference-engine`` the default one runs no scheduler, so there would be no wait
+    to hit.)"""
+    ag.autograd.set_engine(ag.autograd.Engine())
     _wakes.clear()
     victims: set[int] = set()
 

@@ -13,6 +13,16 @@ from asyncgrad.ops import reductions
 SHAPE = (300, 400)  # 120_000 elements: above SMALL_MEAN_GRAD, where the view applies
 
 
+@pytest.fixture(autouse=True)
+def _an_engine():
+    """These tests check the Engine's fused route: on an Engine, also under
+    ``--reference-engine`` (the reference executor has no fused route)."""
+    prev = ag.autograd.get_engine()
+    ag.autograd.set_engine(ag.autograd.Engine())
+    yield
+    ag.autograd.set_engine(prev)
+
+
 @pytest.fixture
 def views():
     """The strides of each array mean's view rule returned (values kept)."""

@@ -205,8 +205,10 @@ def test_a_square_settles_both_edges_and_the_child_still_waits_for_the_rest(dtyp
         assert gradcheck(lambda w, v: build_from(w, v), (w.detach().requires_grad_(), v.detach().requires_grad_()))
 
 
-def test_a_square_makes_no_input_buffer_for_its_one_gradient(monkeypatch) -> None:
+def test_a_square_makes_no_input_buffer_for_its_one_gradient(monkeypatch, restore_engine) -> None:
     from asyncgrad.autograd.task import graph_task
+
+    ag.autograd.set_engine(ag.autograd.Engine())  # (the Engine's fused step: not the reference executor's)
 
     made = []
 

@@ -11,6 +11,16 @@ import asyncgrad as ag
 from asyncgrad.ops import elementwise
 
 
+@pytest.fixture(autouse=True)
+def _an_engine():
+    """These tests check the Engine's fused step: on an Engine, also under
+    ``--reference-engine`` (the reference executor runs both rules)."""
+    prev = ag.autograd.get_engine()
+    ag.autograd.set_engine(ag.autograd.Engine())
+    yield
+    ag.autograd.set_engine(prev)
+
+
 @pytest.fixture
 def mul_rule_calls(monkeypatch):
     """Which of mul's two rules ran, in order (the spec's rules wrapped, values kept)."""

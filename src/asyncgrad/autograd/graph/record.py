@@ -4,14 +4,14 @@ This is the forward hot path: run the numpy kernel, and only when grad mode is o
 some input requires grad, build one :class:`OpNode` that saves what the rule needs.
 
 Note [The recording fast path]: ``record`` runs once per op of every forward, and its
-Python bookkeeping (not the kernel) was most of a small op's cost (``a + b`` on 16 floats:
-~4.6 us against numpy's 0.4). So it inlines what it used to call: ``OpNode.__init__`` and
+Python bookkeeping (not the kernel) was most of a small op's cost. So it inlines what it
+used to call: ``OpNode.__init__`` and
 ``Node.__init__`` (the node's slots are set directly), ``Tensor._init`` for the result,
 ``VersionCounter()``, the hit of ``AccumulateGrad.for_leaf`` (the leaf's live weak
 reference) and of ``_meta``'s interning dict, ``SavedTensor(result, is_output=True)``
 for a saved output, and ``save_for_backward`` for a saved input, its cache hit and its
-miss (``SavedTensor(v)`` and the cache store: a weight, a leaf, misses on every forward,
-~2 us a call through the functions on the small MLP's four layers); Tensor's
+miss (``SavedTensor(v)`` and the cache store: a weight, a leaf, misses on every forward);
+Tensor's
 hottest methods call ``functional._binary``/``_unary`` directly. What keeps it correct:
 
 * the checks are the ones of the code it inlines, only without the calls: grad mode is

@@ -69,11 +69,14 @@ class TaskOrder(dict[T, list[object]]):
     def first(self) -> T | None:
         """The entry served next, or None when the order is empty."""
         heap = self._heap
-        while heap:
+        if heap:
             item = heap[0][2]
-            if item is not None:
+            if item is not None:  # (the common case: no removed entry on top)
                 return item  # type: ignore[return-value]
-            heappop(heap)
+            while heap and heap[0][2] is None:
+                heappop(heap)
+            if heap:
+                return heap[0][2]  # type: ignore[return-value]
         return None
 
     def take_first(self) -> T | None:
@@ -83,6 +86,11 @@ class TaskOrder(dict[T, list[object]]):
             heappop(self._heap)
             del self[item]
         return item
+
+    def drop_first(self, item: T) -> None:
+        """Remove ``item``, which ``first()`` just returned."""
+        heappop(self._heap)
+        del self[item]
 
     def requeue_first(self, priority: int = 0) -> None:
         """Send the first entry to the back of its priority (its turn ran out)."""

@@ -273,7 +273,7 @@ class LoopScheduler:
         """Take ``task`` off the queue and wake its driver; when every node ran, first
         complete the backward for the waiting caller (Note [The runner completes small
         backward calls]). Returns the loop time to charge for the wake-up."""
-        self.queue.take_first()
+        self.queue.drop_first(task)  # (it is the first: ``_run_slice`` just took it)
         waiting = task.wakeup
         if task is self.runner or waiting is None or not waiting.waiting:
             return 0.0  # (this driver, or one that runs anyway)

@@ -5,19 +5,17 @@ GraphTask and routes the results back through the same steps as an inline node.
 
 Note [Completion by callback]: a kernel on a worker comes back as one callback on the
 loop (``call_soon_threadsafe``, trio's ``run_sync_soon``), which routes its gradients
-and queues what they made ready on the loop's scheduler directly. No task per offloaded
-node: a task costs a start, and its result a second wake-up (the worker wakes the loop,
-whose callback wakes the task, which queues the GraphTask), both on the critical path
-of every large node. When the loop's runner is busy with other GraphTasks it picks the
-new ready nodes up without waking this driver at all. The driver that started the
-kernels still owns their lifetime (structured concurrency): ``WorkerKernels.settle``,
-run by the driver before its task group closes, withdraws kernels a worker has not
-started yet and waits, shielded, for the ones that did (a thread cannot be
-interrupted), whose results are dropped once the GraphTask stops. So a cancelled or
-failed backward returns after its last kernel, and nothing outlives it.
+and queues what they made ready on the loop's scheduler directly: no task per offloaded
+node, whose start and second wake-up would lie on the critical path of every large
+node; a busy runner picks the new ready nodes up without waking this driver at all.
+The driver still owns the kernels' lifetime (structured concurrency):
+``WorkerKernels.settle``, run before its task group closes, withdraws kernels no worker
+started and waits, shielded, for the others (a thread cannot be interrupted), whose
+results are dropped once the GraphTask stops. So a cancelled or failed backward returns
+after its last kernel, and nothing outlives it.
 
 A large node split into one kernel per gradient routes its input gradients as soon as
-they are computed (Note [Input gradient first] in task/split_node.py).
+computed (Note [Input gradient first] in task/split_node.py).
 """
 
 from __future__ import annotations
