@@ -262,6 +262,24 @@ def test_priority_order_and_the_next_batch_fills_while_one_runs(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_a_fractional_priority_is_answered(backend):
+    """Requests order by any finite priority; the batch's backward gets an int one (the
+    engine's ``priority=`` takes ints only)."""
+    async def main():
+        model = mlp()
+        reqs = requests([2, 3])
+        outcomes = {}
+        async with serving.GradientBatcher(ce_loss(model), max_rows=5, max_wait=WAIT, grad_inputs=(0,)) as b:
+            await submit_all(b, reqs, outcomes, priorities=[2.5, -0.5])
+        for i, (x, y) in enumerate(reqs):
+            loss, grads, _ = await alone(ce_loss(model), (x, y), list(model.parameters()))
+            assert outcomes[i].loss == pytest.approx(loss, rel=1e-12)
+            np.testing.assert_allclose(outcomes[i].input_grads[0], grads[0], rtol=1e-10)
+
+    run(backend, main)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_different_trailing_shapes_or_dtypes_go_to_different_batches(backend):
     async def main():
         shapes = []

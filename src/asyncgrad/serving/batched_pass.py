@@ -187,7 +187,9 @@ class BatchedPass:
                     float(loss), tuple(p[r] for p in pieces),
                     None if per_request is None else tuple(g[r] for g in per_request), int(n)))
 
-        priority: dict[str, Any] = {"priority": max(r.priority for r in batch)} if ENGINE_TAKES_PRIORITY else {}
+        # the engine's priority is an int (API.md §3): the most urgent request's, rounded down
+        priority: dict[str, Any] = {"priority": math.floor(max(r.priority for r in batch))} \
+            if ENGINE_TAKES_PRIORITY else {}
         targets = inputs + params
         try:
             with anyio.CancelScope() as scope:
