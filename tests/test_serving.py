@@ -595,7 +595,6 @@ class Image(nn.Module):
         return self.head(h.mean(2))
 
 
-@pytest.mark.skipif(not hasattr(nn, "Conv2d"), reason="this ag.nn has no image layers yet")
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_per_request_param_grads_for_the_image_layers(backend):
     async def main():

@@ -214,6 +214,21 @@ def kl_div(input: Tensor, target: Any, reduction: str = "mean", log_target: bool
     return _reduce(loss, reduction)
 
 
+def _set_arguments(module: Module, name: str, names: tuple[str, ...], defaults: dict[str, Any],
+                   args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """A generated module's ``__init__``: its arguments, by position or keyword, over the
+    defaults, as attributes (PyTorch's ``TypeError`` for an unknown keyword)."""
+    Module.__init__(module)
+    values = dict(defaults)
+    values.update(zip(names, args))
+    for k, v in kwargs.items():
+        if k not in defaults:
+            raise TypeError(f"{name}() got an unexpected keyword argument '{k}'")
+        values[k] = v
+    for k, v in values.items():
+        setattr(module, k, v)
+
+
 def _module(name: str, fn: Any, doc: str, params: tuple[tuple[str, Any], ...] = (), *,
             has_inplace: bool = False) -> type[Module]:
     """A module whose forward is ``fn(input, **its arguments)`` (PyTorch's activation modules)."""
@@ -221,17 +236,9 @@ def _module(name: str, fn: Any, doc: str, params: tuple[tuple[str, Any], ...] = 
     defaults = dict(params, **({"inplace": False} if has_inplace else {}))
 
     def __init__(self: Module, *args: Any, **kwargs: Any) -> None:
-        Module.__init__(self)
         if len(args) > len(names):
             raise TypeError(f"{name}() takes at most {len(names)} arguments ({len(args)} given)")
-        values = dict(defaults)
-        values.update(zip(names, args))
-        for k, v in kwargs.items():
-            if k not in defaults:
-                raise TypeError(f"{name}() got an unexpected keyword argument '{k}'")
-            values[k] = v
-        for k, v in values.items():
-            setattr(self, k, v)
+        _set_arguments(self, name, names, defaults, args, kwargs)
 
     def forward(self: Module, input: Tensor) -> Tensor:
         return fn(input, **{k: getattr(self, k) for k in names})
@@ -267,15 +274,7 @@ def _loss_module(name: str, fn: Any, doc: str, params: tuple[tuple[str, Any], ..
     defaults = dict(params, reduction="mean")
 
     def __init__(self: Module, *args: Any, **kwargs: Any) -> None:
-        Module.__init__(self)
-        values = dict(defaults)
-        values.update(zip(names, args))
-        for k, v in kwargs.items():
-            if k not in defaults:
-                raise TypeError(f"{name}() got an unexpected keyword argument '{k}'")
-            values[k] = v
-        for k, v in values.items():
-            setattr(self, k, v)
+        _set_arguments(self, name, names, defaults, args, kwargs)
 
     def forward(self: Module, input: Tensor, target: Any) -> Tensor:
         return fn(input, target, **{k: getattr(self, k) for k in names})

@@ -16,6 +16,21 @@ from . import _functional_norm as FN
 from .module import Module, Parameter
 
 
+def _affine_parameters(module: Module, n: int, dtype: Any, affine: bool, bias: bool) -> None:
+    """A normalisation's per-channel ``weight`` (ones) and ``bias`` (zeros), registered
+    as None where ``affine`` or ``bias`` leaves them out, as PyTorch does."""
+    if affine:
+        module.weight = Parameter(np.ones(n, dtype=dtype))
+        if bias:
+            module.bias = Parameter(np.zeros(n, dtype=dtype))
+        else:
+            module.register_parameter("bias", None)
+    else:
+        module.register_parameter("weight", None)
+        module.register_parameter("bias", None)
+    module._has_bias = affine and bias
+
+
 class _BatchNorm(Module):
     _ndims: tuple[int, ...] = ()
     _expected = ""
@@ -30,16 +45,7 @@ class _BatchNorm(Module):
         self.affine = affine
         self.track_running_stats = track_running_stats
         dt = dtype or get_default_dtype()
-        if affine:
-            self.weight = Parameter(np.ones(num_features, dtype=dt))
-            if bias:
-                self.bias = Parameter(np.zeros(num_features, dtype=dt))
-            else:
-                self.register_parameter("bias", None)
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
-        self._has_bias = affine and bias
+        _affine_parameters(self, num_features, dt, affine, bias)
         if track_running_stats:
             self.register_buffer("running_mean", Tensor(np.zeros(num_features, dtype=dt)))
             self.register_buffer("running_var", Tensor(np.ones(num_features, dtype=dt)))
@@ -114,17 +120,7 @@ class GroupNorm(Module):
         self.num_channels = num_channels
         self.eps = eps
         self.affine = affine
-        dt = dtype or get_default_dtype()
-        if affine:
-            self.weight = Parameter(np.ones(num_channels, dtype=dt))
-            if bias:
-                self.bias = Parameter(np.zeros(num_channels, dtype=dt))
-            else:
-                self.register_parameter("bias", None)
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
-        self._has_bias = affine and bias
+        _affine_parameters(self, num_channels, dtype or get_default_dtype(), affine, bias)
 
     def forward(self, input: Tensor) -> Tensor:
         return FN.group_norm(input, self.num_groups, self.weight, self.bias, self.eps)

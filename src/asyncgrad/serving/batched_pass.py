@@ -42,7 +42,6 @@ from .statistics import Counters
 OFFLOAD_FORWARD_ABOVE = 1 << 16  # elements of a batch's arguments above which its sync forward runs on a thread
 OFFLOAD_CHECKS_ABOVE = 1 << 19  # gradient elements whose rules and checks run on a thread
 
-ENGINE_TAKES_PRIORITY = "priority" in inspect.signature(api.backward).parameters
 
 
 class Culprits(Exception):
@@ -188,8 +187,7 @@ class BatchedPass:
                     None if per_request is None else tuple(g[r] for g in per_request), int(n)))
 
         # the engine's priority is an int (API.md §3): the most urgent request's, rounded down
-        priority: dict[str, Any] = {"priority": math.floor(max(r.priority for r in batch))} \
-            if ENGINE_TAKES_PRIORITY else {}
+        priority = math.floor(max(r.priority for r in batch))
         targets = inputs + params
         try:
             with anyio.CancelScope() as scope:
@@ -202,11 +200,11 @@ class BatchedPass:
                     handle = autograd.register_backward_start_hook(
                         total.grad_fn, lambda: autograd.queue_pre_commit(pre_commit))
                     try:
-                        await api.backward(total, inputs=targets, **priority)
+                        await api.backward(total, inputs=targets, priority=priority)
                     finally:
                         handle.remove()
                 else:
-                    grads = await api.grad(total, targets, allow_unused=True, **priority)
+                    grads = await api.grad(total, targets, allow_unused=True, priority=priority)
                     await finish({id(t): None if g is None else g.numpy() for t, g in zip(targets, grads)})
         finally:
             self.scope = None

@@ -134,6 +134,6 @@ def group_norm(layer: Module, x: np.ndarray, g: np.ndarray, seg: Segments) -> di
 register_per_sample_rule(Linear, linear)
 register_per_sample_rule(Embedding, embedding)
 register_per_sample_rule(LayerNorm, layer_norm)
-for _name, _rule in (("Conv1d", conv), ("Conv2d", conv), ("GroupNorm", group_norm)):
-    if hasattr(nn, _name):  # (the image layers, where this version of ag.nn has them)
-        register_per_sample_rule(getattr(nn, _name), _rule)
+register_per_sample_rule(nn.Conv1d, conv)
+register_per_sample_rule(nn.Conv2d, conv)
+register_per_sample_rule(nn.GroupNorm, group_norm)
