@@ -72,7 +72,7 @@ def max_pool2d(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any
         y = _F.squeeze(y, 0)
     if not return_indices:
         return y
-    index = Tensor(_P.max_pool_index(arg, win).astype(np.int64))
+    index = Tensor(arg.astype(np.int64))  # (a copy: the node keeps its own)
     return y, (index[0] if unbatched else index)
 
 

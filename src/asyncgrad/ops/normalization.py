@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from ._spec import defop
+from .kernels import compiled_path as fast
 
 
 def _as_channels(a: np.ndarray) -> np.ndarray:
@@ -44,7 +45,11 @@ def _column(v: np.ndarray) -> np.ndarray:
 def _batch_norm(x: np.ndarray, *affine: np.ndarray, eps: float) -> tuple[np.ndarray, tuple[Any, ...]]:
     """The normalised output and, as aux, ``(xc, rstd, mean, var)``: the centred input
     ``x - mean`` as (N, C, R), ``1 / sqrt(var + eps)``, and the batch's mean and biased
-    variance per channel (x-hat is ``xc * rstd``; keeping ``xc`` spares the forward a pass)."""
+    variance per channel (x-hat is ``xc * rstd``; keeping ``xc`` spares the forward a pass).
+    The compiled kernel: Note [Batch norm per channel] in ops/kernels/numba_image.py."""
+    compiled = fast.batch_norm(x, affine, eps)
+    if compiled is not None:
+        return compiled
     x3 = _as_channels(x)
     n = x3.shape[0] * x3.shape[2]
     mean = _channel_sums(x3) / n
@@ -94,6 +99,10 @@ def _bn_joint(g: np.ndarray, ans: Any, x: Any, w: Any = None, b: Any = None, *, 
               eps: float, aux: Any) -> tuple[np.ndarray | None, ...]:
     """dx, dw and db as ``mask`` asks, from the two channel sums (Note [Joint rules])."""
     xc, rstd = aux[0], aux[1]
+    compiled = fast.batch_norm_backward(g, xc, rstd, w, mask[0])
+    if compiled is not None:
+        return (compiled[0], compiled[1] if len(mask) > 1 and mask[1] else None,
+                compiled[2] if len(mask) > 2 and mask[2] else None)[:len(mask)]
     g3 = _as_channels(g)
     n = g3.shape[0] * g3.shape[2]
     gsum = _channel_sums(g3)

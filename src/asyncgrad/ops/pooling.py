@@ -2,8 +2,8 @@
 
 Every kernel walks the window's taps (``kh * kw`` strided slices of the padded input,
 vectorised over the batch, the channels and the positions), never the pixels. Max pooling
-keeps, per output, which tap won (``aux``); its gradient goes back to that input element
-alone. Under ``create_graph`` the rules are index adds and gathers of ``m``, differentiable
+keeps, per output, the index of the element that won (``aux``); its gradient goes back to
+that element alone. Under ``create_graph`` the rules are index adds and gathers of ``m``, differentiable
 again (a max pool's double backward picks the gradient's gradient at the same elements).
 """
 
@@ -15,16 +15,27 @@ import numpy as np
 
 from . import _windows as W
 from ._spec import defop
+from .kernels import compiled_path as fast
+
+
+def _window_ints(win: W.Window) -> tuple[int, ...]:
+    """The window as the compiled kernels take it: kernel, stride, dilation, leading pads."""
+    return (*win.kernel, *win.stride, *win.dilation, win.pad[0][0], win.pad[1][0])
 
 
 # --- max pooling ----------------------------------------------------------------------------
 def _max_pool(x: np.ndarray, *, win: W.Window) -> tuple[np.ndarray, np.ndarray]:
-    """The window maxima (N, C, oh, ow) and, as aux, the winning tap of each, as PyTorch's
-    scan picks it: the first tap holding the maximum, or the last NaN.
+    """The window maxima (N, C, oh, ow) and, as aux, the flat index into its (H * W) plane
+    of the element each came from (PyTorch's ``return_indices``, int64), the winner as
+    PyTorch's scan picks it: the first tap holding the maximum, or the last NaN.
 
     The taps are first copied out together, as ``(taps, N * C * oh * ow)``, in one call:
     every later pass then runs over long contiguous rows, where passes over the strided
-    taps ran numpy's loop once per short image row."""
+    taps ran numpy's loop once per short image row. (The compiled kernel: Note [Max pooling
+    per output] in ops/kernels/numba_image.py.)"""
+    compiled = fast.max_pool(x, win.in_size, win.out_size, _window_ints(win))
+    if compiled is not None:
+        return compiled
     taps = W.np_windows(W.np_pad(x, win, -np.inf), win)
     n, c = x.shape[:2]
     cols = np.ascontiguousarray(taps.transpose(2, 3, 0, 1, 4, 5)).reshape(win.taps, -1)
@@ -36,12 +47,13 @@ def _max_pool(x: np.ndarray, *, win: W.Window) -> tuple[np.ndarray, np.ndarray]:
         for t in range(win.taps):
             np.copyto(arg, t, where=np.isnan(cols[t]))
     shape = (n, c, *win.out_size)
-    return best.reshape(shape), arg.reshape(shape)
+    return best.reshape(shape), max_pool_index(arg.reshape(shape), win).astype(np.int64, copy=False)
 
 
 def max_pool_index(arg: np.ndarray, win: W.Window) -> np.ndarray:
     """The flat index into each (H * W) plane of the element that tap ``arg`` read (as
-    PyTorch's ``return_indices``); a tap in the padding (an all -inf window) is clipped in."""
+    PyTorch's ``return_indices``); a tap in the padding (the first tap of a window of
+    -inf) names the window's first tap inside the input, as PyTorch's does."""
     kh, kw = win.kernel
     (sh, sw), (dh, dw), ((pt, _), (pl, _)) = win.stride, win.dilation, win.pad
     (oh, ow), width = win.out_size, win.in_size[1]
@@ -53,8 +65,8 @@ def max_pool_index(arg: np.ndarray, win: W.Window) -> np.ndarray:
     a = arg.astype(np.intp)
     rows = np.arange(oh, dtype=np.intp)[:, None] * sh + (a // kw) * dh - pt
     cols = np.arange(ow, dtype=np.intp)[None, :] * sw + (a % kw) * dw - pl
-    np.clip(rows, 0, win.in_size[0] - 1, out=rows)
-    np.clip(cols, 0, width - 1, out=cols)
+    rows = np.where(rows < 0, rows % dh, rows)
+    cols = np.where(cols < 0, cols % dw, cols)
     return rows * width + cols  # type: ignore[no-any-return]
 
 
@@ -73,7 +85,12 @@ def _global_index(plane_index: np.ndarray, plane: int) -> np.ndarray:
 def _max_pool_rule(m: Any, g: Any, ans: Any, x: Any, *, win: W.Window, aux: Any) -> Any:
     n, c = g.shape[:2]
     plane = win.in_size[0] * win.in_size[1]
-    index = _global_index(max_pool_index(np.asarray(aux.data if hasattr(aux, "data") else aux), win), plane)
+    plane_index = np.asarray(aux.data if hasattr(aux, "data") else aux)
+    if not m.tensor_mode:
+        compiled = fast.max_pool_backward(g, plane_index, win.in_size)
+        if compiled is not None:
+            return compiled
+    index = _global_index(plane_index, plane)
     if m.tensor_mode:
         flat = m.index_add(m.reshape(g, (-1,)), index, (n * c * plane,), False)
         return m.reshape(flat, (n, c, *win.in_size))

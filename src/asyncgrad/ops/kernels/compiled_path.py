@@ -344,3 +344,66 @@ def adam_step(x: np.ndarray, g: np.ndarray, m: np.ndarray, v: np.ndarray, *, dec
                 bool(abs(w1) < 0.5), w1, f(1) - w1, f(beta2), f(1 - beta2),
                 f(-step_size), f(bc2_sqrt), f(eps))
     return True
+
+
+# --- image layers (ops/kernels/numba_image.py) ------------------------------------------------
+def max_pool(x: np.ndarray, in_size: tuple[int, int], out_size: tuple[int, int],
+             window: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray] | None:
+    """Max pooling of ``x`` (N, C, H, W) to ``out_size``: the maxima and the flat index
+    into its plane of each one's element (int64, as ``pooling._max_pool``), or None.
+    ``window`` is ``(kh, kw, sh, sw, dh, dw, pad top, pad left)``."""
+    k = compiled()
+    if k is None or x.ndim != 4 or not _fits(x):
+        return None
+    shape = (*x.shape[:2], *out_size)
+    out = np.empty(shape, dtype=x.dtype)
+    index = np.empty(shape, dtype=np.int64)
+    k.max_pool(_flat(x), out.reshape(-1), index.reshape(-1), x.shape[0] * x.shape[1], *in_size, *out_size,
+               *window)
+    return out, index
+
+
+def max_pool_backward(g: np.ndarray, index: np.ndarray, in_size: tuple[int, int]) -> np.ndarray | None:
+    """The input's gradient (N, C, H, W) of max pooling: each output's gradient ``g``
+    added at the element of its plane that ``index`` names, or None."""
+    k = compiled()
+    if k is None or g.ndim != 4 or not _fits(g) or index.dtype != np.int64 or index.shape != g.shape:
+        return None
+    out = np.zeros((*g.shape[:2], *in_size), dtype=g.dtype)
+    k.max_pool_backward(_flat(g), _flat(index), out.reshape(-1), g.shape[2] * g.shape[3], in_size[0] * in_size[1])
+    return out
+
+
+def batch_norm(x: np.ndarray, affine: tuple[np.ndarray, ...],
+               eps: float) -> tuple[np.ndarray, tuple[np.ndarray, ...]] | None:
+    """Training batch norm of ``x`` (N, C, ...): ``(out, (xc, rstd, mean, var))`` as
+    ``normalization._batch_norm`` returns them, or None."""
+    k = compiled()
+    if k is None or x.ndim < 2 or not _fits(x) or any(a.dtype != x.dtype for a in affine):
+        return None
+    c = x.shape[1]
+    x3 = _c(x).reshape(x.shape[0], c, -1)
+    none = np.empty(0, dtype=x.dtype)
+    w, b = (_flat(affine[0]), _flat(affine[1])) if affine else (none, none)
+    out = np.empty(x.shape, dtype=x.dtype)
+    xc = np.empty(x3.shape, dtype=x.dtype)
+    mean, var, rstd = (np.empty(c, dtype=x.dtype) for _ in range(3))
+    k.batch_norm(x3, w, b, float(eps), out.reshape(x3.shape), xc, mean, var, rstd)
+    return out, (xc, rstd, mean, var)
+
+
+def batch_norm_backward(g: np.ndarray, xc: np.ndarray, rstd: np.ndarray, w: np.ndarray | None,
+                        need_dx: bool) -> tuple[np.ndarray | None, np.ndarray, np.ndarray] | None:
+    """``(dx or None, sum g * xhat, sum g)`` of training batch norm from the gradient ``g``
+    (N, C, ...) and the forward's centred input ``xc`` (N, C, R), or None."""
+    k = compiled()
+    if (k is None or g.ndim < 2 or not _fits(xc) or g.dtype != xc.dtype or rstd.dtype != xc.dtype
+            or (w is not None and w.dtype != xc.dtype) or g.size != xc.size):
+        return None
+    c = xc.shape[1]
+    dx = np.empty(g.shape, dtype=g.dtype) if need_dx else np.empty((0, c, 0), dtype=g.dtype)
+    gx, gsum = np.empty(c, dtype=g.dtype), np.empty(c, dtype=g.dtype)
+    weight = np.empty(0, dtype=g.dtype) if w is None else _flat(w)
+    k.batch_norm_backward(_c(g).reshape(xc.shape), _c(xc), _c(rstd), weight, need_dx,
+                          dx.reshape(xc.shape) if need_dx else dx, gx, gsum)
+    return (dx if need_dx else None), gx, gsum

@@ -1319,3 +1319,7 @@ if PARALLEL:
     intra_op.build_product = _build_product
     if intra_op.one_pool:  # (ASYNCGRAD_INTRA_OP=pool: built now, on the loader thread)
         _build_product()
+
+
+# --- the image layers' kernels (their own module; compiled with this module's _jit) -----------
+from .numba_image import batch_norm, batch_norm_backward, max_pool, max_pool_backward  # noqa: E402, F401

@@ -1,0 +1,139 @@
+"""The image layers' two paths (issue 32): max pooling and training batch norm on the
+compiled kernels (``ops/kernels/numba_image.py``) and on the numpy ones, against each other
+and PyTorch, NaN, ties and padding included, in float32 and float64; gradcheck on both."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+import asyncgrad as ag
+import asyncgrad.nn.functional as F
+from asyncgrad.autograd import gradcheck, gradgradcheck
+
+PATHS = ["numpy", "compiled"]
+
+POOLS = [  # (kernel, stride, padding, dilation, ceil_mode)
+    (2, 2, 0, 1, False),
+    (3, 2, 1, 1, False),
+    (3, 1, 1, 1, False),
+    ((3, 2), (2, 1), (1, 0), (2, 1), True),
+    (2, 3, 1, 1, True),
+]
+
+
+def _pool_input(dtype: type) -> np.ndarray:
+    x = np.random.default_rng(0).standard_normal((2, 3, 9, 8))
+    x[0, 0, 1, 1] = x[0, 0, 2, 2] = np.nan  # two NaNs in one window: the last wins
+    x[0, 1, :4, :4] = 1.0  # ties: the first wins
+    x[1, 0] = -np.inf  # all -inf windows, padding taps among them
+    return x.astype(dtype)
+
+
+def _run(fn: Callable[[ag.Tensor], Any], x: np.ndarray, seed: int = 1) -> list[np.ndarray]:
+    t = ag.from_numpy(x.copy()).requires_grad_()
+    out = fn(t)
+    y, extra = (out[0], list(out[1:])) if isinstance(out, tuple) else (out, [])
+    g = np.random.default_rng(seed).standard_normal(y.shape).astype(x.dtype)
+    ag.backward_sync(y, ag.from_numpy(g))
+    return [y.numpy(), t.grad.numpy(), *(e.numpy() for e in extra)]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("args", POOLS, ids=str)
+def test_max_pool_paths_agree_exactly_and_match_torch(on_path, args: tuple[Any, ...], dtype: type) -> None:
+    torch = pytest.importorskip("torch")
+    x = _pool_input(dtype)
+
+    def pool(t: ag.Tensor) -> Any:
+        return F.max_pool2d(t, *args, return_indices=True)
+
+    on_path("numpy")
+    plain = _run(pool, x)
+    on_path("compiled")
+    fast = _run(pool, x)
+    for p, f in zip(plain, fast):
+        assert f.dtype == p.dtype
+    np.testing.assert_array_equal(fast[0], plain[0])
+    np.testing.assert_array_equal(fast[2], plain[2])
+    # an element in several windows sums its gradients: in float64 on the numpy path, in
+    # the gradient's type (as PyTorch) on the compiled one
+    np.testing.assert_allclose(fast[1], plain[1], rtol=1e-6 if dtype == np.float32 else 1e-15)
+    xt = torch.from_numpy(x.copy()).requires_grad_()
+    yt, it = torch.nn.functional.max_pool2d(xt, *args, return_indices=True)
+    yt.backward(torch.from_numpy(np.random.default_rng(1).standard_normal(yt.shape).astype(dtype)))
+    np.testing.assert_array_equal(fast[0], yt.detach().numpy())
+    np.testing.assert_array_equal(fast[2], it.numpy())
+    np.testing.assert_allclose(fast[1], xt.grad.numpy(), rtol=1e-6)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_max_pool_gradcheck_on_both_paths(on_path, path: str) -> None:
+    on_path(path)
+    x = ag.tensor(np.random.default_rng(3).permutation(60).reshape(1, 2, 5, 6) * 0.1, requires_grad=True)
+    assert gradcheck(lambda a: F.max_pool2d(a, 3, 2, 1), (x,))
+    assert gradgradcheck(lambda a: F.max_pool2d(a, 2, 1, 1, 2, True), (x,))
+
+
+BN_SHAPES = [(5, 3), (4, 3, 6), (6, 4, 5, 7)]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("affine", [True, False])
+@pytest.mark.parametrize("shape", BN_SHAPES, ids=str)
+def test_batch_norm_paths_agree_and_match_torch(on_path, shape: tuple[int, ...], affine: bool, dtype: type) -> None:
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(2)
+    x = (rng.standard_normal(shape) * 3 + 1.5).astype(dtype)
+    c = shape[1]
+    wb = [rng.standard_normal(c).astype(dtype), rng.standard_normal(c).astype(dtype)] if affine else []
+    g = rng.standard_normal(shape).astype(dtype)
+
+    def ours() -> list[np.ndarray]:
+        rm, rv = ag.zeros(c, dtype=x.dtype), ag.ones(c, dtype=x.dtype)
+        leaves = [ag.from_numpy(a.copy()).requires_grad_() for a in (x, *wb)]
+        y = F.batch_norm(leaves[0], rm, rv, *leaves[1:], training=True, momentum=0.3)
+        ag.backward_sync(y, ag.from_numpy(g))
+        return [y.numpy(), rm.numpy(), rv.numpy(), *(t.grad.numpy() for t in leaves)]
+
+    on_path("numpy")
+    plain = ours()
+    on_path("compiled")
+    fast = ours()
+    rm, rv = torch.from_numpy(np.zeros(c, dtype=dtype)), torch.from_numpy(np.ones(c, dtype=dtype))
+    leaves = [torch.from_numpy(a.copy()).requires_grad_() for a in (x, *wb)]
+    y = torch.nn.functional.batch_norm(leaves[0], rm, rv, *leaves[1:], training=True, momentum=0.3)
+    y.backward(torch.from_numpy(g))
+    theirs = [y.detach().numpy(), rm.numpy(), rv.numpy(), *(t.grad.numpy() for t in leaves)]
+    tol = 2e-5 if dtype == np.float32 else 1e-12
+    for p, f, t in zip(plain, fast, theirs):
+        assert f.dtype == np.dtype(dtype)
+        scale = np.abs(t).max()
+        np.testing.assert_allclose(f, p, rtol=tol, atol=tol * scale)
+        np.testing.assert_allclose(f, t, rtol=tol, atol=tol * scale)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_batch_norm_gradcheck_on_both_paths(on_path, path: str) -> None:
+    on_path(path)
+    rng = np.random.default_rng(4)
+    x = ag.tensor(rng.standard_normal((3, 2, 4)), requires_grad=True)
+    w, b = (ag.tensor(rng.standard_normal(2), requires_grad=True) for _ in range(2))
+    assert gradcheck(lambda a, c, d: F.batch_norm(a, None, None, c, d, training=True), (x, w, b))
+    assert gradcheck(lambda a: F.batch_norm(a, None, None, training=True), (x,))
+    assert gradgradcheck(lambda a, c, d: F.batch_norm(a, None, None, c, d, training=True), (x, w, b))
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_batch_norm_one_gradient_alone_equals_the_joint_rule(on_path, path: str) -> None:
+    on_path(path)
+    rng = np.random.default_rng(5)
+    x, w, b = (ag.tensor(rng.standard_normal(s), requires_grad=True) for s in ((3, 2, 4), (2,), (2,)))
+    g = ag.tensor(rng.standard_normal((3, 2, 4)))
+    together = ag.grad_sync(F.batch_norm(x, None, None, w, b, training=True), [x, w, b], g)
+    for i, t in enumerate((x, w, b)):
+        (alone,) = ag.grad_sync(F.batch_norm(x, None, None, w, b, training=True), [t], g)
+        np.testing.assert_allclose(alone.numpy(), together[i].numpy(), rtol=1e-12, atol=1e-12)
