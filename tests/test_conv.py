@@ -139,6 +139,34 @@ def test_wide_images_match_torch(kw: dict[str, Any]) -> None:
     assert_matches_torch(lambda *a: F.conv_transpose2d(*a, **kw), lambda *a: TF.conv_transpose2d(*a, **kw), arrays)
 
 
+@pytest.mark.parametrize("kw", [{"padding": 1}, {"padding": 1, "groups": 2}, {"stride": 2, "padding": 1},
+                                {"padding": (0, 2), "dilation": (2, 1)}, {}], ids=str)
+def test_batches_cut_into_image_chunks_match_torch(monkeypatch: pytest.MonkeyPatch, kw: dict[str, Any]) -> None:
+    """Every image its own chunk (Note [Convolution by image chunks]): forward, both
+    gradients and a transposed convolution as over the whole batch, wide rows or not."""
+    import torch.nn.functional as TF
+
+    from asyncgrad.ops import conv as ops_conv
+
+    pytest.importorskip("torch")
+    monkeypatch.setattr(ops_conv, "CHUNK_BYTES", 1)
+    g = kw.get("groups", 1)
+    arrays = [_rand(3, 4, 5, 13), _rand(4, 4 // g, 3, 3, seed=1), _rand(4, seed=2)]
+    assert_matches_torch(lambda *a: F.conv2d(*a, **kw), lambda *a: TF.conv2d(*a, **kw), arrays)
+    assert_matches_torch(lambda *a: F.conv_transpose2d(*a, **kw), lambda *a: TF.conv_transpose2d(*a, **kw), arrays)
+
+
+@pytest.mark.parametrize("kw", [{"padding": 2}, {"padding": (1, 3)}, {"padding": 1, "dilation": (1, 2)}], ids=str)
+def test_stride_one_padding_beyond_the_kernel_matches_torch(kw: dict[str, Any]) -> None:
+    """Stride 1 with more padding than the kernel's reach (Note [A stride-1 adjoint is a
+    convolution] does not apply: the input's gradient is the product folded back)."""
+    import torch.nn.functional as TF
+
+    pytest.importorskip("torch")
+    arrays = [_rand(2, 3, 5, 6), _rand(4, 3, 2, 2, seed=1)]
+    assert_matches_torch(lambda *a: F.conv2d(*a, **kw), lambda *a: TF.conv2d(*a, **kw), arrays)
+
+
 def test_torch_namespace_functions_are_the_functional_ones() -> None:
     assert ag.conv2d is F.conv2d and ag.conv1d is F.conv1d and ag.conv_transpose2d is F.conv_transpose2d
 

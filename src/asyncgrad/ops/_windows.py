@@ -106,14 +106,8 @@ def np_unfold(x: np.ndarray, win: Window) -> np.ndarray:
     return np.ascontiguousarray(np_windows(np.ascontiguousarray(np_pad(x, win)), win))
 
 
-def np_unfold_channels_first(x: np.ndarray, win: Window) -> np.ndarray:
-    """The windows of ``x`` (N, C, H, W) as a fresh contiguous ``(C, kh, kw, N, oh, ow)``:
-    the layout in which a convolution is one matrix product over the whole batch."""
-    return np.ascontiguousarray(np_windows(np.ascontiguousarray(np_pad(x, win)), win).transpose(1, 2, 3, 0, 4, 5))
-
-
 def np_fold_channels_first(cols: np.ndarray, win: Window) -> np.ndarray:
-    """The adjoint of ``np_unfold_channels_first``: ``cols`` (C, kh, kw, N, oh, ow) added
+    """The adjoint of :class:`Unfolder`'s windows: ``cols`` (C, kh, kw, N, oh, ow) added
     back to a fresh ``(N, C, H, W)``, one strided slice addition per tap (over rows that
     are contiguous on both sides), then one transposing copy."""
     c, n = cols.shape[0], cols.shape[3]
@@ -151,23 +145,48 @@ def wide(win: Window) -> bool:
     return win.stride == (1, 1) and 4 * win.dilation[1] * (win.kernel[1] - 1) <= win.out_size[1]
 
 
-def np_unfold_wide(x: np.ndarray, win: Window) -> np.ndarray:
-    """The windows of ``x`` (N, C, H, W) as a fresh ``(C, kh, kw, N, oh * Wp)`` on wide rows."""
-    n, c = x.shape[:2]
-    hp, wp = win.padded
-    tail = win.dilation[1] * (win.kernel[1] - 1)
-    buf = np.zeros(n * c * hp * wp + tail, dtype=x.dtype)
-    buf[:n * c * hp * wp].reshape(n, c, hp, wp)[(..., *win.crop)] = x
-    e = buf.itemsize
-    (dh, dw), (kh, kw) = win.dilation, win.kernel
-    view = np.lib.stride_tricks.as_strided(
-        buf, (c, kh, kw, n, win.out_size[0] * wp), (hp * wp * e, dh * wp * e, dw * e, c * hp * wp * e, e),
-        writeable=False)
-    return np.ascontiguousarray(view)
+class Unfolder:
+    """The windows of ``x`` (N, C, H, W) for a convolution's products, chunk by chunk of
+    images: ``cols(part)`` is the windows of images ``part`` as a contiguous
+    ``(C * kh * kw, images * run)``, channels first (the layout in which a convolution is
+    one matrix product over the images), on wide rows when :func:`wide` (``run`` is
+    ``oh * Wp``; Note [Wide rows]), else ``oh * ow``. ``x`` is padded once, and every chunk
+    is copied into the same buffer (Note [Convolution by image chunks] in ops/conv.py), so
+    it is overwritten by the next call."""
+
+    def __init__(self, x: np.ndarray, win: Window, most_images: int) -> None:
+        n, c = x.shape[:2]
+        self.win, self.c, self.is_wide = win, c, wide(win)
+        hp, wp = win.padded
+        self.run = win.out_size[0] * (wp if self.is_wide else win.out_size[1])
+        if self.is_wide:  # flat, with a tail of zeros for the last plane's junk reads
+            tail = win.dilation[1] * (win.kernel[1] - 1)
+            self.src = np.zeros(n * c * hp * wp + tail, dtype=x.dtype)
+            self.src[:n * c * hp * wp].reshape(n, c, hp, wp)[(..., *win.crop)] = x
+        else:
+            self.src = np.ascontiguousarray(np_pad(x, win))
+        self.buf = np.empty(c * win.taps * most_images * self.run, dtype=x.dtype)
+
+    def cols(self, part: slice) -> np.ndarray:
+        win, c = self.win, self.c
+        images = part.stop - part.start
+        out = self.buf[:c * win.taps * images * self.run].reshape(c, *win.kernel, images, self.run)
+        if self.is_wide:
+            hp, wp = win.padded
+            e = self.src.itemsize
+            (dh, dw), (kh, kw) = win.dilation, win.kernel
+            view = np.lib.stride_tricks.as_strided(
+                self.src[part.start * c * hp * wp:], (c, kh, kw, images, self.run),
+                (hp * wp * e, dh * wp * e, dw * e, c * hp * wp * e, e), writeable=False)
+        else:
+            view = np_windows(self.src[part], win).transpose(1, 2, 3, 0, 4, 5)
+            out = out.reshape(c, *win.kernel, images, *win.out_size)
+        np.copyto(out, view)
+        return out.reshape(c * win.taps, images * self.run)
 
 
 def np_fold_wide(cols: np.ndarray, win: Window) -> np.ndarray:
-    """The adjoint of ``np_unfold_wide``: ``cols`` (C, kh, kw, N, oh * Wp) added back to a
+    """The adjoint of :class:`Unfolder`'s wide windows: ``cols`` (C, kh, kw, N, oh * Wp) added back to a
     fresh ``(N, C, H, W)``, one addition of long runs per tap."""
     c, kh, kw, n, run = cols.shape
     hp, wp = win.padded

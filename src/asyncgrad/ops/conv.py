@@ -4,10 +4,14 @@ a kernel one tap high), with stride, padding, dilation and groups.
 Three kernels, each a bilinear map, make all the rules (Note [Convolution's three kernels]):
 
 * ``conv(x, w)``: ``y[n, o] = sum w[o, c, i, j] * x_padded[n, c, s*p + d*i, ...]``, the
-  windows of ``x`` copied once (im2col) and multiplied by the weight in one BLAS product;
-* ``conv_input_grad(g, w)``: its adjoint in ``x``, the product ``w^T @ g`` folded back onto
-  the input positions (col2im, one strided slice addition per kernel tap);
-* ``conv_weight_grad(x, g)``: its adjoint in ``w``, ``g @ windows(x)^T``.
+  windows of ``x`` copied out (im2col) and multiplied by the weight, one BLAS product per
+  chunk of images (Note [Convolution by image chunks]);
+* ``conv_input_grad(g, w)``: its adjoint in ``x``; with stride 1 a convolution of ``g``
+  with the flipped kernel (Note [A stride-1 adjoint is a convolution]), else the product
+  ``w^T @ g`` folded back onto the input positions (col2im, one strided slice addition
+  per kernel tap);
+* ``conv_weight_grad(x, g)``: its adjoint in ``w``, ``windows(x) @ g^T`` summed over the
+  chunks.
 
 Note [Convolution's three kernels]: ``conv``'s gradients are ``conv_input_grad(g, w)`` and
 ``conv_weight_grad(x, g)``; a transposed convolution's forward is ``conv_input_grad`` and its
@@ -19,6 +23,7 @@ ops/_windows.py), so a gradient of a gradient is exact to any order.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -54,13 +59,37 @@ def conv(m: Any, x: Any, w: Any, geo: ConvGeometry) -> Any:
     if m.tensor_mode:
         cols = m.reshape(W.m_unfold(m, x, win), (n, g, k, win.positions))
         return m.reshape(m.matmul(wg, cols), (n, o, *win.out_size))
-    if W.wide(win):  # Note [Wide rows] in ops/_windows.py
-        cols = W.np_unfold_wide(x, win).reshape(g, k, -1)
-        y = np.matmul(wg, cols).reshape(o, n, win.out_size[0], win.padded[1])[..., :win.out_size[1]]
-    else:
-        cols = W.np_unfold_channels_first(x, win).reshape(g, k, n * win.positions)
-        y = np.matmul(wg, cols).reshape(o, n, *win.out_size)  # one product per group
-    return np.ascontiguousarray(y.transpose(1, 0, 2, 3))
+    y = np.empty((n, o, *win.out_size), dtype=np.result_type(x.dtype, w.dtype))
+    parts = _image_chunks(n, c, win, x.dtype.itemsize)  # Note [Convolution by image chunks]
+    unfold = W.Unfolder(x, win, parts[0].stop)
+    products = np.empty(o * parts[0].stop * unfold.run, dtype=y.dtype)
+    for part in parts:
+        images = part.stop - part.start
+        ys = products[:o * images * unfold.run].reshape(g, og, -1)
+        np.matmul(wg, unfold.cols(part).reshape(g, k, -1), out=ys)  # one product per group
+        if unfold.is_wide:  # Note [Wide rows] in ops/_windows.py
+            y[part] = ys.reshape(o, images, win.out_size[0], win.padded[1])[..., :win.out_size[1]].transpose(1, 0, 2, 3)
+        else:
+            y[part] = ys.reshape(o, images, *win.out_size).transpose(1, 0, 2, 3)
+    return y
+
+
+# Note [Convolution by image chunks]: im2col makes ``taps`` copies of the input; over a
+# whole batch (16 images of 16 x 32 x 32: 9.4 MB) the windows are written to memory and
+# read back by the product from memory. Cut into chunks of whole images whose windows
+# take at most ``CHUNK_BYTES``, each chunk's windows are still in cache when its product
+# reads them. The weight's gradient adds up the chunks' products (in chunk order); each
+# element of the forward and of the input's gradient comes from one chunk alone, so both
+# are the same sums as over the whole batch.
+CHUNK_BYTES = 4 << 20
+
+
+def _image_chunks(n: int, c: int, win: W.Window, itemsize: int) -> list[slice]:
+    """The batch cut into chunks of whole images whose windows fit ``CHUNK_BYTES``."""
+    row = win.padded[1] if W.wide(win) else win.out_size[1]
+    per_image = c * win.taps * win.out_size[0] * row * itemsize
+    step = max(1, CHUNK_BYTES // max(per_image, 1))
+    return [slice(i, min(i + step, n)) for i in range(0, n, step)]
 
 
 def _grouped_rows(gy: np.ndarray, g: int, win: W.Window) -> np.ndarray:
@@ -74,26 +103,57 @@ def _grouped_rows(gy: np.ndarray, g: int, win: W.Window) -> np.ndarray:
     return np.ascontiguousarray(gy.reshape(n, g, o // g, -1).transpose(1, 2, 0, 3)).reshape(g, o // g, -1)
 
 
-def conv_input_grad(m: Any, gy: Any, w: Any, geo: ConvGeometry, rows: np.ndarray | None = None) -> Any:
-    """The adjoint of ``conv`` in ``x``: ``gy`` (N, O, oh, ow) to (N, C, H, W); ``rows``
-    is ``_grouped_rows(gy)`` when the caller has it already."""
+def conv_input_grad(m: Any, gy: Any, w: Any, geo: ConvGeometry) -> Any:
+    """The adjoint of ``conv`` in ``x``: ``gy`` (N, O, oh, ow) to (N, C, H, W)."""
     n, o = gy.shape[:2]
     c = w.shape[1] * geo.groups
     g, cg, og, k = _shapes(geo, n, c, o)
     win = geo.window
-    wt = m.transpose(m.reshape(w, (g, og, k)), 1, 2)
     if m.tensor_mode:
+        wt = m.transpose(m.reshape(w, (g, og, k)), 1, 2)
         cols = m.matmul(wt, m.reshape(gy, (n, g, og, win.positions)))
         return W.m_fold(m, m.reshape(cols, (n, c, *win.kernel, *win.out_size)), win)
-    if rows is None:
-        rows = _grouped_rows(gy, g, win)
-    cols = np.matmul(wt, rows)  # (groups, C/groups * taps, N * positions)
+    flipped = _flipped(geo)
+    if flipped is not None:  # Note [A stride-1 adjoint is a convolution]
+        return conv(m, gy, _flipped_weight(w, geo.groups), flipped)
+    wt = np.swapaxes(w.reshape(g, og, k), 1, 2)
+    cols = np.matmul(wt, _grouped_rows(gy, g, win))  # (groups, C/groups * taps, N * positions)
     if W.wide(win):
         return W.np_fold_wide(cols.reshape(c, *win.kernel, n, -1), win)
     return W.np_fold_channels_first(cols.reshape(c, *win.kernel, n, *win.out_size), win)
 
 
-def conv_weight_grad(m: Any, x: Any, gy: Any, geo: ConvGeometry, rows: np.ndarray | None = None) -> Any:
+# Note [A stride-1 adjoint is a convolution]: with stride 1, input element i receives
+# ``sum_t g[i + pad_before - d*t] * w[t]``: the correlation of ``g``, padded by
+# ``d*(k-1) - pad`` on each side, with the kernel flipped and its in/out channels swapped
+# (per group). So the input's gradient runs as a forward convolution: im2col of ``g`` and
+# one product with ``O * taps`` terms per output element, where the product ``w^T @ g``
+# has only ``O`` and writes ``C * taps`` rows that col2im then adds back tap by tap.
+@lru_cache(maxsize=256)
+def _flipped(geo: ConvGeometry) -> ConvGeometry | None:
+    """The geometry of the convolution that is ``geo``'s adjoint in its input, when
+    ``geo`` has stride 1 and pads at most ``d*(k-1)`` on each side; else None."""
+    win = geo.window
+    if win.stride != (1, 1):
+        return None
+    # (the far side pads to the input's size: a transposed convolution's output_padding
+    # makes it one or more longer than the windows reach)
+    pad = tuple((d * (k - 1) - before, size - out + before)
+                for d, k, (before, _), size, out in zip(win.dilation, win.kernel, win.pad, win.in_size, win.out_size))
+    if any(p < 0 for pair in pad for p in pair):
+        return None
+    flipped = W.Window(win.kernel, (1, 1), win.dilation, pad, win.out_size, win.in_size)  # type: ignore[arg-type]
+    return ConvGeometry(flipped, geo.groups)
+
+
+def _flipped_weight(w: np.ndarray, groups: int) -> np.ndarray:
+    """``w`` (O, C/groups, kh, kw) as (C, O/groups, kh, kw), flipped in both spatial dims."""
+    o, cg, kh, kw = w.shape
+    per_group = w.reshape(groups, o // groups, cg, kh, kw).transpose(0, 2, 1, 3, 4)[..., ::-1, ::-1]
+    return np.ascontiguousarray(per_group).reshape(groups * cg, o // groups, kh, kw)
+
+
+def conv_weight_grad(m: Any, x: Any, gy: Any, geo: ConvGeometry) -> Any:
     """The adjoint of ``conv`` in ``w``: (O, C/groups, kh, kw) from ``x`` and ``gy``."""
     n, c = x.shape[:2]
     o = gy.shape[1]
@@ -104,20 +164,24 @@ def conv_weight_grad(m: Any, x: Any, gy: Any, geo: ConvGeometry, rows: np.ndarra
         gy = m.reshape(gy, (n, g, og, win.positions))
         cols = m.reshape(W.m_unfold(m, x, win), (n, g, k, win.positions))
         return m.reshape(m.sum(m.matmul(gy, m.transpose(cols, 2, 3)), 0), shape)
-    unfold = W.np_unfold_wide if W.wide(win) else W.np_unfold_channels_first
-    cols = unfold(x, win).reshape(g, k, -1)
-    if rows is None:
-        rows = _grouped_rows(gy, g, win)
-    return np.matmul(rows, cols.transpose(0, 2, 1)).reshape(shape)
+    parts = _image_chunks(n, c, win, x.dtype.itemsize)
+    unfold = W.Unfolder(x, win, parts[0].stop)
+    dw = None
+    for part in parts:
+        cols = unfold.cols(part).reshape(g, k, -1)
+        # (as ``windows @ g^T``: OpenBLAS runs this product with its few columns ``O``
+        # twice as fast as ``g @ windows^T`` with its few rows)
+        term = np.matmul(cols, _grouped_rows(gy[part], g, win).transpose(0, 2, 1))
+        dw = term if dw is None else np.add(dw, term, out=dw)
+    assert dw is not None
+    return np.ascontiguousarray(dw.transpose(0, 2, 1)).reshape(shape)
 
 
 def _conv_joint(g: np.ndarray, ans: Any, x: Any, w: Any, b: Any = None, *, mask: tuple[bool, ...],
                 geo: ConvGeometry) -> tuple[np.ndarray | None, ...]:
-    """dx, dw and db as ``mask`` asks (Note [Joint rules] in ops/_spec.py): the gradient
-    laid out as the products want it once, for both."""
-    rows = _grouped_rows(g, geo.groups, geo.window)
-    dx = conv_input_grad(_NP, g, w, geo, rows) if mask[0] else None
-    dw = conv_weight_grad(_NP, x, g, geo, rows) if mask[1] else None
+    """dx, dw and db as ``mask`` asks (Note [Joint rules] in ops/_spec.py)."""
+    dx = conv_input_grad(_NP, g, w, geo) if mask[0] else None
+    dw = conv_weight_grad(_NP, x, g, geo) if mask[1] else None
     db = g.sum(axis=(0, 2, 3)) if len(mask) > 2 and mask[2] else None
     return (dx, dw, db)[:len(mask)]
 
