@@ -137,3 +137,47 @@ def test_batch_norm_one_gradient_alone_equals_the_joint_rule(on_path, path: str)
     for i, t in enumerate((x, w, b)):
         (alone,) = ag.grad_sync(F.batch_norm(x, None, None, w, b, training=True), [t], g)
         np.testing.assert_allclose(alone.numpy(), together[i].numpy(), rtol=1e-12, atol=1e-12)
+
+
+CONVS = [  # not on wide rows (strided, or small planes), where the compiled im2col/col2im run
+    {"stride": 2, "padding": 1},
+    {"stride": (2, 3), "padding": (2, 0), "dilation": (1, 2)},
+    {"stride": 2, "groups": 2},
+    {"padding": 1},  # (a 4-wide plane: not wide)
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("kw", CONVS, ids=str)
+def test_conv_windows_paths_agree_exactly_and_match_torch(on_path, kw: dict[str, Any], dtype: type) -> None:
+    """Note [Windows row by row]: the compiled im2col copies and col2im adds in the numpy
+    kernels' order, so both paths give the same bits; and PyTorch's values."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(6)
+    groups = kw.get("groups", 1)
+    x = rng.standard_normal((3, 4, 7, 6)).astype(dtype)
+    w = rng.standard_normal((6, 4 // groups, 3, 3)).astype(dtype)
+    wt_ = rng.standard_normal((4, 6 // groups, 3, 3)).astype(dtype)  # a transposed convolution's
+
+    def ours() -> list[np.ndarray]:
+        xa, wa, wb = (ag.from_numpy(a.copy()).requires_grad_() for a in (x, w, wt_))
+        y = F.conv2d(xa, wa, **kw)
+        ag.backward_sync(y, ag.from_numpy(np.random.default_rng(1).standard_normal(y.shape).astype(dtype)))
+        out = [y.numpy(), xa.grad.numpy(), wa.grad.numpy()]
+        xa.grad = None
+        yt = F.conv_transpose2d(xa, wb, **kw)
+        ag.backward_sync(yt, ag.from_numpy(np.random.default_rng(2).standard_normal(yt.shape).astype(dtype)))
+        return out + [yt.numpy(), xa.grad.numpy(), wb.grad.numpy()]
+
+    on_path("numpy")
+    plain = ours()
+    on_path("compiled")
+    fast = ours()
+    for p, f in zip(plain, fast):
+        np.testing.assert_array_equal(f, p)
+    xt, wt = (torch.from_numpy(a.copy()).requires_grad_() for a in (x, w))
+    yt = torch.nn.functional.conv2d(xt, wt, **kw)
+    yt.backward(torch.from_numpy(np.random.default_rng(1).standard_normal(tuple(yt.shape)).astype(dtype)))
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    for f, t in zip(fast[:3], (yt.detach().numpy(), xt.grad.numpy(), wt.grad.numpy())):
+        np.testing.assert_allclose(f, t, rtol=tol, atol=tol)

@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from .kernels import compiled_path as fast
+
 
 @dataclass(frozen=True)
 class Window:
@@ -69,6 +71,11 @@ class Window:
         return any(d * (k - 1) + 1 > s for k, s, d in zip(self.kernel, self.stride, self.dilation))
 
 
+def window_ints(win: Window) -> tuple[int, ...]:
+    """The window as the compiled kernels take it: kernel, stride, dilation, leading pads."""
+    return (*win.kernel, *win.stride, *win.dilation, win.pad[0][0], win.pad[1][0])
+
+
 def out_length(size: int, kernel: int, stride: int, dilation: int, before: int, after: int,
                ceil_mode: bool = False) -> int:
     """Output positions along one dim (PyTorch's formula; ``ceil_mode`` as its pooling:
@@ -109,8 +116,12 @@ def np_unfold(x: np.ndarray, win: Window) -> np.ndarray:
 def np_fold_channels_first(cols: np.ndarray, win: Window) -> np.ndarray:
     """The adjoint of :class:`Unfolder`'s windows: ``cols`` (C, kh, kw, N, oh, ow) added
     back to a fresh ``(N, C, H, W)``, one strided slice addition per tap (over rows that
-    are contiguous on both sides), then one transposing copy."""
+    are contiguous on both sides), then one transposing copy (or the compiled kernel:
+    Note [Windows row by row])."""
     c, n = cols.shape[0], cols.shape[3]
+    compiled = fast.fold(cols, (n, c, *win.in_size), win.out_size, window_ints(win))
+    if compiled is not None:
+        return compiled
     out = np.zeros((c, n, *win.padded), dtype=cols.dtype)
     for i in range(win.kernel[0]):
         for j in range(win.kernel[1]):
@@ -159,10 +170,13 @@ class Unfolder:
         self.win, self.c, self.is_wide = win, c, wide(win)
         hp, wp = win.padded
         self.run = win.out_size[0] * (wp if self.is_wide else win.out_size[1])
+        self.x: np.ndarray | None = None  # (the compiled kernel's input: not padded)
         if self.is_wide:  # flat, with a tail of zeros for the last plane's junk reads
             tail = win.dilation[1] * (win.kernel[1] - 1)
             self.src = np.zeros(n * c * hp * wp + tail, dtype=x.dtype)
             self.src[:n * c * hp * wp].reshape(n, c, hp, wp)[(..., *win.crop)] = x
+        elif fast.compiled() is not None and x.dtype in (np.float32, np.float64):
+            self.x = np.ascontiguousarray(x)
         else:
             self.src = np.ascontiguousarray(np_pad(x, win))
         self.buf = np.empty(c * win.taps * most_images * self.run, dtype=x.dtype)
@@ -179,8 +193,12 @@ class Unfolder:
                 self.src[part.start * c * hp * wp:], (c, kh, kw, images, self.run),
                 (hp * wp * e, dh * wp * e, dw * e, c * hp * wp * e, e), writeable=False)
         else:
-            view = np_windows(self.src[part], win).transpose(1, 2, 3, 0, 4, 5)
             out = out.reshape(c, *win.kernel, images, *win.out_size)
+            if self.x is not None and fast.unfold(self.x[part], out, win.out_size, window_ints(win)):
+                return out.reshape(c * win.taps, images * self.run)  # (Note [Windows row by row])
+            if self.x is not None:  # (the kernels went away meanwhile: set_mode)
+                self.src, self.x = np.ascontiguousarray(np_pad(self.x, win)), None
+            view = np_windows(self.src[part], win).transpose(1, 2, 3, 0, 4, 5)
         np.copyto(out, view)
         return out.reshape(c * win.taps, images * self.run)
 

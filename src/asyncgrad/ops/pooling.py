@@ -18,11 +18,6 @@ from ._spec import defop
 from .kernels import compiled_path as fast
 
 
-def _window_ints(win: W.Window) -> tuple[int, ...]:
-    """The window as the compiled kernels take it: kernel, stride, dilation, leading pads."""
-    return (*win.kernel, *win.stride, *win.dilation, win.pad[0][0], win.pad[1][0])
-
-
 # --- max pooling ----------------------------------------------------------------------------
 def _max_pool(x: np.ndarray, *, win: W.Window) -> tuple[np.ndarray, np.ndarray]:
     """The window maxima (N, C, oh, ow) and, as aux, the flat index into its (H * W) plane
@@ -33,7 +28,7 @@ def _max_pool(x: np.ndarray, *, win: W.Window) -> tuple[np.ndarray, np.ndarray]:
     every later pass then runs over long contiguous rows, where passes over the strided
     taps ran numpy's loop once per short image row. (The compiled kernel: Note [Max pooling
     per output] in ops/kernels/numba_image.py.)"""
-    compiled = fast.max_pool(x, win.in_size, win.out_size, _window_ints(win))
+    compiled = fast.max_pool(x, win.in_size, win.out_size, W.window_ints(win))
     if compiled is not None:
         return compiled
     taps = W.np_windows(W.np_pad(x, win, -np.inf), win)

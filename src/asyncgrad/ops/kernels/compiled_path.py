@@ -407,3 +407,26 @@ def batch_norm_backward(g: np.ndarray, xc: np.ndarray, rstd: np.ndarray, w: np.n
     k.batch_norm_backward(_c(g).reshape(xc.shape), _c(xc), _c(rstd), weight, need_dx,
                           dx.reshape(xc.shape) if need_dx else dx, gx, gsum)
     return (dx if need_dx else None), gx, gsum
+
+
+def unfold(x: np.ndarray, out: np.ndarray, out_size: tuple[int, int], window: tuple[int, ...]) -> bool:
+    """The channels-first windows (C, kh, kw, N, oh, ow) of ``x`` (N, C, H, W) written into
+    the C-contiguous ``out`` of x's dtype; False (nothing written) when the compiled
+    kernels are not in use or do not apply."""
+    k = compiled()
+    if k is None or x.ndim != 4 or not _fits(x) or out.dtype != x.dtype or not out.flags.c_contiguous:
+        return False
+    k.unfold(_flat(x), out.reshape(-1), *x.shape, *out_size, *window)
+    return True
+
+
+def fold(cols: np.ndarray, shape: tuple[int, ...], out_size: tuple[int, int],
+         window: tuple[int, ...]) -> np.ndarray | None:
+    """The adjoint of :func:`unfold`: the windows ``cols`` (C, kh, kw, N, oh, ow) added back
+    into a fresh (N, C, H, W) of ``shape``, or None."""
+    k = compiled()
+    if k is None or not _fits(cols) or len(shape) != 4:
+        return None
+    out = np.zeros(shape, dtype=cols.dtype)
+    k.fold(_flat(cols), out.reshape(-1), *shape, *out_size, *window)
+    return out

@@ -146,3 +146,59 @@ def batch_norm_backward(g, xc, rstd, w, need_dx, dx, gx, gsum):  # type: ignore[
             gi, d, o = g[i, ch], xc[i, ch], dx[i, ch]
             for k in range(r):
                 o[k] = a * gi[k] - bb * d[k] - cc
+
+
+# --- convolution's im2col and col2im (Note [Windows row by row]) ---------------------------------
+# Note [Windows row by row]: numpy copies the windows of a strided view one innermost row
+# at a time, through its iterator: on small images (a 4 x 4 plane: rows of 4) or strided
+# windows that is a call per few elements, and the copy took twice the product's time.
+# These kernels walk the same rows in compiled loops, reading the unpadded input (the
+# padding is the zeros they write, or the elements they skip), in the order of the
+# channels-first windows (C, kh, kw, N, oh, ow). col2im adds each window element back in
+# tap order, as the numpy kernel's one slice addition per tap, so the sums are the same.
+@_jit((A32, A32, *_SIZES, _I, *_WIN), (A64, A64, *_SIZES, _I, *_WIN))
+def unfold(x, out, n, c, h, w, oh, ow, kh, kw, sh, sw, dh, dw, pt, pl):  # type: ignore[no-untyped-def]
+    """``out`` (C, kh, kw, N, oh, ow), flat: the windows of ``x`` (N, C, H, W), flat."""
+    o = 0
+    for ch in range(c):
+        for a in range(kh):
+            for b in range(kw):
+                off = b * dw - pl
+                lo = min(ow, 0 if off >= 0 else (sw - 1 - off) // sw)  # the first j with j * sw + off >= 0
+                hi = max(lo, min(ow, (w - 1 - off) // sw + 1) if w - 1 - off >= 0 else 0)
+                for img in range(n):
+                    for i in range(oh):
+                        r = i * sh + a * dh - pt
+                        if r < 0 or r >= h:
+                            for j in range(ow):
+                                out[_U(o + j)] = 0
+                        else:
+                            src = ((img * c + ch) * h + r) * w + off
+                            for j in range(lo):
+                                out[_U(o + j)] = 0
+                            for j in range(lo, hi):
+                                out[_U(o + j)] = x[_U(src + j * sw)]
+                            for j in range(hi, ow):
+                                out[_U(o + j)] = 0
+                        o += ow
+
+
+@_jit((A32, A32, *_SIZES, _I, *_WIN), (A64, A64, *_SIZES, _I, *_WIN))
+def fold(cols, out, n, c, h, w, oh, ow, kh, kw, sh, sw, dh, dw, pt, pl):  # type: ignore[no-untyped-def]
+    """``out`` (N, C, H, W), flat, zeros on entry, += the windows ``cols`` (C, kh, kw, N,
+    oh, ow), flat: the adjoint of ``unfold``."""
+    o = 0
+    for ch in range(c):
+        for a in range(kh):
+            for b in range(kw):
+                off = b * dw - pl
+                lo = min(ow, 0 if off >= 0 else (sw - 1 - off) // sw)
+                hi = max(lo, min(ow, (w - 1 - off) // sw + 1) if w - 1 - off >= 0 else 0)
+                for img in range(n):
+                    for i in range(oh):
+                        r = i * sh + a * dh - pt
+                        if 0 <= r < h:
+                            dst = ((img * c + ch) * h + r) * w + off
+                            for j in range(lo, hi):
+                                out[_U(dst + j * sw)] += cols[_U(o + j)]
+                        o += ow

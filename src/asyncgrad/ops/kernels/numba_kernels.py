@@ -1322,4 +1322,4 @@ if PARALLEL:
 
 
 # --- the image layers' kernels (their own module; compiled with this module's _jit) -----------
-from .numba_image import batch_norm, batch_norm_backward, max_pool, max_pool_backward  # noqa: E402, F401
+from .numba_image import batch_norm, batch_norm_backward, fold, max_pool, max_pool_backward, unfold  # noqa: E402, F401
