@@ -1,5 +1,5 @@
 """The image layers' two paths (issue 32): max pooling and training batch norm on the
-compiled kernels (``ops/kernels/numba_image.py``) and on the numpy ones, against each other
+compiled kernels (``ops/kernels/numba_kernels.py``) and on the numpy ones, against each other
 and PyTorch, NaN, ties and padding included, in float32 and float64; gradcheck on both."""
 
 from __future__ import annotations

@@ -117,7 +117,7 @@ def np_fold_channels_first(cols: np.ndarray, win: Window) -> np.ndarray:
     """The adjoint of :class:`Unfolder`'s windows: ``cols`` (C, kh, kw, N, oh, ow) added
     back to a fresh ``(N, C, H, W)``, one strided slice addition per tap (over rows that
     are contiguous on both sides), then one transposing copy (or the compiled kernel:
-    Note [Windows row by row])."""
+    Note [Windows row by row] in ops/kernels/numba_kernels.py)."""
     c, n = cols.shape[0], cols.shape[3]
     compiled = fast.fold(cols, (n, c, *win.in_size), win.out_size, window_ints(win))
     if compiled is not None:
@@ -194,8 +194,9 @@ class Unfolder:
                 (hp * wp * e, dh * wp * e, dw * e, c * hp * wp * e, e), writeable=False)
         else:
             out = out.reshape(c, *win.kernel, images, *win.out_size)
+            # (compiled: Note [Windows row by row] in ops/kernels/numba_kernels.py)
             if self.x is not None and fast.unfold(self.x[part], out, win.out_size, window_ints(win)):
-                return out.reshape(c * win.taps, images * self.run)  # (Note [Windows row by row])
+                return out.reshape(c * win.taps, images * self.run)
             if self.x is not None:  # (the kernels went away meanwhile: set_mode)
                 self.src, self.x = np.ascontiguousarray(np_pad(self.x, win)), None
             view = np_windows(self.src[part], win).transpose(1, 2, 3, 0, 4, 5)

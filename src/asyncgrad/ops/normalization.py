@@ -46,7 +46,7 @@ def _batch_norm(x: np.ndarray, *affine: np.ndarray, eps: float) -> tuple[np.ndar
     """The normalised output and, as aux, ``(xc, rstd, mean, var)``: the centred input
     ``x - mean`` as (N, C, R), ``1 / sqrt(var + eps)``, and the batch's mean and biased
     variance per channel (x-hat is ``xc * rstd``; keeping ``xc`` spares the forward a pass).
-    The compiled kernel: Note [Batch norm per channel] in ops/kernels/numba_image.py."""
+    The compiled kernel: Note [Batch norm per channel] in ops/kernels/numba_kernels.py."""
     compiled = fast.batch_norm(x, affine, eps)
     if compiled is not None:
         return compiled

@@ -27,7 +27,7 @@ def _max_pool(x: np.ndarray, *, win: W.Window) -> tuple[np.ndarray, np.ndarray]:
     The taps are first copied out together, as ``(taps, N * C * oh * ow)``, in one call:
     every later pass then runs over long contiguous rows, where passes over the strided
     taps ran numpy's loop once per short image row. (The compiled kernel: Note [Max pooling
-    per output] in ops/kernels/numba_image.py.)"""
+    per output] in ops/kernels/numba_kernels.py.)"""
     compiled = fast.max_pool(x, win.in_size, win.out_size, W.window_ints(win))
     if compiled is not None:
         return compiled

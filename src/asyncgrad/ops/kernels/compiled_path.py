@@ -346,7 +346,7 @@ def adam_step(x: np.ndarray, g: np.ndarray, m: np.ndarray, v: np.ndarray, *, dec
     return True
 
 
-# --- image layers (ops/kernels/numba_image.py) ------------------------------------------------
+# --- image layers --------------------------------------------------------------------------
 def max_pool(x: np.ndarray, in_size: tuple[int, int], out_size: tuple[int, int],
              window: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray] | None:
     """Max pooling of ``x`` (N, C, H, W) to ``out_size``: the maxima and the flat index
