@@ -74,7 +74,7 @@ from .task.graph_task import GraphTask
 from .task.lifecycle import START_HOOKS
 from .sched.offload import WorkerKernels, run_async_node
 from .runtime.blas import BLAS
-from .sched.placement import Policy, TaskPolicy
+from .sched.placement import ASYNC, Policy, TaskPolicy
 from .sched.admission import grant_admission_pass
 from .sched.loop import LoopScheduler, loop_scheduler, wake
 from .task.statistics import EngineStatistics
@@ -255,8 +255,8 @@ class Engine:
                         return False
                     to_start = task.to_start
                     while to_start:
-                        node, inputs = to_start[0]
-                        if node.maybe_async and node.is_async():
+                        node, inputs, where = to_start[0]
+                        if where is ASYNC:
                             if tg is None:
                                 return False
                             to_start.popleft()

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ... import _context
 from ..task import commit, lifecycle
 from ..task.completion import check_complete, commit_and_release, each_queued
-from ..task.inline import run_inline
+from .inline import run_inline
 from ..task.step import async_kernel_for, finish
 from ..task.graph_task import GraphTask
 from ..runtime.threads import await_blocking, block_on, current_owner
@@ -57,10 +57,11 @@ def execute_sync_here(engine: Engine, task: GraphTask) -> None:
 
 
 def drain_sync(task: GraphTask) -> None:
-    """Every node inline on this thread."""
-    while run_inline(task, _INF, _INF) or task.to_start:
+    """Every node inline on this thread (an ``async def`` backward run to its end here)."""
+    task.inline_threshold = _INF  # (placement.decide: no node goes to a worker)
+    while run_inline(task, _INF) or task.to_start:
         while task.to_start:
-            node, inputs = task.to_start.popleft()
+            node, inputs, _ = task.to_start.popleft()
             try:
                 outputs = block_on(async_kernel_for(task), node, inputs, task.math)
                 task.nodes_inline += 1

@@ -94,10 +94,10 @@ import anyio.lowlevel
 
 from ... import _context
 from ..task.completion import can_complete_inline, complete_inline
-from ..task.inline import run_inline
-from ..task.graph_task import GraphTask
+from .inline import run_inline
+from ..task.graph_task import GraphTask, is_plain_node
 from ..runtime.blas import BLAS
-from ..graph.record import OpNode
+from .placement import WORKER, decide
 from ..runtime.task_order import TaskOrder
 from .wakeup import Wakeup
 
@@ -156,7 +156,7 @@ def wake(task: GraphTask) -> None:
 
 def _run_as(owner: object, task: GraphTask, deadline: float) -> bool:
     _context.node_owner.set(owner)
-    return run_inline(task, task.policy.inline_threshold, deadline)
+    return run_inline(task, deadline)
 
 
 def _hop_next(task: GraphTask) -> bool:
@@ -166,7 +166,7 @@ def _hop_next(task: GraphTask) -> bool:
             or task.active_children or task.context is None or task.exec_info is not None:
         return False
     node = task.heap[0][1]
-    return type(node) is OpNode and node._hooks is None and node.work >= task.policy.inline_threshold
+    return is_plain_node(node) and decide(task, node) is WORKER
 
 
 def _resolve(future: asyncio.Future[None]) -> None:
