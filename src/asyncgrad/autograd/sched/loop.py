@@ -93,7 +93,7 @@ import anyio
 import anyio.lowlevel
 
 from ... import _context
-from ..task.completion import can_complete_inline, complete_inline
+from ..task.call import Raised, advance, completes_at_once
 from .inline import run_inline
 from ..task.graph_task import GraphTask, is_plain_node
 from ..runtime.blas import BLAS
@@ -174,9 +174,15 @@ def _resolve(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-def _complete_as(owner: object, task: GraphTask, waiting: Wakeup) -> None:
+def _complete_as(owner: object, task: GraphTask) -> None:
+    """Take ``task``'s sequence on from ``DRAIN`` (Note [One driver skeleton] in
+    task/call.py): to its end, or to an async final callback's awaitable, left to the
+    driver with the rest; what it raises is raised by the driver."""
     _context.node_owner.set(owner)  # (its callbacks run in the runner's task)
-    complete_inline(task, waiting)
+    try:
+        task.request = advance(task.steps)
+    except Exception as e:
+        task.request = Raised(e)
 
 
 class LoopScheduler:
@@ -278,8 +284,8 @@ class LoopScheduler:
         if task is self.runner or waiting is None or not waiting.waiting:
             return 0.0  # (this driver, or one that runs anyway)
         if (task.error is None and not task.stopping and not task.nodes_left()
-                and task.context is not None and can_complete_inline(task)):
-            task.context.run(_complete_as, owner, task, waiting)
+                and task.context is not None and task.steps is not None and completes_at_once(task)):
+            task.context.run(_complete_as, owner, task)
         waiting.set()
         self.woken += 1
         return self.wake_cost

@@ -154,6 +154,11 @@ class GraphTask:
         # plain bool: a stale read only makes a chain run one node more)
         self.stopping = False
         self.wakeup: Any = None  # an anyio.Event while the driver waits; set by sched/loop.py
+        # -- the call's sequence (Note [One driver skeleton] in task/call.py): written by
+        # the async driver; ``request`` by the loop's runner when it took the sequence on
+        # from DRAIN (its next request, DONE, or Raised), read and cleared by the driver
+        self.steps: Any = None
+        self.request: Any = None
         # -- counters for statistics: written on the task's thread; a snapshot taken
         # from another thread may be one node behind
         self.nodes_inline = 0
