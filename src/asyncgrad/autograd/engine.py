@@ -11,15 +11,6 @@ checks, runs pre-commit functions, commits (task/commit.py) and runs final callb
 unless the loop's runner took it on for this driver (Note [The runner completes small
 backward calls] in sched/loop.py). ``execute_sync`` drives the same sequence blocking.
 
-Note [Each call runs by its engine's policy]: the loop's scheduler is shared by every
-engine on the loop, and its runner (the driver of one engine's backward) runs the queued
-nodes of all of them. So each GraphTask takes a snapshot of its engine's settings when
-it is created (``GraphTask.policy``, a ``TaskPolicy``), and every decision about one of
-its nodes or its completion reads that snapshot, never the runner's engine: which nodes
-run inline, whether the runner may complete it, and how long its nodes may keep the loop
-(a slice ends at the earliest ``yield_interval`` of the calls it ran). Changing an
-engine's ``inline_threshold`` applies to its later calls.
-
 Note [Reentrant backwards]: a backward started while a node of another backward runs,
 in that node's own task or thread (Note [Explicit nesting] in runtime/threads.py), is *nested*:
 depth + 1, and its parent starts no new node until it finished. ``await ag.backward``
@@ -60,19 +51,18 @@ from .errors import EngineInternalError
 from .task.call import (
     DONE, DRAIN, SHIELDED_TURN, TURN, Offload, Raised, Steps, abort_steps, advance, call_steps,
 )
-from .task.graph_task import GraphTask
+from .task.graph_task import GraphTask, TaskPolicy
 from .sched.offload import WorkerKernels, run_async_node
 from .runtime.blas import BLAS
-from .sched.placement import ASYNC, Policy, TaskPolicy
+from .sched.placement import ASYNC, Policy
 from .sched.admission import grant_admission_pass
-from .sched.loop import LoopScheduler, loop_scheduler, wake
+from .sched.loop import LoopScheduler, loop_scheduler
 from .task.statistics import EngineStatistics
 from .sched.blocking import drive_blocking, drain_sync, enter_task, exit_task
 from .runtime.threads import (
     as_owner, redeliver_cancellation, run_in_executor, run_on_fresh_thread,
     running_graph_task,
 )
-from .runtime.threads import in_event_loop_thread, run_on_fresh_thread as _run_on_fresh_thread  # noqa: F401  (tools/gradcheck.py)
 from .runtime.workers import WorkerPool, shared_pool
 
 REENTRANT_HANDOFF_DEPTH = 40
@@ -109,7 +99,7 @@ class Engine:
         self._lock = threading.Lock()  # guards the counters below (any thread reads statistics)
         self._started = self._succeeded = self._failed = self._cancelled = 0
         self._nodes_inline = self._nodes_offloaded = self._thread_hops = 0
-        self._in_flight = 0
+        self._running: set[GraphTask] = set()  # its calls in progress (their nodes in flight count)
 
     # --- public ---------------------------------------------------------------------------
     @property
@@ -136,7 +126,7 @@ class Engine:
             return EngineStatistics(
                 self._started, self._succeeded, self._failed, self._cancelled,
                 self._started - self._succeeded - self._failed - self._cancelled,
-                self._nodes_inline, self._nodes_offloaded, self._in_flight,
+                self._nodes_inline, self._nodes_offloaded, sum(t.in_flight for t in self._running),
                 self.max_workers, self.inline_threshold, self._thread_hops,
             )
 
@@ -251,7 +241,7 @@ class Engine:
         scheduler = loop_scheduler()
         if await self._serve(task, scheduler, None):
             return
-        kernels = WorkerKernels(self, task)
+        kernels = WorkerKernels(task, self.policy, self.worker_executor())
         try:
             if not await self._serve(task, scheduler, None, kernels):  # an async node: it needs a task group
                 async with anyio.create_task_group() as tg:
@@ -289,7 +279,7 @@ class Engine:
                                 return False
                             to_start.popleft()
                             task.in_flight += 1
-                            tg.start_soon(run_async_node, self, task, tg, node, inputs)
+                            tg.start_soon(run_async_node, task, tg, node, inputs)
                         else:
                             to_start.popleft()
                             task.in_flight += 1
@@ -328,16 +318,6 @@ class Engine:
             scheduler.hand_on()  # (Note [Handing on] in sched/loop.py)
             raise
 
-    def node_done(self, task: GraphTask) -> None:
-        """A node run elsewhere finished (on the loop): queue what it made ready."""
-        if task.has_ready() and not task.stopping:
-            loop_scheduler().add(task)
-        wake(task)
-
-    def count_in_flight(self, delta: int) -> None:
-        with self._lock:
-            self._in_flight += delta
-
     # --- worker threads -------------------------------------------------------------------
     async def offload(self, fn: Callable[..., Any], *args: Any, priority: int = 0) -> Any:
         """``fn(*args)`` on a worker thread, queued by ``priority`` (see
@@ -367,6 +347,7 @@ class Engine:
             task.nest_in(parent)
         with self._lock:
             self._started += 1
+            self._running.add(task)
         if parent is None:  # a nested backward runs for its parent's node: no second call (Note [BLAS threads])
             BLAS.backward_started()
         return parent
@@ -380,6 +361,7 @@ class Engine:
             except RuntimeError:  # (a synchronous drain off any loop: its own driver goes on)
                 pass
         with self._lock:
+            self._running.discard(task)
             self._nodes_inline += task.nodes_inline
             self._nodes_offloaded += task.nodes_offloaded
             self._thread_hops += task.thread_hops

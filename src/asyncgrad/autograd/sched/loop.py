@@ -154,6 +154,14 @@ def wake(task: GraphTask) -> None:
         task.wakeup.set()
 
 
+def node_done(task: GraphTask) -> None:
+    """A node run elsewhere finished (on the loop): queue what it made ready, and wake
+    the driver (it re-checks its state)."""
+    if task.has_ready() and not task.stopping:
+        loop_scheduler().add(task)
+    wake(task)
+
+
 def _run_as(owner: object, task: GraphTask, deadline: float) -> bool:
     _context.node_owner.set(owner)
     return run_inline(task, deadline)
@@ -299,7 +307,7 @@ class LoopScheduler:
         within a slice, still lets the loop run every ``interval``. The slice is as long
         as ``me``'s engine's ``yield_interval``, and ends earlier when it runs a call
         whose engine's is shorter (Note [Each call runs by its engine's policy] in
-        engine.py)."""
+        sched/placement.py)."""
         interval = me.policy.yield_interval
         self.runner = me
         self.half_interval = interval / 2
@@ -354,7 +362,7 @@ class LoopScheduler:
                 deadline -= self._drop(task, owner)
                 continue
             end = self.slice_start + task.policy.yield_interval
-            if end < deadline:  # (Note [Each call runs by its engine's policy] in engine.py)
+            if end < deadline:  # (Note [Each call runs by its engine's policy] in sched/placement.py)
                 deadline = self.slice_end = end
             try:
                 more = task.context.run(_run_as, owner, task, deadline)

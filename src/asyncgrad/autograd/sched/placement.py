@@ -61,6 +61,15 @@ engine's first backward, never on the loop. Until they are done the policy assum
 uses every core (one BLAS kernel at a time, no split BLAS nodes); a BLAS kernel waits
 for them on its worker thread, never on the loop.
 
+Note [Each call runs by its engine's policy]: the loop's scheduler is shared by every
+engine on the loop, and its runner (the driver of one engine's backward) runs the queued
+nodes of all of them. So each GraphTask takes a snapshot of its engine's settings when
+it is created (``GraphTask.policy``, a ``TaskPolicy``), and every decision about one of
+its nodes or its completion reads that snapshot, never the runner's engine: which nodes
+run inline, whether the runner may complete it, and how long its nodes may keep the loop
+(a slice ends at the earliest ``yield_interval`` of the calls it ran). Changing an
+engine's ``inline_threshold`` applies to its later calls.
+
 BLAS's threads per call and the slots BLAS kernels share are runtime/blas.py's (Note
 [BLAS threads] there).
 """
@@ -69,7 +78,6 @@ from __future__ import annotations
 
 import enum
 import threading
-from dataclasses import dataclass
 from heapq import heappop, heappush
 from typing import TYPE_CHECKING, Any
 
@@ -104,17 +112,6 @@ def decide(task: GraphTask, node: Node) -> Place:
 
 MAX_LIGHT_RUN = 4  # light nodes in a row inside a worker chain (Note [Worker chains])
 LIGHT_UNITS = 4  # what a light node counts in that run; a node whose rule costs nothing counts 1
-
-
-@dataclass(frozen=True, slots=True)
-class TaskPolicy:
-    """The settings one backward call runs by, taken from its engine when the call's
-    GraphTask is created (Note [Each call runs by its engine's policy]): whoever runs
-    its nodes (its own driver, or the loop's runner, the driver of a call on another
-    engine) decides by these."""
-
-    inline_threshold: int  # nodes whose work is below it run inline (Note [Inline or offload])
-    yield_interval: float  # the longest its nodes keep the loop from a turn (sched/loop.py)
 
 
 class Policy:

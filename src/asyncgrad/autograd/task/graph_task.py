@@ -36,7 +36,8 @@ import itertools
 from collections import deque
 from collections.abc import Callable, Iterator
 from heapq import heappop, heappush
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ... import _context
 from ..._tensor_math import TENSOR_MATH
@@ -50,9 +51,29 @@ from .statistics import GraphTaskStatistics, graph_task_statistics
 
 if TYPE_CHECKING:
     from ...tensor import Tensor
-    from ..engine import Engine
 
 _graph_task_ids = itertools.count(1)
+
+
+@dataclass(frozen=True, slots=True)
+class TaskPolicy:
+    """The settings one backward call runs by, taken from its engine when the call's
+    GraphTask is created (Note [Each call runs by its engine's policy] in
+    sched/placement.py): whoever runs its nodes (its own driver, or the loop's runner,
+    the driver of a call on another engine) decides by these."""
+
+    inline_threshold: int  # nodes whose work is below it run inline (Note [Inline or offload])
+    yield_interval: float  # the longest its nodes keep the loop from a turn (sched/loop.py)
+
+
+class Driver(Protocol):
+    """What a GraphTask knows of the engine that drives it (engine.py's ``Engine``)."""
+
+    task_policy: TaskPolicy
+
+    async def execute(self, task: GraphTask) -> None: ...
+
+    def execute_sync(self, task: GraphTask) -> None: ...
 
 
 def is_plain_node(node: Node) -> bool:
@@ -76,7 +97,7 @@ class GraphTask:
     guarded by a lock (Note [GraphTask bookkeeping lives on one thread]); the few that
     other threads touch say why that is safe."""
 
-    def __init__(self, engine: Engine, *, keep_graph: bool, create_graph: bool,
+    def __init__(self, engine: Driver, *, keep_graph: bool, create_graph: bool,
                  accumulate: bool, priority: int = 0) -> None:
         # -- written here by the creating thread, read-only afterwards (any thread reads)
         self.id = next(_graph_task_ids)
