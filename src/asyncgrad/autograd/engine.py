@@ -287,6 +287,7 @@ class Engine:
                     if task.error is not None:  # (a start failed: handled at the top)
                         continue
                 if not task.nodes_left():
+                    scheduler.discard(task)  # (Note [Plain leaves] in task/step.py)
                     return True
                 if task.has_ready():
                     if not task.active_children:

@@ -21,8 +21,9 @@ CLOCK_AFTER_WORK = 16_384  # elements: a node this large costs far more than rea
 
 def run_inline(task: GraphTask, deadline: float) -> bool:
     """Run ``task``'s ready nodes until nothing is ready (False), or ``perf_counter()``
-    passed ``deadline`` or a node must run elsewhere, queued on ``task.to_start`` for
-    the driver (both True). Errors are recorded with ``task.fail`` and raised."""
+    passed ``deadline`` with nodes still ready or a node must run elsewhere, queued on
+    ``task.to_start`` for the driver (both True). Errors are recorded with
+    ``task.fail`` and raised."""
     pop, step, clock = task.pop_ready, step_for(task), time.perf_counter
     ran = 0
     node = None
@@ -37,7 +38,7 @@ def run_inline(task: GraphTask, deadline: float) -> bool:
                 ran += 1
                 # the clock every 8 nodes, or after a node heavy enough to make it cheap
                 if (not ran & 7 or node.work >= CLOCK_AFTER_WORK) and clock() >= deadline:
-                    return True
+                    return task.has_ready()  # (Note [Plain leaves]: maybe nothing is)
         return False
     except Exception as e:
         task.fail(e, node)

@@ -125,14 +125,18 @@ def prepare(task: GraphTask, node: Node, ready: ReadyInputs) -> list[Any] | None
 # Function's result, the caller's ``gradient=``, an array a hook or a pre-commit
 # function saw, a retained non-leaf gradient. (A small leaf's eager sum of several
 # gradients is not recorded either: copying it is cheap.)
-# Note [Plain leaves]: in a plain backward (no inputs=/grad() pruning), a leaf whose
-# AccumulateGrad and tensor have no hooks has nothing that could observe its staging:
-# ``run_inline`` stages it with ``stage_plain`` (``stage_leaf``'s last steps) when it
-# leaves the ready queue, without ``prepare``'s general path. It still goes through the
-# queue, so leaves are staged in the order they became ready (the commit and
-# post-accumulate-grad hooks follow that order). (Staging a leaf where its producer
-# routes it, skipping the queue, once hung a run of tests/test_concurrency.py's
-# four-loops test; the cause is not found yet: issue 30.)
+# Note [Plain leaves]: in a plain backward, a quiet leaf (Note [Plain backwards and quiet
+# nodes] in task/graph_task.py) has nothing that could observe its staging. So the fused
+# step stages it right where its producer routes its one gradient (``stage_plain``,
+# ``stage_leaf``'s last steps), skipping the ready queue, unless a leaf made ready
+# earlier still waits there: leaves are still staged in the order they became ready (the
+# commit and post-accumulate-grad hooks follow that order); any other leaf is staged
+# when it leaves the queue, by ``plain_step`` or ``stage_leaf``. Staging outside the
+# queue means a GraphTask can run out of ready nodes in the middle of its slice, so two
+# rules keep the runner's queue to GraphTasks with ready nodes (a finished call left in
+# it was the hang once seen here): the core loop reports "more" at the slice's end only
+# when a node is still ready (else the runner drops the task and completes the call),
+# and a driver whose call has nothing left leaves the queue before it returns.
 def stage_leaf(task: GraphTask, node: AccumulateGrad, buf: list[Any]) -> None:
     """AccumulateGrad's step: tensor hooks, captures, pre-hooks, stage for the commit
     (Note [Commit on success] in task/commit.py), post-hooks. Records whether the engine
@@ -374,6 +378,10 @@ def fused_step(task: GraphTask, node: OpNode, g: Any, buf: list[Any]) -> None:
             if twice:
                 gi = doubled(task, child, gi, buf, args)
             if child.sequence_nr == acc_nr and type(gi) is ARRAY:
+                if d == 1 and not task.ready_leaves and child not in task.buffers and is_quiet_leaf(child):
+                    del deps[child]
+                    stage_plain(task, child.variable, gi, is_fresh(gi, buf, None, args))  # type: ignore[attr-defined]
+                    continue
                 own_if_fresh(task, child, gi, buf, None, args)
         add(child, nr, gi, d)
     if (node.saved or spec.saves_params) and not task.keep_graph:
