@@ -123,7 +123,7 @@ def _back_end_checkpoints() -> tuple[Callable[[], Awaitable[None]], Callable[[],
     once per loop: ``anyio.lowlevel``'s find the back end (sniffio) on every call, which
     cost each backward call as much as the check itself."""
     try:
-        from anyio._core._eventloop import get_async_backend
+        from anyio._core._eventloop import get_async_backend  # (here: anyio's private path may move)
 
         backend = get_async_backend()
         return backend.checkpoint_if_cancelled, backend.checkpoint

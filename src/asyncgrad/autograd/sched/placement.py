@@ -256,7 +256,7 @@ class Policy:
             BLAS.configure()
             return
         try:
-            from threadpoolctl import threadpool_limits
+            from threadpoolctl import threadpool_limits  # (here: on the set-up thread, Note [No one-time stall])
         except ImportError:
             return
         self._blas_limits = threadpool_limits(limits=self.blas_threads, user_api="blas")
