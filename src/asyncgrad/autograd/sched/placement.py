@@ -76,6 +76,7 @@ BLAS's threads per call and the slots BLAS kernels share are runtime/blas.py's (
 
 from __future__ import annotations
 
+import _thread
 import enum
 import threading
 from heapq import heappop, heappush
@@ -240,9 +241,12 @@ class Policy:
             if self.setup_started:
                 return
             self.setup_started = True
-        threading.Thread(target=self._setup, args=(warm,), name="asyncgrad-setup", daemon=True).start()
+        # ``_thread``: ``Thread.start()`` waits until the new thread runs (Note [Starting
+        # the loader does not wait] in ops/kernels/loader.py); the loop must not
+        _thread.start_new_thread(self._setup, (warm,))
 
     def _setup(self, warm: Any) -> None:
+        threading.current_thread().name = "asyncgrad-setup"
         try:
             self._setup_blas()
             if self.tune_malloc:
