@@ -115,7 +115,7 @@ def call_steps(task: GraphTask) -> Steps:
     try:
         commit.after_commit(task)
     finally:
-        if len(task.executed) <= commit.RELEASE_STEP:  # one step: nothing to wait for
+        if commit.releases_in_one_step(task):
             commit.release_all(task)
         else:
             yield from in_slices(commit.release_steps(task), interval, SHIELDED_TURN)
@@ -148,7 +148,7 @@ def completes_at_once(task: GraphTask) -> bool:
     for an async final callback: no pre-commit function, a commit on the loop, saved
     tensors freed in one step (the runner's test, Note [The runner completes small
     backward calls])."""
-    return not task.pre_commits and len(task.executed) <= commit.RELEASE_STEP and commit_on_loop(task)
+    return not task.pre_commits and commit.releases_in_one_step(task) and commit_on_loop(task)
 
 
 def abort_steps(task: GraphTask, error: BaseException) -> Iterator[Any]:
