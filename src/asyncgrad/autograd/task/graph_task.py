@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from ... import _context
 from ..._tensor_math import TENSOR_MATH
-from ...ops._array_math import ARRAY_MATH
+from ...backend import xp
 from .exec_info import ExecMap, plan_targets
 from ..graph import ACCUMULATE_GRAD_SEQUENCE_NR, Edge, GraphRoot, Node
 from .input_buffer import InputBuffer, ReadyInputs
@@ -59,7 +59,7 @@ class GraphTask:
         self.keep_graph = keep_graph  # retain_graph: keep saved tensors
         self.create_graph = create_graph  # record the backward (math on Tensors)
         self.accumulate = accumulate  # backward() writes .grad; grad() only captures
-        self.math: Any = TENSOR_MATH if create_graph else ARRAY_MATH
+        self.math: Any = TENSOR_MATH if create_graph else xp.math  # the rules' ``m``
         self.profiler: Any = _context.profiler.get()  # read once: kernels wrapped iff set
         # -- written by the driver as it starts (Engine._begin, engine._enter), on the
         # task's thread, before any node runs; read-only afterwards

@@ -22,8 +22,6 @@ from .graph_task import GraphTask
 from .input_buffer import InputBuffer, PendingSum, ReadyInputs, slots_of
 from .step import finish, is_fresh, kernel_for, own_if_fresh, prepare, run_kernel, stage_plain
 
-ARRAY = xp.array_type  # (Note [One array backend] in backend.py)
-
 CLOCK_AFTER_WORK = 16_384  # elements: a node this large costs far more than reading the clock
 
 
@@ -31,8 +29,8 @@ def doubled(task: GraphTask, child: Node, gi: Any, inputs: list[Any], saved: Any
     """``gi + gi`` for a symmetric node's two edges to one slot (Note [A tensor times
     itself]): in place when ``gi`` is the kernel's fresh array, and then the engine's
     own for a leaf (Note [Owned gradients])."""
-    if type(gi) is ARRAY and is_fresh(gi, inputs, None, saved):
-        xp.add(gi, gi, out=gi)
+    if type(gi) is xp.array_type and is_fresh(gi, inputs, None, saved):
+        xp.add_into(gi, gi)
         if child.sequence_nr == ACCUMULATE_GRAD_SEQUENCE_NR:
             task.fresh[child] = gi
         return gi
@@ -131,7 +129,7 @@ def run_inline(task: GraphTask, threshold: float, deadline: float) -> bool:
                             rule = view  # a read-only view, to a child that only reads it
                         gi = rule(math, g, *args, **params) if params else rule(math, g, *args)
                         if gi is not None:
-                            if type(gi) is not ARRAY or gi.shape != node.input_shapes[i] \
+                            if type(gi) is not xp.array_type or gi.shape != node.input_shapes[i] \
                                     or gi.dtype != node.input_dtypes[i]:
                                 gi = fix_gradient(node, i, gi)
                             if twice:
@@ -148,7 +146,7 @@ def run_inline(task: GraphTask, threshold: float, deadline: float) -> bool:
                                 ready = waiting.ready()
                             seq = child.sequence_nr
                             if seq == acc_nr:
-                                if waiting is None and type(gi) is ARRAY:
+                                if waiting is None and type(gi) is xp.array_type:
                                     own_if_fresh(task, child, gi, buf, None, args)
                                 leaves.append((child, ready))
                             else:

@@ -18,7 +18,6 @@ from typing import Any
 
 
 from ...backend import Array, xp
-
 from ... import _context
 from ..graph import ACCUMULATE_GRAD_SEQUENCE_NR, AccumulateGrad, Node
 from .graph_task import GraphTask
@@ -26,8 +25,6 @@ from ..graph.hooks import run_leaf_tensor_hooks, run_post_hooks, run_pre_hooks, 
 from .input_buffer import PendingSum, ReadyInputs, combine, inputs_of, slots_of
 from ..graph.record import OpNode
 from ..graph.validate import validate_outputs
-
-ARRAY = xp.array_type  # (Note [One array backend] in backend.py)
 
 Kernel = Callable[[Node, list[Any], Any], list[Any]]
 AsyncKernel = Callable[[Node, list[Any], Any], Coroutine[Any, Any, list[Any]]]
@@ -172,7 +169,7 @@ def fresh_leaf_edges(node: Node, inputs: list[Any], outputs: list[Any]) -> tuple
     acc_nr = ACCUMULATE_GRAD_SEQUENCE_NR
     saved = node.saved
     return tuple(i for i, ((child, _), gi) in enumerate(zip(node.next_edges, outputs))
-                 if child is not None and child.sequence_nr == acc_nr and type(gi) is ARRAY
+                 if child is not None and child.sequence_nr == acc_nr and type(gi) is xp.array_type
                  and is_fresh(gi, inputs, outputs, saved))
 
 
@@ -196,7 +193,7 @@ def own_if_fresh(task: GraphTask, leaf: Node, gi: Array, inputs: Any, outputs: A
 
 def is_fresh(gi: Array, inputs: Any, outputs: Any, saved: Any) -> bool:
     """``own_if_fresh``'s test: ``gi`` is a new array the kernel made."""
-    if gi.base is not None or not gi.flags.writeable:
+    if not xp.owns_memory(gi):  # a view, or read-only (Note [One array backend] in backend.py)
         return False
     for a in inputs:
         if a is gi:
