@@ -169,6 +169,31 @@ async def test_grad_captures_array_api_strict_gradients(array_api):
         np.testing.assert_allclose(np.asarray(g.data), r.data, rtol=1e-12, atol=1e-14)
 
 
+@pytest.mark.anyio
+async def test_hooks_and_retained_gradients_see_array_api_strict_arrays(array_api):
+    ours = leaves_on(True, values())
+    seen = []
+
+    def double(g):
+        seen.append(type(g.data))
+        return wrap(g.data * 2.0)
+
+    ours[1].register_hook(double)
+    h = ReLU.apply(Linear.apply(*ours[:3]))
+    h.retain_grad()
+    await ag.backward(Add.apply(Mean.apply(Square.apply(Linear.apply(h, *ours[3:]))), Mean.apply(h)))
+    with use_backend(NUMPY):
+        ref = leaves_on(False, values())
+        rh = ag.relu(ref[0] @ ref[1].T + ref[2])
+        rh.retain_grad()
+        await ag.backward(((rh @ ref[3].T + ref[4]) ** 2).mean() + rh.mean())
+    assert seen == [ARRAY]
+    assert type(h.grad.data) is ARRAY
+    np.testing.assert_allclose(np.asarray(h.grad.data), rh.grad.data, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(np.asarray(ours[1].grad.data), 2 * ref[1].grad.data, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(np.asarray(ours[3].grad.data), ref[3].grad.data, rtol=1e-12, atol=1e-14)
+
+
 def test_blocking_backward_on_array_api_strict(array_api):
     ours = leaves_on(True, values())
     ag.backward_sync(mlp_loss(*ours))

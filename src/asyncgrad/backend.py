@@ -10,23 +10,30 @@ is the engine's to write into (``xp.owns_memory``; Note [Owned gradients] in
 autograd/task/step.py). The graph layer checks and fixes gradients through it too
 (autograd/graph/validate.py, accumulate.py) and the public calls make root gradients with
 it (autograd/api.py). ``xp`` is one object whose attributes are the active backend's
-operations, so every module that imported it sees ``use_backend`` switch it; numpy's
-operations are numpy's own functions (``np.asarray``, ``np.result_type``...), so the
-numpy path pays no call of ours where numpy has one. Switch between backward calls, not
-while one runs.
+operations, so every module that imported it sees ``use_backend`` switch it. numpy's
+operations are numpy's own functions where one does the job (``np.asarray``,
+``np.result_type``, ``np.add.reduce`` over axis 0...), so the numpy path pays no call of
+ours for them; the others (``owns_memory``, ``add_into``...) are one-line functions
+called per gradient sent to a leaf or per sum, not per node. Switch between backward
+calls, not while one runs.
 
 numpy is the one shipped backend. Another library plugs in with an object that has the
 names of ``ArrayBackend`` (``asyncgrad.backend_array_api.ArrayApiBackend`` adapts any
-array-API namespace). What a backend does not change: built-in ops (``ops/``, Tensor's
-methods) compute their forward and most of their derivative rules with numpy, so with
-another backend a model's forward is written with custom ``Function``s whose forward and
-backward compute with that library (a Tensor holds an array of the active backend;
-``Tensor(array)`` wraps it without a copy). The engine then runs their graph unchanged.
+array-API namespace). A Tensor holds an array of the active backend (``Tensor(array)``
+wraps one without a copy), and the engine runs any graph over such arrays unchanged.
+What a backend does not change: built-in ops (``ops/``, Tensor's methods, ``ag.*``)
+compute their forward with numpy, and many of their derivative rules have numpy-only
+paths. So with another backend a model's forward is written with custom ``Function``s
+that compute with that library; a built-in op's node recorded over the backend's arrays
+(``graph.record.record``) runs its rules with the backend's math namespace, which works
+for rules written only with ``m``'s names and array operators (2-D ``matmul``, ``add``,
+``mul``, ``relu``, ``sum``: tests/test_array_backend.py runs such an MLP).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from types import TracebackType
 from typing import Any, Protocol, cast
 
@@ -105,10 +112,6 @@ def _writeable(a: np.ndarray) -> bool:
     return a.flags.writeable  # type: ignore[no-any-return]
 
 
-def _sum_leading(a: np.ndarray) -> np.ndarray:
-    return np.add.reduce(a, axis=0)  # type: ignore[no-any-return]
-
-
 class NumpyBackend:
     """numpy as the engine sees it: numpy's own functions where one does the job."""
 
@@ -123,7 +126,7 @@ class NumpyBackend:
     is_floating = staticmethod(_is_floating)
     add_into = staticmethod(_add_into)
     sum_as = staticmethod(_sum_as)
-    sum_leading = staticmethod(_sum_leading)
+    sum_leading = staticmethod(partial(np.add.reduce, axis=0))
     owns_memory = staticmethod(_owns_memory)
     writeable = staticmethod(_writeable)
 
