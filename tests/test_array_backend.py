@@ -10,6 +10,7 @@ import pytest
 
 import asyncgrad as ag
 from asyncgrad.autograd import Function
+from asyncgrad.autograd.graph import record as graph_record
 from asyncgrad.autograd.graph.record import record
 from asyncgrad.autograd.task import input_buffer
 from asyncgrad.ops import elementwise as E
@@ -22,8 +23,8 @@ ARRAY = type(xs.asarray(0.0))  # array_api_strict's array type
 from asyncgrad.backend_array_api import ArrayApiBackend  # noqa: E402
 
 ENGINE_CORE = ("task", "sched", "runtime")
-# the graph's metadata cache holds numpy and array_api_strict dtypes side by side, and
-# array_api_strict warns whenever its dtypes are compared with numpy's (they are unequal)
+# (while a test runs, the graph's metadata cache holds numpy's and array_api_strict's
+# dtypes side by side: array_api_strict warns when they are compared, and they are unequal)
 pytestmark = pytest.mark.filterwarnings("ignore:You are comparing a array_api_strict dtype:UserWarning")
 
 
@@ -34,8 +35,14 @@ def anyio_backend(request):
 
 # --- an MLP written with custom Functions that compute with array_api_strict -----------
 def wrap(a):
-    assert type(a) is ARRAY  # nothing on the way turned the gradient into numpy
+    assert type(a) is ARRAY  # nothing on the way turned an array into numpy's
     return ag.Tensor(a)
+
+
+def arr(t):
+    """A Tensor's array, checked to be array_api_strict's (a gradient the engine handed)."""
+    assert type(t.data) is ARRAY
+    return t.data
 
 
 class Linear(Function):
@@ -47,7 +54,7 @@ class Linear(Function):
     @staticmethod
     def backward(ctx, g):
         x, w = ctx.saved_tensors
-        gd = wrap(g.data).data
+        gd = arr(g)
         # the bias's gradient has the batch axis still: the engine sums it down
         return wrap(xs.matmul(gd, w.data)), wrap(xs.matmul(xs.matrix_transpose(gd), x.data)), g
 
@@ -61,7 +68,7 @@ class ReLU(Function):
     @staticmethod
     def backward(ctx, g):
         (x,) = ctx.saved_tensors
-        return wrap(xs.where(x.data > 0, wrap(g.data).data, xs.zeros_like(g.data)))
+        return wrap(xs.where(x.data > 0, arr(g), xs.zeros_like(g.data)))
 
 
 class Square(Function):
@@ -73,7 +80,7 @@ class Square(Function):
     @staticmethod
     def backward(ctx, g):
         (x,) = ctx.saved_tensors
-        return wrap(2.0 * x.data * wrap(g.data).data)
+        return wrap(2.0 * x.data * arr(g))
 
 
 class Mean(Function):
@@ -85,7 +92,7 @@ class Mean(Function):
     @staticmethod
     def backward(ctx, g):
         n = int(np.prod(ctx.shape))
-        return wrap(xs.broadcast_to(wrap(g.data).data / n, ctx.shape))  # a read-only view
+        return wrap(xs.broadcast_to(arr(g) / n, ctx.shape))  # a read-only view
 
 
 class Add(Function):
@@ -126,6 +133,9 @@ def array_api():
     with use_backend(ArrayApiBackend(xs)) as backend:
         yield backend
     assert active_backend() is NUMPY
+    # the graph's interned (shape, dtype) metadata now holds array_api_strict dtypes,
+    # which hash as numpy's and warn when compared with them: later tests start clean
+    graph_record._META_CACHE.clear()
 
 
 def grads_of(ts):

@@ -49,10 +49,10 @@ class PendingSum(list[Any]):
         """The sum, left to right, as ``((a + b) + c) + ...`` eagerly would be. The
         result is always a fresh array that nobody else holds (task/commit.py may adopt it
         as a ``.grad`` without a copy)."""
+        array = xp.array_type
         out = value(self[0]) + value(self[1])
         for term in self[2:]:
             v = value(term)
-            array = xp.array_type
             if type(out) is array and type(v) is array and v.shape == out.shape \
                     and xp.result_type(out, v) == out.dtype:
                 xp.add_into(out, v)  # ``out`` is our own fresh array
