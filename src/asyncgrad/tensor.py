@@ -1170,7 +1170,7 @@ class MinMax(NamedTuple):
     indices: Tensor
 
 
-register_tensor_type(Tensor)
+register_tensor_type(Tensor, VersionCounter, _init)  # (Note [The graph layer never imports Tensor])
 
 
 # Note [Delegated methods]: most methods are a function of ``functional`` (or of ``sampling``,
@@ -1249,13 +1249,12 @@ def _install_methods(functional: Any, sampling_module: Any, creation_module: Any
             setattr(Tensor, name, _as_method(name, getattr(module, name), origin))
 
 
-def bind_functional(module: Any) -> None:
-    """Called once by the package (``asyncgrad/__init__.py``) after importing
-    ``functional``, which imports this module: the ops the methods above delegate to, and
-    the factories (``creation``, ``sampling``) that import this module too."""
+def bind_functional(module: Any, torch_ops: Any, creation_module: Any, sampling_module: Any) -> None:
+    """Called once by the package (``asyncgrad/__init__.py``) once it has imported them:
+    the ops the methods above delegate to (``functional``, ``torch_ops``) and the
+    factories (``creation``, ``sampling``). Each of them imports this module, so this one
+    imports none of them back: they are handed in."""
     global F, T, creation, sampling, _binary, _unary
-    from . import creation as creation_module, sampling as sampling_module, torch_ops
-
     F = module
     _binary, _unary = module._binary, module._unary
     creation, sampling, T = creation_module, sampling_module, torch_ops

@@ -4,12 +4,14 @@ and dtype (cast). Runs inside the kernel, so on a worker thread for offloaded no
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...backend import xp
 from ...ops._broadcast import is_expandable_to
-from ...tensor import Tensor
-from . import Node
+from .registry import tensor_type
+
+if TYPE_CHECKING:
+    from . import Node
 
 
 def validate_outputs(node: Node, outputs: list[Any]) -> list[Any]:
@@ -65,14 +67,12 @@ def fix_gradient(node: Node, i: int, g: Any) -> Any:
         g = _sum_to(g, shape)
     if type(g) is xp.array_type:
         return g if g.dtype == dt else xp.astype(g, dt)
-    if isinstance(g, Tensor):
+    if isinstance(g, tensor_type()):
         return g if g.dtype == dt else g.to(dt)
     return xp.asarray(g, dtype=dt)  # a numpy scalar from a 0-d computation
 
 
 def _sum_to(g: Any, shape: tuple[int, ...]) -> Any:
-    if isinstance(g, Tensor):
-        from ...functional import sum_to as tensor_sum_to
-
-        return tensor_sum_to(g, shape)
+    if isinstance(g, tensor_type()):
+        return g.sum_to_size(shape)  # (differentiable: a create_graph gradient)
     return xp.math.sum_to(xp.asarray(g), shape)
