@@ -7,8 +7,7 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
+from ...backend import xp
 from .registry import tensor_type
 
 if TYPE_CHECKING:
@@ -27,9 +26,9 @@ def _take(g: Any, dtype: Any, owned: bool) -> Any:
     (Note [Owned gradients] in task/step.py: it made the array and nobody else holds it;
     PyTorch steals such gradients too), else a copy, so that a later commit's in-place
     addition never writes into an array a user, a hook or another leaf holds."""
-    if owned and type(g) is np.ndarray and g.dtype == dtype and g.base is None and g.flags.writeable:
+    if owned and type(g) is xp.array_type and g.dtype == dtype and xp.owns_memory(g):
         return g
-    return np.array(g, dtype=dtype)
+    return xp.astype(g, dtype)
 
 
 def _accumulate(var: Tensor, g: Any, create_graph: bool, owned: bool = False) -> None:
@@ -37,7 +36,7 @@ def _accumulate(var: Tensor, g: Any, create_graph: bool, owned: bool = False) ->
     array, which may become ``.grad`` itself."""
     tensor_cls = tensor_type()  # (Note [The graph layer never imports Tensor])
     if create_graph:
-        gt = g if isinstance(g, tensor_cls) else tensor_cls._wrap(np.asarray(g))
+        gt = g if isinstance(g, tensor_cls) else tensor_cls._wrap(g)
         # A (differentiable) clone, as PyTorch's AccumulateGrad does under grad mode: the
         # incoming grad may be a user's tensor or be routed to several leaves, and .grad
         # must alias neither (a later in-place accumulation would write through it).
@@ -48,8 +47,8 @@ def _accumulate(var: Tensor, g: Any, create_graph: bool, owned: bool = False) ->
     current = var._grad
     if current is None:
         var._grad = tensor_cls._wrap(_take(g, var.data.dtype, owned))
-    elif current.grad_fn is None and current.data.flags.writeable:
-        np.add(current.data, g, out=current.data, casting="unsafe")
+    elif current.grad_fn is None and xp.writeable(current.data):
+        xp.add_into(current.data, g)
         current._version_counter.value += 1  # (as PyTorch's in-place add; sum_fresh checks it)
     else:
         var._grad = tensor_cls._wrap(current.data + g)

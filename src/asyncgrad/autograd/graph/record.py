@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from ... import _context
+from ...backend import xp
 from ...ops._spec import OpSpec
 from . import NO_EDGE, AccumulateGrad, HookedSavedTensor, SavedTensor, next_sequence_nr, save_for_backward
 from .op_node import MultiViewNode, OpNode
@@ -100,8 +101,8 @@ def record(spec: OpSpec, inputs: tuple[Any, ...], out: np.ndarray, aux: Any = No
 
     The forward's hot path (every op of every forward): see Note [The recording fast
     path]."""
-    if type(out) is not np.ndarray:
-        out = np.asarray(out)
+    if type(out) is not xp.array_type:  # (Note [One array backend] in backend.py)
+        out = xp.asarray(out)
     if not _grad_enabled.get():
         result = _new_tensor(Tensor)
         _init(result, out, None, 0, None)

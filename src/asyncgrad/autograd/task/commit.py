@@ -111,9 +111,8 @@ def sum_fresh(task: GraphTask) -> Prepared:
                 out.append((var, None, 0, None, _take(g, var.data.dtype, var in task.owned), g))
             else:
                 data = current.data
-                # (asarray: np.add of 0-d arrays returns a numpy scalar, not an array)
                 out.append((var, current, current._version_counter.value, data,
-                            xp.asarray(xp.add(data, g, dtype=data.dtype, casting="unsafe")), g))
+                            xp.sum_as(data, g), g))
     return out
 
 

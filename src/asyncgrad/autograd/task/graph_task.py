@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ... import _context
 from ..._tensor_math import TENSOR_MATH
-from ...ops._array_math import ARRAY_MATH
+from ...backend import xp
 from .exec_info import ExecMap, plan_targets
 from ..graph import ACCUMULATE_GRAD_SEQUENCE_NR, AccumulateGrad, Edge, GraphRoot, Node
 from ..graph.record import OpNode
@@ -109,7 +109,7 @@ class GraphTask:
         self.keep_graph = keep_graph  # retain_graph: keep saved tensors
         self.create_graph = create_graph  # record the backward (math on Tensors)
         self.accumulate = accumulate  # backward() writes .grad; grad() only captures
-        self.math: Any = TENSOR_MATH if create_graph else ARRAY_MATH
+        self.math: Any = TENSOR_MATH if create_graph else xp.math  # the rules' ``m``
         self.profiler: Any = _context.profiler.get()  # read once: kernels wrapped iff set
         # a tool wraps every kernel (the profiler, anomaly mode): read once, here
         self.tools = self.profiler is not None or _context.anomaly_mode.get() is not None

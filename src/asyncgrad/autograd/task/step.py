@@ -22,7 +22,6 @@ from typing import Any
 
 
 from ...backend import Array, xp
-
 from ... import _context
 from ..graph import ACCUMULATE_GRAD_SEQUENCE_NR, AccumulateGrad, Node
 from .graph_task import GraphTask, is_plain_node, is_quiet_leaf
@@ -31,8 +30,6 @@ from .input_buffer import InputBuffer, PendingSum, ReadyInputs, combine, inputs_
 from ..graph.record import OpNode
 from ..graph.saved import SavedTensor
 from ..graph.validate import fix_gradient, validate_outputs
-
-ARRAY = xp.array_type  # (Note [One array backend] in backend.py)
 
 Kernel = Callable[[Node, list[Any], Any], list[Any]]
 Step = Callable[[GraphTask, Node, ReadyInputs], bool]
@@ -182,7 +179,7 @@ def fresh_leaf_edges(node: Node, inputs: list[Any], outputs: list[Any]) -> tuple
     acc_nr = ACCUMULATE_GRAD_SEQUENCE_NR
     saved = node.saved
     return tuple(i for i, ((child, _), gi) in enumerate(zip(node.next_edges, outputs))
-                 if child is not None and child.sequence_nr == acc_nr and type(gi) is ARRAY
+                 if child is not None and child.sequence_nr == acc_nr and type(gi) is xp.array_type
                  and is_fresh(gi, inputs, outputs, saved))
 
 
@@ -206,7 +203,7 @@ def own_if_fresh(task: GraphTask, leaf: Node, gi: Array, inputs: Any, outputs: A
 
 def is_fresh(gi: Array, inputs: Any, outputs: Any, saved: Any) -> bool:
     """``own_if_fresh``'s test: ``gi`` is a new array the kernel made."""
-    if gi.base is not None or not gi.flags.writeable:
+    if not xp.owns_memory(gi):  # a view, or read-only (Note [One array backend] in backend.py)
         return False
     for a in inputs:
         if a is gi:
@@ -373,11 +370,11 @@ def fused_step(task: GraphTask, node: OpNode, g: Any, buf: list[Any]) -> None:
             rule = view  # a read-only view, to a child that only reads it
         gi = rule(math, g, *args, **params) if params else rule(math, g, *args)
         if gi is not None:
-            if type(gi) is not ARRAY or gi.shape != node.input_shapes[i] or gi.dtype != node.input_dtypes[i]:
+            if type(gi) is not xp.array_type or gi.shape != node.input_shapes[i] or gi.dtype != node.input_dtypes[i]:
                 gi = fix_gradient(node, i, gi)
             if twice:
                 gi = doubled(task, child, gi, buf, args)
-            if child.sequence_nr == acc_nr and type(gi) is ARRAY:
+            if child.sequence_nr == acc_nr and type(gi) is xp.array_type:
                 if d == 1 and not task.ready_leaves and child not in task.buffers and is_quiet_leaf(child):
                     del deps[child]
                     stage_plain(task, child.variable, gi, is_fresh(gi, buf, None, args))  # type: ignore[attr-defined]
@@ -392,8 +389,8 @@ def doubled(task: GraphTask, child: Node, gi: Any, inputs: list[Any], saved: Any
     """``gi + gi`` for a symmetric node's two edges to one slot (Note [A tensor times
     itself]): in place when ``gi`` is the kernel's fresh array, and then the engine's
     own for a leaf (Note [Owned gradients])."""
-    if type(gi) is ARRAY and is_fresh(gi, inputs, None, saved):
-        xp.add(gi, gi, out=gi)
+    if type(gi) is xp.array_type and is_fresh(gi, inputs, None, saved):
+        xp.add_into(gi, gi)
         if child.sequence_nr == ACCUMULATE_GRAD_SEQUENCE_NR:
             task.fresh[child] = gi
         return gi
