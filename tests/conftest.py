@@ -79,10 +79,13 @@ def restore_engine():
 @pytest.fixture
 def blas_single(monkeypatch):
     """BLAS single-threaded (several backward calls in flight, or pinned at one): a
-    product's gradients are split into one kernel each (Policy.splits)."""
+    product's gradients are split into one kernel each (Policy.splits). Other processes
+    are taken to leave both cores free, so the split does not depend on the machine's
+    load while the test runs (Note [Other processes' load] in runtime/cpu_load.py)."""
     from asyncgrad.autograd.runtime.blas import BlasThreads
 
     monkeypatch.setattr(BlasThreads, "per_call", property(lambda self: 1))
+    monkeypatch.setattr(BlasThreads, "free_cores", property(lambda self: 2))
 
 
 @pytest.fixture

@@ -224,3 +224,24 @@ def test_the_runner_cancelled_in_the_loops_turn_hands_on(backend, kind, monkeypa
     monkeypatch.setattr(LoopScheduler, "loop_turn", cancelled_turn)
     anyio.run(_exact_storm, kind, victims, backend=backend)
     assert victims, "no runner gave the loop a turn"
+
+
+@pytest.mark.anyio
+async def test_a_slice_ending_as_the_last_leaf_is_staged_leaves_the_queue_empty(restore_engine):
+    """Note [Plain leaves]: a call's last leaf staged by the fused step (outside the ready
+    queue) while its slice ends right then leaves nothing queued, and every call
+    completes with its gradient. yield_interval=0: every clock check ends the slice."""
+    ag.autograd.set_engine(ag.autograd.Engine(yield_interval=0.0))
+    w = ag.tensor(np.linspace(-1.0, 1.0, 16), requires_grad=True)
+
+    async def one() -> None:
+        y = w
+        for _ in range(7):  # with the sum, eight nodes: the core loop reads the clock
+            y = y * 1.5  # after the eighth, which stages the leaf
+        await ag.backward(y.sum())
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(CALLS):
+            tg.start_soon(one)
+    np.testing.assert_allclose(w.grad.numpy(), np.full(16, CALLS * 1.5 ** 7))
+    _assert_scheduler_empty()

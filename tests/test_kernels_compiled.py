@@ -282,9 +282,12 @@ def test_first_gelu_on_a_running_loop_does_not_wait_for_the_compiled_kernels() -
         print("|".join(events))
     """)
     assert res.returncode == 0, res.stderr
-    assert res.stdout.strip().split("|") == [
-        "numba imported by asyncgrad: False", "loader started", "first gelu done, ready=False", "loader done",
-        "second gelu done, ready=True"]
+    events = res.stdout.strip().split("|")
+    # the loader thread starts without the loop waiting for it (Note [Starting the loader
+    # does not wait]), so whether it ran before the first GELU finished is the OS's choice
+    assert events[0] == "numba imported by asyncgrad: False"
+    assert sorted(events[1:3]) == ["first gelu done, ready=False", "loader started"]
+    assert events[3:] == ["loader done", "second gelu done, ready=True"]
 
 
 def test_the_loader_runs_with_the_collector_off_and_a_short_switch_interval_then_restores_both() -> None:

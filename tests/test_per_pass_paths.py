@@ -1,4 +1,4 @@
-"""One small pass (issue 11) through the fused inline step (execute.run_inline), the
+"""One small pass (issue 11) through the fused inline step (sched/inline.py), the
 inline commit and linear's dtype check: gradients bit for bit the reference executor's in
 float32 and float64 (over two backwards, so the second adds into ``.grad`` in place), the
 version counts, casts into a ``.grad`` of another dtype, and the same errors. They pin what

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import asyncgrad as ag
-from asyncgrad.autograd.task import inline as execute_module
+from asyncgrad.autograd.sched import inline as execute_module
 from asyncgrad.autograd.sched import offload as offload_module
 from asyncgrad.autograd.sched import loop as scheduler_module
 

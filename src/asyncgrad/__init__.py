@@ -45,9 +45,13 @@ from . import cuda
 from .serialization import load, save
 
 # Registration instead of a ring of imports (Note [The graph layer never imports Tensor]):
-# Tensor's methods delegate to ``functional``, which imports ``tensor``; the autograd
+# Tensor's methods delegate to ``functional``, ``torch_ops``, ``creation`` and
+# ``sampling``, which import ``tensor``, so they are handed to it here; ``_tensor_math``
+# registers the create_graph math with the graph layer as it is imported; the autograd
 # package's names are bound once everything they import is complete.
-_bind_functional(_functional)
+from . import creation as _creation, sampling as _sampling, torch_ops as _torch_ops
+from . import _tensor_math  # noqa: F401  (imported for its registration)
+_bind_functional(_functional, _torch_ops, _creation, _sampling)
 autograd.load_all()
 
 __version__ = "0.1.0"

@@ -6,6 +6,8 @@ from typing import Any
 
 import numpy as np
 
+from .backend import xp
+
 float32 = np.dtype(np.float32)
 """32-bit floating point: the default dtype of Python floats and factory functions."""
 float64 = np.dtype(np.float64)
@@ -59,6 +61,8 @@ def as_array(value: Any, dtype: Any = None) -> np.ndarray:
     """
     if isinstance(value, np.ndarray):
         return value if dtype is None else value.astype(dtype, copy=False)
+    if type(value) is xp.array_type:  # another backend's array (Note [One array backend])
+        return value if dtype is None else xp.astype(value, dtype)
     if isinstance(value, np.generic):
         arr = np.asarray(value)
         return arr if dtype is None else arr.astype(dtype)

@@ -10,6 +10,7 @@ import numpy as np
 
 from . import functional as F
 from . import torch_ops
+from .autograd.graph.registry import register_tensor_math
 from .tensor import Tensor
 
 
@@ -71,3 +72,5 @@ class TensorMath:
 
 
 TENSOR_MATH = TensorMath()
+# for a node called directly under grad mode (Note [The graph layer never imports Tensor])
+register_tensor_math(TENSOR_MATH)

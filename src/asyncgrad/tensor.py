@@ -21,7 +21,8 @@ import numpy as np
 
 from . import _context, _device, _inplace
 from ._aliases import numpy_aliases
-from ._dtype import as_array, is_floating
+from ._dtype import as_array
+from .backend import xp
 from .autograd.graph import AccumulateGrad, HookDict, register_tensor_type
 from .ops import elementwise as E
 from ._inplace import (  # noqa: F401 - importable from here, as before the move
@@ -67,7 +68,7 @@ def _set_data(self: Tensor, value: Any) -> None:
     change of x is one of y too. ``y`` is a Tensor or an ndarray."""
     if isinstance(value, Tensor):
         arr = value._data
-    elif isinstance(value, np.ndarray):
+    elif isinstance(value, np.ndarray) or type(value) is xp.array_type:
         arr = value
     else:
         raise TypeError(f"Variable data has to be a tensor, but got {type(value).__name__}")
@@ -115,8 +116,8 @@ class Tensor:
     # --- construction fast paths (no checks) ----------------------------------------
     @staticmethod
     def _wrap(arr: np.ndarray) -> Tensor:
-        if type(arr) is not np.ndarray:
-            arr = np.asarray(arr)
+        if type(arr) is not xp.array_type:  # (Note [One array backend] in backend.py)
+            arr = xp.asarray(arr)
         t = object.__new__(Tensor)
         _init(t, arr, None, 0, None)
         return t
@@ -124,8 +125,8 @@ class Tensor:
     @staticmethod
     def _nonleaf(arr: np.ndarray, node: Node | None, output_nr: int,
                  version: VersionCounter | None) -> Tensor:
-        if type(arr) is not np.ndarray:
-            arr = np.asarray(arr)
+        if type(arr) is not xp.array_type:  # (Note [One array backend] in backend.py)
+            arr = xp.asarray(arr)
         t = object.__new__(Tensor)
         _init(t, arr, node, output_nr, version)
         t._requires_grad = node is not None
@@ -196,7 +197,7 @@ class Tensor:
                 "a computed variable in a subgraph that doesn't require differentiation use "
                 "var_no_grad = var.detach()."
             )
-        if requires_grad and not is_floating(self.data.dtype):
+        if requires_grad and not xp.is_floating(self.data.dtype):
             raise RuntimeError(
                 f"only Tensors of floating point dtype can require gradients (got {self.data.dtype})"
             )
@@ -1169,7 +1170,7 @@ class MinMax(NamedTuple):
     indices: Tensor
 
 
-register_tensor_type(Tensor)
+register_tensor_type(Tensor, VersionCounter, _init)  # (Note [The graph layer never imports Tensor])
 
 
 # Note [Delegated methods]: most methods are a function of ``functional`` (or of ``sampling``,
@@ -1248,13 +1249,12 @@ def _install_methods(functional: Any, sampling_module: Any, creation_module: Any
             setattr(Tensor, name, _as_method(name, getattr(module, name), origin))
 
 
-def bind_functional(module: Any) -> None:
-    """Called once by the package (``asyncgrad/__init__.py``) after importing
-    ``functional``, which imports this module: the ops the methods above delegate to, and
-    the factories (``creation``, ``sampling``) that import this module too."""
+def bind_functional(module: Any, torch_ops: Any, creation_module: Any, sampling_module: Any) -> None:
+    """Called once by the package (``asyncgrad/__init__.py``) once it has imported them:
+    the ops the methods above delegate to (``functional``, ``torch_ops``) and the
+    factories (``creation``, ``sampling``). Each of them imports this module, so this one
+    imports none of them back: they are handed in."""
     global F, T, creation, sampling, _binary, _unary
-    from . import creation as creation_module, sampling as sampling_module, torch_ops
-
     F = module
     _binary, _unary = module._binary, module._unary
     creation, sampling, T = creation_module, sampling_module, torch_ops

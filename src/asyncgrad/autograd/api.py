@@ -15,9 +15,8 @@ import warnings
 from typing import Any
 from collections.abc import Callable
 
-import numpy as np
-
 from .. import _context
+from ..backend import Array, xp
 from ..tensor import Tensor
 from .engine import get_engine
 from .graph import Edge
@@ -62,11 +61,11 @@ def _make_grads(outputs: tuple[Tensor, ...], grads: tuple[Any, ...], create_grap
             if o._requires_grad:
                 if o.data.size != 1:
                     raise RuntimeError("grad can be implicitly created only for scalar outputs")
-                if o.dtype.kind != "f":
+                if not xp.is_floating(o.dtype):
                     raise RuntimeError(
                         f"grad can be implicitly created only for real scalar outputs but got {o.dtype}"
                     )
-                ones = np.ones_like(o.data)
+                ones = xp.ones(o.data.shape, o.dtype)
                 out.append(Tensor._wrap(ones) if create_graph else ones)
             else:
                 out.append(None)
@@ -137,7 +136,7 @@ def _prepare_scalar_backward(t: Tensor, retain_graph: bool | None, priority: int
     data = t._data
     if data.size != 1:
         raise RuntimeError("grad can be implicitly created only for scalar outputs")
-    if data.dtype.kind != "f":
+    if not xp.is_floating(data.dtype):
         raise RuntimeError(f"grad can be implicitly created only for real scalar outputs but got {t.dtype}")
     task = GraphTask(get_engine(), keep_graph=False if retain_graph is None else retain_graph,
                      create_graph=False, accumulate=True, priority=priority)
@@ -145,16 +144,17 @@ def _prepare_scalar_backward(t: Tensor, retain_graph: bool | None, priority: int
     return task
 
 
-_ONES: dict[tuple[tuple[int, ...], np.dtype[Any]], np.ndarray] = {}  # one element each: (), (1,), (1, 1)...
+_ONES: dict[tuple[Any, tuple[int, ...], Any], Array] = {}  # one element each: (), (1,), (1, 1)...
 
 
-def _one(shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
-    """A fresh ``np.ones(shape, dtype)`` of one element: a copy of a kept one, about
-    a sixth of ``np.ones``'s cost (a Python function: ``empty``, then ``copyto``)."""
-    one = _ONES.get((shape, dtype))
+def _one(shape: tuple[int, ...], dtype: Any) -> Array:
+    """A fresh ``ones(shape, dtype)`` of one element: a copy of a kept one (numpy's
+    ``ones`` is a Python function: ``empty``, then ``copyto``; a copy is one C call)."""
+    key = (xp.array_type, shape, dtype)
+    one = _ONES.get(key)
     if one is None:
-        one = _ONES[(shape, dtype)] = np.ones(shape, dtype)
-    return one.copy()
+        one = _ONES[key] = xp.ones(shape, dtype)
+    return xp.astype(one, dtype)
 
 
 def _prepare_grad(outputs: Any, inputs: Any, grad_outputs: Any, retain_graph: bool | None,
@@ -199,7 +199,7 @@ def _grad_results(task: GraphTask, inputs: tuple[Tensor, ...], allow_unused: boo
                     "graph. Set allow_unused=True if this is the desired behavior."
                 )
             if materialize_grads:
-                z = Tensor._wrap(np.zeros_like(t.data))
+                z = Tensor._wrap(xp.zeros(t.data.shape, t.dtype))
                 if create_graph:
                     z.requires_grad_(True)
                 results.append(z)
@@ -208,7 +208,7 @@ def _grad_results(task: GraphTask, inputs: tuple[Tensor, ...], allow_unused: boo
         elif isinstance(g, Tensor):
             results.append(g)
         else:
-            results.append(Tensor._wrap(np.array(g, dtype=t.dtype, copy=True)))
+            results.append(Tensor._wrap(xp.astype(g, t.dtype)))
     return tuple(results)
 
 

@@ -1,23 +1,15 @@
-"""The engine: drives each GraphTask from its roots to its commit.
+"""The engine: its drivers carry each GraphTask's sequence (Note [One driver skeleton]
+in task/call.py) from its set-up to its final callbacks.
 
 The walk of one ``await backward(loss)`` (docs/architecture.md has it in full):
-``api.backward`` builds a GraphTask and calls ``Engine.execute``, which sets it up
-(``GraphTask.setup_steps``), queues it on the loop's scheduler and drains it
-(``_drain``: the loop's runner runs nodes inline with ``inline.run_inline``; nodes that
-must go elsewhere are started by this driver: ``offload.WorkerKernels.start``, whose
-completion callbacks route their gradients on the loop), then runs
-pre-commit functions, commits (task/commit.py) and runs final callbacks, unless the runner
-did those for it (Note [The runner completes small backward calls] in sched/loop.py). The
-synchronous driver is in sched/blocking.py.
-
-Note [Each call runs by its engine's policy]: the loop's scheduler is shared by every
-engine on the loop, and its runner (the driver of one engine's backward) runs the queued
-nodes of all of them. So each GraphTask takes a snapshot of its engine's settings when
-it is created (``GraphTask.policy``, a ``TaskPolicy``), and every decision about one of
-its nodes or its completion reads that snapshot, never the runner's engine: which nodes
-run inline, whether the runner may complete it, and how long its nodes may keep the loop
-(a slice ends at the earliest ``yield_interval`` of the calls it ran). Changing an
-engine's ``inline_threshold`` applies to its later calls.
+``api.backward`` builds a GraphTask and awaits ``Engine.execute``, which drives
+``call_steps``: the set-up walk, start hooks, then at ``DRAIN`` ``_drain`` and
+``_serve``: the loop's runner (sched/loop.py) runs ready nodes in the core loop
+(sched/inline.py); nodes that go elsewhere are started here (sched/offload.py's
+``WorkerKernels``, whose arrivals route their gradients on the loop); then the sequence
+checks, runs pre-commit functions, commits (task/commit.py) and runs final callbacks,
+unless the loop's runner took it on for this driver (Note [The runner completes small
+backward calls] in sched/loop.py). ``execute_sync`` drives the same sequence blocking.
 
 Note [Reentrant backwards]: a backward started while a node of another backward runs,
 in that node's own task or thread (Note [Explicit nesting] in runtime/threads.py), is *nested*:
@@ -36,16 +28,6 @@ opens when the first such node is to start. A large backward of built-in nodes t
 pays no task group, whose cancel scope's entry and exit lie on the critical path before
 the hop and after it (docs/benchmarks.md, "Figures behind the Notes").
 
-Note [The fixed cost of a call]: a small backward call pays the driver's own steps
-besides its nodes' work, so ``execute`` keeps them out of coroutines when they have
-nothing to await: the set-up steps run within the slice (``steps_within_slice``; the
-rest, if any, in ``run_steps``, which yields), a commit that is inline and releases in
-one step runs as a plain call (``commit_at_once``; else ``commit_shielded``), final
-callbacks run only when queued, the one-time set-up is a flag test, ``api.backward``
-awaits the engine directly, and the BLAS call counters take their lock without the
-Condition's Python-level wrapper and skip ``_adapt`` when there is nothing to adapt:
-each a coroutine or Python call fewer (docs/benchmarks.md counts them).
-
 Cancellation: cancelling the awaiting task stops starting nodes at once; kernels already
 on worker threads run to their end (a thread cannot be interrupted) and the ``await``
 returns only after they have, with their results dropped. Nothing is committed and no
@@ -54,6 +36,7 @@ saved tensor is freed, so the same backward can be run again.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from collections.abc import Callable
@@ -64,27 +47,22 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 
-from .task import lifecycle
-from .task.completion import (
-    after_runner_completed, check_complete, commit_at_once, commit_shielded, run_callbacks, run_pre_commits,
-    run_steps, steps_within_slice,
-)
 from .errors import EngineInternalError
-from .task.graph_task import GraphTask
-from .task.lifecycle import START_HOOKS
+from .task.call import (
+    DONE, DRAIN, SHIELDED_TURN, TURN, Offload, Raised, Steps, abort_steps, advance, call_steps,
+)
+from .task.graph_task import GraphTask, TaskPolicy
 from .sched.offload import WorkerKernels, run_async_node
 from .runtime.blas import BLAS
-from .sched.placement import Policy, TaskPolicy
+from .sched.placement import ASYNC, Policy
 from .sched.admission import grant_admission_pass
-from .sched.loop import LoopScheduler, loop_scheduler, wake
+from .sched.loop import LoopScheduler, loop_scheduler
 from .task.statistics import EngineStatistics
-from .sched.blocking import drain_sync, enter_task, execute_sync_here, exit_task
+from .sched.blocking import drive_blocking, drain_sync, enter_task, exit_task
 from .runtime.threads import (
     as_owner, redeliver_cancellation, run_in_executor, run_on_fresh_thread,
     running_graph_task,
 )
-from .sched.wakeup import Wakeup
-from .runtime.threads import in_event_loop_thread, run_on_fresh_thread as _run_on_fresh_thread  # noqa: F401  (tools/gradcheck.py)
 from .runtime.workers import WorkerPool, shared_pool
 
 REENTRANT_HANDOFF_DEPTH = 40
@@ -121,7 +99,7 @@ class Engine:
         self._lock = threading.Lock()  # guards the counters below (any thread reads statistics)
         self._started = self._succeeded = self._failed = self._cancelled = 0
         self._nodes_inline = self._nodes_offloaded = self._thread_hops = 0
-        self._in_flight = 0
+        self._running: set[GraphTask] = set()  # its calls in progress (their nodes in flight count)
 
     # --- public ---------------------------------------------------------------------------
     @property
@@ -148,12 +126,13 @@ class Engine:
             return EngineStatistics(
                 self._started, self._succeeded, self._failed, self._cancelled,
                 self._started - self._succeeded - self._failed - self._cancelled,
-                self._nodes_inline, self._nodes_offloaded, self._in_flight,
+                self._nodes_inline, self._nodes_offloaded, sum(t.in_flight for t in self._running),
                 self.max_workers, self.inline_threshold, self._thread_hops,
             )
 
     async def execute(self, task: GraphTask) -> None:
-        """Run ``task`` to completion on the current event loop (see module notes)."""
+        """Run ``task`` to completion on the current event loop: its sequence (Note [One
+        driver skeleton] in task/call.py), each request awaited."""
         await loop_scheduler().check_cancelled()  # an already-cancelled caller starts nothing
         policy = self.policy
         if not policy.setup_started:
@@ -162,47 +141,90 @@ class Engine:
         outcome = "cancelled"
         tokens = enter_task(task)
         try:
-            setup = task.setup_steps()
-            try:
-                if not steps_within_slice(setup, task.policy.yield_interval):
-                    await anyio.lowlevel.checkpoint()  # (the slice ran out: the loop's turn first)
-                    await run_steps(setup, task.policy.yield_interval)
-            finally:
-                if START_HOOKS:
-                    lifecycle.finish_setup(setup)
-            if task.starting:
-                await lifecycle.run_start_hooks(task)
-            completed = await self._drain(task)
-            if completed is not None:  # by the loop's runner, for this driver
-                await after_runner_completed(task, completed)
-            else:
-                check_complete(task)
-                if task.pre_commits:
-                    await run_pre_commits(task)
-                if not commit_at_once(task):
-                    await commit_shielded(task)
-                if task.callbacks:
-                    await run_callbacks(task)
+            steps = task.steps = call_steps(task)
+            request = advance(steps)
+            while request is not DONE:
+                request = await self._carry_out(task, steps, request)
             outcome = "succeeded"
         except anyio.get_cancelled_exc_class() as e:
-            await lifecycle.abort(task, e)
+            await self._abort(task, e)
             raise
         except BaseException as e:
             outcome = "failed"
-            await lifecycle.abort(task, e)
+            await self._abort(task, e)
             raise
         finally:
+            task.steps = None
             exit_task(tokens)
             self._end(task, parent, outcome)
+
+    async def _carry_out(self, task: GraphTask, steps: Steps, request: Any) -> Any:
+        """Await one request of ``task``'s sequence and resume it with the result (or
+        throw in what the wait raised); returns its next request."""
+        try:
+            if request is DRAIN:
+                await self._drain(task)
+                taken = task.request  # the loop's runner took the sequence on from here
+                if taken is not None:
+                    task.request = None
+                    if type(taken) is Raised:
+                        raise taken.error  # (as if this driver had completed the call)
+                    return taken
+                value = None
+            elif request is TURN:
+                await anyio.lowlevel.checkpoint()
+                value = None
+            elif request is SHIELDED_TURN:
+                with anyio.CancelScope(shield=True):  # (bookkeeping after the commit)
+                    await anyio.lowlevel.checkpoint()
+                value = None
+            elif type(request) is Offload:
+                with anyio.CancelScope(shield=True):  # (the commit: entirely or not at all)
+                    value = await self.offload(request.fn, *request.args, priority=task.priority)
+            else:
+                value = await request  # a hook's or a callback's awaitable
+        except BaseException as e:  # (thrown into an ended sequence, it is raised as it is)
+            return advance(steps, error=e)
+        return advance(steps, value)
+
+    async def _abort(self, task: GraphTask, error: BaseException) -> None:
+        """The abort's steps, shielded (Note [Abort functions] in task/lifecycle.py)."""
+        with anyio.CancelScope(shield=True):
+            steps = abort_steps(task, error)
+            request = advance(steps)
+            while request is not DONE:
+                try:
+                    value = await request
+                except Exception as e:
+                    request = advance(steps, error=e)
+                else:
+                    request = advance(steps, value)
 
     def execute_sync(self, task: GraphTask) -> None:
         """Drain ``task`` on this thread, every node inline (sync forms, reentrancy)."""
         parent = running_graph_task()
         if parent is not None and (parent.depth + 1) % REENTRANT_HANDOFF_DEPTH == 0:
             # the fresh thread runs this nested backward as the node's owner
-            run_on_fresh_thread(as_owner, execute_sync_here, self, task)
+            run_on_fresh_thread(as_owner, self._execute_here, task)
         else:
-            execute_sync_here(self, task)
+            self._execute_here(task)
+
+    def _execute_here(self, task: GraphTask) -> None:
+        """``task``'s sequence on this thread, blocking (sched/blocking.py)."""
+        self.policy.start_setup(self._warm)
+        parent = self._begin(task)
+        outcome = "failed"
+        tokens = enter_task(task)
+        task.inline_threshold = math.inf  # (placement.decide: every node inline, here)
+        try:
+            drive_blocking(call_steps(task), lambda: self._drain_sync(task))
+            outcome = "succeeded"
+        except BaseException as e:
+            drive_blocking(abort_steps(task, e), None)
+            raise
+        finally:
+            exit_task(tokens)
+            self._end(task, parent, outcome)
 
     # --- drivers --------------------------------------------------------------------------
     def _drain_sync(self, task: GraphTask) -> None:
@@ -210,38 +232,34 @@ class Engine:
         replaces it)."""
         drain_sync(task)
 
-    async def _drain(self, task: GraphTask) -> Wakeup | None:
+    async def _drain(self, task: GraphTask) -> None:
         """Until every node ran. Small graphs run inline only; the worker kernels are
         set up when the first node that goes elsewhere appears, and a task group only
         when a node with an ``async def`` backward does (Note [A task group only for
-        async nodes]). Returns the driver's wake-up when the loop's runner completed
-        the backward for it."""
+        async nodes]). The loop's runner may complete the call meanwhile (it then sets
+        ``task.request``, Note [One driver skeleton] in task/call.py)."""
         scheduler = loop_scheduler()
-        served = await self._serve(task, scheduler, None)
-        if served is not False:
-            return None if served is True else served
-        kernels = WorkerKernels(self, task)
+        if await self._serve(task, scheduler, None):
+            return
+        kernels = WorkerKernels(task, self.policy, self.worker_executor())
         try:
-            served = await self._serve(task, scheduler, None, kernels)
-            if served is False:  # an async node: its task needs a task group
+            if not await self._serve(task, scheduler, None, kernels):  # an async node: it needs a task group
                 async with anyio.create_task_group() as tg:
-                    served = await self._serve(task, scheduler, tg, kernels)
+                    await self._serve(task, scheduler, tg, kernels)
         except BaseException:
             task.stopping = True  # cancelled: chains on worker threads stop early
             raise
         finally:
             await kernels.settle()  # (Note [Completion by callback] in sched/offload.py)
-        return None if type(served) is bool else served
 
     async def _serve(self, task: GraphTask, scheduler: LoopScheduler, tg: anyio.abc.TaskGroup | None,
-                     kernels: WorkerKernels | None = None) -> bool | Wakeup:
+                     kernels: WorkerKernels | None = None) -> bool:
         """Drive ``task``: start its nodes that go elsewhere (on ``kernels``' workers,
         an async backward as a task in ``tg``), be the loop's
         runner when there is none, else wait to be woken. Returns True when every node
-        ran (or it failed), False when a node must start and there are no ``kernels``,
-        or it has an async backward and there is no ``tg``, the wake-up when the runner
-        completed the backward (Note [The runner completes small backward calls] in
-        sched/loop.py)."""
+        ran (or it failed, or the runner completed the call: Note [The runner completes
+        small backward calls] in sched/loop.py), False when a node must start and there
+        are no ``kernels``, or it has an async backward and there is no ``tg``."""
         try:
             while True:
                 if task.error is not None:
@@ -255,13 +273,13 @@ class Engine:
                         return False
                     to_start = task.to_start
                     while to_start:
-                        node, inputs = to_start[0]
-                        if node.maybe_async and node.is_async():
+                        node, inputs, where = to_start[0]
+                        if where is ASYNC:
                             if tg is None:
                                 return False
                             to_start.popleft()
                             task.in_flight += 1
-                            tg.start_soon(run_async_node, self, task, tg, node, inputs)
+                            tg.start_soon(run_async_node, task, tg, node, inputs)
                         else:
                             to_start.popleft()
                             task.in_flight += 1
@@ -269,6 +287,7 @@ class Engine:
                     if task.error is not None:  # (a start failed: handled at the top)
                         continue
                 if not task.nodes_left():
+                    scheduler.discard(task)  # (Note [Plain leaves] in task/step.py)
                     return True
                 if task.has_ready():
                     if not task.active_children:
@@ -287,28 +306,18 @@ class Engine:
                 try:
                     await waiting.wait()
                 except anyio.get_cancelled_exc_class() as cancelled:
-                    if not waiting.done:
+                    if task.request is None:
                         raise
-                    redeliver_cancellation(cancelled)  # it came after the commit
+                    redeliver_cancellation(cancelled)  # it came after the runner's commit
                 finally:
                     task.wakeup = None
-                if waiting.done:
+                if task.request is not None:  # the runner completed the call
                     grant_admission_pass()
-                    return waiting
+                    return True
         except BaseException:  # failed or cancelled at any await: hand the runner role on
             scheduler.discard(task)
             scheduler.hand_on()  # (Note [Handing on] in sched/loop.py)
             raise
-
-    def node_done(self, task: GraphTask) -> None:
-        """A node run elsewhere finished (on the loop): queue what it made ready."""
-        if task.has_ready() and not task.stopping:
-            loop_scheduler().add(task)
-        wake(task)
-
-    def count_in_flight(self, delta: int) -> None:
-        with self._lock:
-            self._in_flight += delta
 
     # --- worker threads -------------------------------------------------------------------
     async def offload(self, fn: Callable[..., Any], *args: Any, priority: int = 0) -> Any:
@@ -339,6 +348,7 @@ class Engine:
             task.nest_in(parent)
         with self._lock:
             self._started += 1
+            self._running.add(task)
         if parent is None:  # a nested backward runs for its parent's node: no second call (Note [BLAS threads])
             BLAS.backward_started()
         return parent
@@ -352,6 +362,7 @@ class Engine:
             except RuntimeError:  # (a synchronous drain off any loop: its own driver goes on)
                 pass
         with self._lock:
+            self._running.discard(task)
             self._nodes_inline += task.nodes_inline
             self._nodes_offloaded += task.nodes_offloaded
             self._thread_hops += task.thread_hops

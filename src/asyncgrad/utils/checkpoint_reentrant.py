@@ -10,10 +10,10 @@ from __future__ import annotations
 import warnings
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from .. import _context
-from ..autograd.engine import get_engine
+from ..autograd.engine import Engine, get_engine
 from ..autograd.task.exec_info import plan_capture
 from ..autograd.graph import (
     FREED_MESSAGE, NO_EDGE, AccumulateGrad, Edge, GraphRoot, Node, next_sequence_nr,
@@ -181,7 +181,7 @@ class CheckpointFunctionBackward(Node):
     async def apply_async(self, grads: list[Any], m: Any) -> list[Any]:
         _check_checkpoint_valid()
         parent = _context.current_graph_task.get()
-        engine = parent.engine if parent is not None else get_engine()
+        engine = cast(Engine, parent.engine) if parent is not None else get_engine()
         if self.work >= engine.inline_threshold:
             task = await engine.offload(self._recompute, grads, m, engine)  # the engine's worker threads
         else:
@@ -195,7 +195,7 @@ class CheckpointFunctionBackward(Node):
         """The same, blocking (for callers that run nodes synchronously)."""
         _check_checkpoint_valid()
         parent = _context.current_graph_task.get()
-        engine = parent.engine if parent is not None else get_engine()
+        engine = cast(Engine, parent.engine) if parent is not None else get_engine()
         task = self._recompute(grads, m, engine)
         if task is None:
             return [None] * len(self.next_edges)

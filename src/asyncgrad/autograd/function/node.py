@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ... import _context
+from ...backend import xp
 from ...tensor import Tensor
 from ..graph import Edge, Node
 from ..graph.saved import FREED_MESSAGE
@@ -149,11 +150,11 @@ class FunctionNode(Node):
             if g is None:
                 if meta is not None and ctx.materialize_grads and (
                         materialize_non_diff or i not in self.non_diff):
-                    out.append(Tensor._wrap(np.zeros(meta[0], dtype=meta[1])))
+                    out.append(Tensor._wrap(xp.zeros(meta[0], meta[1])))
                 else:
                     out.append(None)
             else:
-                out.append(g if isinstance(g, Tensor) else Tensor._wrap(np.asarray(g)))
+                out.append(g if isinstance(g, Tensor) else Tensor._wrap(g))
         return out
 
     def _input_grads(self, result: Any, m: Any) -> list[Any]:

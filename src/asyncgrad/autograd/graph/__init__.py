@@ -23,9 +23,13 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from ... import _context
+from ...ops._array_math import ARRAY_MATH
+from .accumulate import COMMIT_LOCK, _accumulate
 from .handles import HookDict, NodeHooks, RemovableHandle
-from .saved import (FREED_MESSAGE, HookedSavedTensor, SavedTensor, increment_version, register_tensor_type,
-                    save_for_backward, saved_tensors_hooks, tensor_type)
+from .registry import register_tensor_type, tensor_math, tensor_type
+from .saved import (FREED_MESSAGE, HookedSavedTensor, SavedTensor, increment_version, save_for_backward,
+                    saved_tensors_hooks)
+from .validate import validate_outputs
 
 __all__ = ["ACCUMULATE_GRAD_SEQUENCE_NR", "AccumulateGrad", "Edge", "GraphRoot", "HookDict", "NO_EDGE", "Node",
            "NodeHooks", "RemovableHandle", "SavedTensor", "HookedSavedTensor", "saved_tensors_hooks",
@@ -117,12 +121,8 @@ class Node:
         for g in grads:
             if g is not None and not isinstance(g, tensor):
                 raise TypeError(f"expected Tensor or None as gradient, but got {type(g).__name__}")
-        from ..._tensor_math import TENSOR_MATH
-        from ...ops._array_math import ARRAY_MATH
-        from .validate import validate_outputs
-
         tensor_mode = _context.grad_enabled.get()
-        math = TENSOR_MATH if tensor_mode else ARRAY_MATH
+        math = tensor_math() if tensor_mode else ARRAY_MATH
         inputs = [g if g is None or tensor_mode else g.data for g in grads]
         try:
             outputs = validate_outputs(self, self.apply(inputs, math))
@@ -219,8 +219,6 @@ class AccumulateGrad(Node):
                 f"Function AccumulateGrad returned an invalid gradient at index 0 - got "
                 f"{list(g.shape)} but expected shape compatible with {list(self.variable.shape)}"
             )
-        from .accumulate import COMMIT_LOCK, _accumulate  # (it imports Tensor, which imports this module)
-
         with COMMIT_LOCK:
             _accumulate(self.variable, g.data.copy(), _context.grad_enabled.get() and g._requires_grad, True)
         return ()

@@ -11,8 +11,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 from collections.abc import Callable
 
-import numpy as np
-
 from ...tensor import Tensor
 
 if TYPE_CHECKING:
@@ -27,7 +25,7 @@ def _name(fn: Callable[..., Any]) -> str:
 def _to_tensor(g: Any) -> Tensor | None:
     if g is None or isinstance(g, Tensor):
         return g
-    return Tensor._wrap(np.asarray(g))
+    return Tensor._wrap(g)  # (as an array of the backend: Note [One array backend] in backend.py)
 
 
 def _from_tensor(task: GraphTask, t: Any) -> Any:

@@ -5,12 +5,9 @@ in the graph), or a :class:`HookedSavedTensor` inside ``saved_tensors_hooks``; u
 checks the version (PyTorch's in-place modification error). ``increment_version`` marks
 a change made behind autograd's back.
 
-Note [The graph layer never imports Tensor]: tensor.py imports the graph layer
-(graph/__init__.py, and through it this module), so neither can import tensor.py back (that
-ring ran half a package while tensor.py was half-initialised). Tensor registers itself
-here instead, once its class exists (``register_tensor_type``, as HIPS autograd's box
-types register with its tracer); saved tensors need it only to rebuild a Tensor when
-unpacked, and nodes only when called directly, long after every import finished.
+The Tensor class comes from the layer above by registration (Note [The graph layer never
+imports Tensor] in graph/registry.py): saved tensors need it only to rebuild a Tensor when
+unpacked, long after every import finished.
 """
 
 from __future__ import annotations
@@ -22,27 +19,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ... import _context
+from .registry import tensor_type
 
 if TYPE_CHECKING:
     from ...tensor import Tensor
     from . import Node
 
-__all__ = ["FREED_MESSAGE", "HookedSavedTensor", "SavedTensor", "increment_version", "register_tensor_type",
-           "save_for_backward", "saved_tensors_hooks", "tensor_type"]
-
-_tensor_cls: Any = None
-
-
-def register_tensor_type(cls: type) -> None:
-    """Called once by tensor.py: the class saved tensors are unpacked into."""
-    global _tensor_cls
-    _tensor_cls = cls
-
-
-def tensor_type() -> Any:
-    """The registered Tensor class (Note [The graph layer never imports Tensor])."""
-    return _tensor_cls
-
+__all__ = ["FREED_MESSAGE", "HookedSavedTensor", "SavedTensor", "increment_version", "save_for_backward",
+           "saved_tensors_hooks"]
 
 FREED_MESSAGE = (
     "Trying to backward through the graph a second time (or directly access saved tensors "
@@ -106,10 +90,10 @@ class SavedTensor:
         if kind == _LEAF:
             return self.ref
         if kind == _NONLEAF:
-            return _tensor_cls._nonleaf(self.data, self.ref, self.output_nr, self.version)
+            return tensor_type()._nonleaf(self.data, self.ref, self.output_nr, self.version)
         if kind == _OUTPUT:
-            return _tensor_cls._nonleaf(self.data, node, self.output_nr, self.version)
-        t = _tensor_cls._wrap(self.data)
+            return tensor_type()._nonleaf(self.data, node, self.output_nr, self.version)
+        t = tensor_type()._wrap(self.data)
         t._version_counter = self.version
         return t
 
@@ -148,19 +132,19 @@ class HookedSavedTensor:
 
     def unpack_array(self, node: Node | None = None) -> Any:
         out = self.unpack(self.packed)
-        return out.data if isinstance(out, _tensor_cls) else np.asarray(out)
+        return out.data if isinstance(out, tensor_type()) else np.asarray(out)
 
     def unpack_tensor(self, node: Node | None = None) -> Any:
         kind = self.kind
         if kind == _PLAIN:  # outside the graph: the unpack hook's Tensor itself, as PyTorch
             out = self.unpack(self.packed)
-            return out if isinstance(out, _tensor_cls) else _tensor_cls._wrap(np.asarray(out))
+            return out if isinstance(out, tensor_type()) else tensor_type()._wrap(np.asarray(out))
         data = self.unpack_array(node)
         if kind == _NONLEAF:
-            return _tensor_cls._nonleaf(data, self.ref, self.output_nr, None)
+            return tensor_type()._nonleaf(data, self.ref, self.output_nr, None)
         if kind == _OUTPUT:
-            return _tensor_cls._nonleaf(data, node, self.output_nr, None)
-        t = _tensor_cls._wrap(data)  # a stand-in for the leaf that feeds its AccumulateGrad
+            return tensor_type()._nonleaf(data, node, self.output_nr, None)
+        t = tensor_type()._wrap(data)  # a stand-in for the leaf that feeds its AccumulateGrad
         t._requires_grad = True
         t._acc_ref = weakref.ref(self.ref._gradient_edge()[0])
         return t
@@ -230,9 +214,10 @@ def increment_version(tensor: Any) -> None:
     in-place operation would: a saved copy of it then raises when backward unpacks it.
     For code that changes a tensor's memory behind autograd's back (through
     ``numpy()``)."""
-    tensors = (tensor,) if isinstance(tensor, _tensor_cls) else tuple(tensor)
+    tensor_cls = tensor_type()
+    tensors = (tensor,) if isinstance(tensor, tensor_cls) else tuple(tensor)
     for t in tensors:
-        if not isinstance(t, _tensor_cls):
+        if not isinstance(t, tensor_cls):
             raise TypeError(f"increment_version expects Tensors, got {type(t).__name__}")
     for t in tensors:
         t._version_counter.value += 1

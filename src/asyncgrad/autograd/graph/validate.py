@@ -4,13 +4,14 @@ and dtype (cast). Runs inside the kernel, so on a worker thread for offloaded no
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+from ...backend import xp
+from ...ops._broadcast import is_expandable_to
+from .registry import tensor_type
 
-from ...ops._broadcast import is_expandable_to, sum_to
-from ...tensor import Tensor
-from . import Node
+if TYPE_CHECKING:
+    from . import Node
 
 
 def validate_outputs(node: Node, outputs: list[Any]) -> list[Any]:
@@ -30,7 +31,7 @@ def validate_outputs(node: Node, outputs: list[Any]) -> list[Any]:
         shape = shapes[i]
         if shape is None or edges[i][0] is None:
             continue
-        if type(g) is np.ndarray and g.shape == shape and g.dtype == dtypes[i]:
+        if type(g) is xp.array_type and g.shape == shape and g.dtype == dtypes[i]:
             continue  # the common case: nothing to fix
         outputs[i] = fix_gradient(node, i, g)
     return outputs
@@ -41,7 +42,7 @@ def validate_one(node: Node, i: int, g: Any) -> Any:
     shape = node.input_shapes[i]
     if g is None or shape is None or node.next_edges[i][0] is None:
         return g
-    if type(g) is np.ndarray and g.shape == shape and g.dtype == node.input_dtypes[i]:
+    if type(g) is xp.array_type and g.shape == shape and g.dtype == node.input_dtypes[i]:
         return g
     return fix_gradient(node, i, g)
 
@@ -53,10 +54,10 @@ def fix_gradient(node: Node, i: int, g: Any) -> Any:
     dt = node.input_dtypes[i]
     assert shape is not None
     gshape = g.shape
-    if type(g) is np.ndarray and len(gshape) == len(shape) + 1 and gshape[1:] == shape:
+    if type(g) is xp.array_type and len(gshape) == len(shape) + 1 and gshape[1:] == shape:
         # the common broadcast: one leading axis (a bias over a batch); what ``sum_to``
         # does for it, without its general axis bookkeeping
-        g = np.add.reduce(g, axis=0)
+        g = xp.sum_leading(g)
     elif gshape != shape:
         if not is_expandable_to(shape, gshape):
             raise RuntimeError(
@@ -64,16 +65,14 @@ def fix_gradient(node: Node, i: int, g: Any) -> Any:
                 f"{list(gshape)} but expected shape compatible with {list(shape)}"
             )
         g = _sum_to(g, shape)
-    if type(g) is np.ndarray:
-        return g if g.dtype == dt else g.astype(dt)
-    if isinstance(g, Tensor):
+    if type(g) is xp.array_type:
+        return g if g.dtype == dt else xp.astype(g, dt)
+    if isinstance(g, tensor_type()):
         return g if g.dtype == dt else g.to(dt)
-    return np.asarray(g, dtype=dt)  # a numpy scalar from a 0-d computation
+    return xp.asarray(g, dtype=dt)  # a numpy scalar from a 0-d computation
 
 
 def _sum_to(g: Any, shape: tuple[int, ...]) -> Any:
-    if isinstance(g, Tensor):
-        from ...functional import sum_to as tensor_sum_to
-
-        return tensor_sum_to(g, shape)
-    return sum_to(np.asarray(g), shape)
+    if isinstance(g, tensor_type()):
+        return g.sum_to_size(shape)  # (differentiable: a create_graph gradient)
+    return xp.math.sum_to(xp.asarray(g), shape)

@@ -225,7 +225,7 @@ def _inspect_blas() -> tuple[list[Any], int]:
     """numpy's BLAS libraries (threadpoolctl controllers) and their thread count: a
     one-time cost of a few to tens of ms, so the engine runs it on its set-up thread."""
     try:
-        from threadpoolctl import ThreadpoolController
+        from threadpoolctl import ThreadpoolController  # (here: loading it is the one-time cost, off the loop)
     except ImportError:
         return [], CORES
     libs = [lib for lib in ThreadpoolController().select(user_api="blas").lib_controllers
@@ -256,7 +256,7 @@ def keep_large_allocations() -> None:
     if _malloc_tuned:
         return
     _malloc_tuned = True
-    import ctypes
+    import ctypes  # (here: only when malloc is tuned, on the set-up thread)
     import ctypes.util
 
     name = ctypes.util.find_library("c")

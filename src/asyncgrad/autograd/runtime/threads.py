@@ -79,7 +79,7 @@ def threadsafe_caller() -> tuple[Callable[..., object], asyncio.AbstractEventLoo
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:
-        import trio
+        import trio  # (here: trio is optional; not on asyncio)
 
         run_sync_soon: Callable[..., object] = trio.lowlevel.current_trio_token().run_sync_soon
         return run_sync_soon, None

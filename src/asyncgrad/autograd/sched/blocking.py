@@ -9,58 +9,48 @@ cannot deadlock a nested backward (Note [Reentrant backwards] in engine.py).
 from __future__ import annotations
 
 import contextvars
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from ... import _context
-from ..task import commit, lifecycle
-from ..task.completion import check_complete, commit_and_release, each_queued
-from ..task.inline import run_inline
+from ..task.call import DONE, DRAIN, SHIELDED_TURN, TURN, Offload, advance
+from .inline import run_inline
 from ..task.step import async_kernel_for, finish
 from ..task.graph_task import GraphTask
 from ..runtime.threads import await_blocking, block_on, current_owner
 
-if TYPE_CHECKING:
-    from ..engine import Engine
-
 _INF = float("inf")
 
 
-def execute_sync_here(engine: Engine, task: GraphTask) -> None:
-    """Run ``task`` to its end on this thread: set-up, start hooks, drain, pre-commit
-    functions, commit, final callbacks; or, on an error, its abort functions."""
-    engine.policy.start_setup(engine._warm)
-    parent = engine._begin(task)
-    outcome = "failed"
-    tokens = enter_task(task)
-    try:
-        for _ in task.setup_steps():
-            pass
-        if task.starting:
-            lifecycle.run_start_hooks_sync(task)
-        engine._drain_sync(task)
-        check_complete(task)
-        if task.pre_commits:
-            view = commit.pre_commit_view(task)
-            for fn in each_queued(task.pre_commits):
-                await_blocking(fn(view))
-            commit.end_pre_commit(task)
-        commit_and_release(task)
-        for callback in each_queued(task.callbacks):
-            await_blocking(callback())
-        outcome = "succeeded"
-    except BaseException as e:
-        lifecycle.abort_sync(task, e)
-        raise
-    finally:
-        exit_task(tokens)
-        engine._end(task, parent, outcome)
+def drive_blocking(steps: Iterator[Any], drain: Callable[[], None] | None) -> None:
+    """The blocking driver of a call's sequence (Note [One driver skeleton] in
+    task/call.py): ``drain`` at ``DRAIN``, an awaitable run to its end here, an
+    ``Offload`` right here, no turns. What a step raises is thrown into the sequence."""
+    request = advance(steps)
+    while request is not DONE:
+        try:
+            if request is DRAIN:
+                assert drain is not None
+                drain()
+                value = None
+            elif type(request) is Offload:
+                value = request.fn(*request.args)
+            else:
+                value = None
+                if request is not TURN and request is not SHIELDED_TURN:
+                    await_blocking(request)  # (an awaitable's result: unused by the sequence)
+        except BaseException as e:  # (thrown into an ended sequence, it is raised as it is)
+            request = advance(steps, error=e)
+        else:
+            request = advance(steps, value)
 
 
 def drain_sync(task: GraphTask) -> None:
-    """Every node inline on this thread."""
-    while run_inline(task, _INF, _INF) or task.to_start:
+    """Every node inline on this thread (an ``async def`` backward run to its end here;
+    the driver made the task's threshold infinite)."""
+    while run_inline(task, _INF) or task.to_start:
         while task.to_start:
-            node, inputs = task.to_start.popleft()
+            node, inputs, _ = task.to_start.popleft()
             try:
                 outputs = block_on(async_kernel_for(task), node, inputs, task.math)
                 task.nodes_inline += 1

@@ -93,11 +93,11 @@ import anyio
 import anyio.lowlevel
 
 from ... import _context
-from ..task.completion import can_complete_inline, complete_inline
-from ..task.inline import run_inline
-from ..task.graph_task import GraphTask
+from ..task.call import Raised, advance, completes_at_once
+from .inline import run_inline
+from ..task.graph_task import GraphTask, is_plain_node
 from ..runtime.blas import BLAS
-from ..graph.record import OpNode
+from .placement import WORKER, decide
 from ..runtime.task_order import TaskOrder
 from .wakeup import Wakeup
 
@@ -123,7 +123,7 @@ def _back_end_checkpoints() -> tuple[Callable[[], Awaitable[None]], Callable[[],
     once per loop: ``anyio.lowlevel``'s find the back end (sniffio) on every call, which
     cost each backward call as much as the check itself."""
     try:
-        from anyio._core._eventloop import get_async_backend
+        from anyio._core._eventloop import get_async_backend  # (here: anyio's private path may move)
 
         backend = get_async_backend()
         return backend.checkpoint_if_cancelled, backend.checkpoint
@@ -154,9 +154,17 @@ def wake(task: GraphTask) -> None:
         task.wakeup.set()
 
 
+def node_done(task: GraphTask) -> None:
+    """A node run elsewhere finished (on the loop): queue what it made ready, and wake
+    the driver (it re-checks its state)."""
+    if task.has_ready() and not task.stopping:
+        loop_scheduler().add(task)
+    wake(task)
+
+
 def _run_as(owner: object, task: GraphTask, deadline: float) -> bool:
     _context.node_owner.set(owner)
-    return run_inline(task, task.policy.inline_threshold, deadline)
+    return run_inline(task, deadline)
 
 
 def _hop_next(task: GraphTask) -> bool:
@@ -166,7 +174,7 @@ def _hop_next(task: GraphTask) -> bool:
             or task.active_children or task.context is None or task.exec_info is not None:
         return False
     node = task.heap[0][1]
-    return type(node) is OpNode and node._hooks is None and node.work >= task.policy.inline_threshold
+    return is_plain_node(node) and decide(task, node) is WORKER
 
 
 def _resolve(future: asyncio.Future[None]) -> None:
@@ -174,9 +182,15 @@ def _resolve(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-def _complete_as(owner: object, task: GraphTask, waiting: Wakeup) -> None:
+def _complete_as(owner: object, task: GraphTask) -> None:
+    """Take ``task``'s sequence on from ``DRAIN`` (Note [One driver skeleton] in
+    task/call.py): to its end, or to an async final callback's awaitable, left to the
+    driver with the rest; what it raises is raised by the driver."""
     _context.node_owner.set(owner)  # (its callbacks run in the runner's task)
-    complete_inline(task, waiting)
+    try:
+        task.request = advance(task.steps)
+    except Exception as e:
+        task.request = Raised(e)
 
 
 class LoopScheduler:
@@ -278,8 +292,8 @@ class LoopScheduler:
         if task is self.runner or waiting is None or not waiting.waiting:
             return 0.0  # (this driver, or one that runs anyway)
         if (task.error is None and not task.stopping and not task.nodes_left()
-                and task.context is not None and can_complete_inline(task)):
-            task.context.run(_complete_as, owner, task, waiting)
+                and task.context is not None and task.steps is not None and completes_at_once(task)):
+            task.context.run(_complete_as, owner, task)
         waiting.set()
         self.woken += 1
         return self.wake_cost
@@ -293,7 +307,7 @@ class LoopScheduler:
         within a slice, still lets the loop run every ``interval``. The slice is as long
         as ``me``'s engine's ``yield_interval``, and ends earlier when it runs a call
         whose engine's is shorter (Note [Each call runs by its engine's policy] in
-        engine.py)."""
+        sched/placement.py)."""
         interval = me.policy.yield_interval
         self.runner = me
         self.half_interval = interval / 2
@@ -348,7 +362,7 @@ class LoopScheduler:
                 deadline -= self._drop(task, owner)
                 continue
             end = self.slice_start + task.policy.yield_interval
-            if end < deadline:  # (Note [Each call runs by its engine's policy] in engine.py)
+            if end < deadline:  # (Note [Each call runs by its engine's policy] in sched/placement.py)
                 deadline = self.slice_end = end
             try:
                 more = task.context.run(_run_as, owner, task, deadline)

@@ -12,10 +12,8 @@ The driver still owns the kernels' lifetime (structured concurrency):
 ``WorkerKernels.settle``, run before its task group closes, withdraws kernels no worker
 started and waits, shielded, for the others (a thread cannot be interrupted), whose
 results are dropped once the GraphTask stops. So a cancelled or failed backward returns
-after its last kernel, and nothing outlives it.
-
-A large node split into one kernel per gradient routes its input gradients as soon as
-computed (Note [Input gradient first] in task/split_node.py).
+after its last kernel, and nothing outlives it. (A split node routes its input
+gradients as each is computed: Note [Input gradient first] in task/split_node.py.)
 """
 
 from __future__ import annotations
@@ -24,7 +22,7 @@ import contextvars
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -35,17 +33,14 @@ from ..task.step import (async_kernel_for, finish, fresh_leaf_edges, kernel_for,
 from ..graph import Node
 from ..task.graph_task import GraphTask
 from ..task.input_buffer import InputBuffer, ReadyInputs, combine, inputs_of, value
-from .placement import ChainPlan
+from .placement import ChainPlan, Policy
 from ..graph.record import OpNode
 from ..graph.saved import SavedTensor
-from .loop import loop_scheduler
+from .loop import loop_scheduler, node_done
 from ..task.split_node import apply_edges, is_leaf_edge, route_edges, routes_early, split_groups, unpack
 from ..runtime.threads import boxed_call, current_owner, threadsafe_caller
 from ..runtime.workers import submit
 from .wakeup import Wakeup
-
-if TYPE_CHECKING:
-    from ..engine import Engine
 
 Arrive = Callable[[Any, "BaseException | None"], None]
 
@@ -59,12 +54,12 @@ class WorkerKernels:
     by callback]). Lives on the loop's thread; ``pending`` are the futures whose
     completion has not been handled on the loop yet."""
 
-    __slots__ = ("engine", "task", "executor", "call_soon", "pending", "settled", "loop", "scheduler")
+    __slots__ = ("policy", "task", "executor", "call_soon", "pending", "settled", "loop", "scheduler")
 
-    def __init__(self, engine: Engine, task: GraphTask) -> None:
-        self.engine = engine
+    def __init__(self, task: GraphTask, policy: Policy, executor: Executor) -> None:
+        self.policy = policy  # the engine's: how a node runs on workers (sched/placement.py)
         self.task = task
-        self.executor: Executor = engine.worker_executor()
+        self.executor = executor
         self.call_soon, self.loop = threadsafe_caller()
         self.pending: set[Future[Any]] = set()
         self.settled: Wakeup | None = None
@@ -75,7 +70,7 @@ class WorkerKernels:
         """Start a prepared, synchronous node on worker threads (the driver counted it in
         ``task.in_flight``; its completion uncounts it)."""
         task = self.task
-        policy = self.engine.policy
+        policy = self.policy
         run = _NodeRun(self, node, inputs)
         try:
             blas = type(node) is OpNode and node.spec.blas
@@ -102,7 +97,7 @@ class WorkerKernels:
         if isinstance(inputs, InputBuffer):  # add up the deferred sums on the worker too
             fn, args = resolved_kernel, (kernel, *args)
         if blas:
-            fn, args = self.engine.policy.run_blas, (fn, *args)
+            fn, args = self.policy.run_blas, (fn, *args)
 
         def arrive(outputs: Any, error: BaseException | None) -> None:
             task.nodes_offloaded += 1
@@ -138,7 +133,7 @@ class WorkerKernels:
         fn: Callable[..., Any] = _run_chain
         args: tuple[Any, ...] = (task, plan, inputs)
         if any(type(n) is OpNode and n.spec.blas for n in nodes):  # (BLAS slots: Note [BLAS threads])
-            fn, args = self.engine.policy.run_blas, (fn, *args)
+            fn, args = self.policy.run_blas, (fn, *args)
         self.submit(run, fn, args, arrive)
 
     def _start_parts(self, run: _NodeRun, groups: list[list[int]], blas: bool) -> None:
@@ -173,7 +168,7 @@ class WorkerKernels:
         run.grads = grads
         run.inner = [i for group in groups for i in group if not is_leaf_edge(node, i)]
         run.inner_left = sum(1 for group in groups if any(i in run.inner for i in group))
-        policy = self.engine.policy
+        policy = self.policy
         # the loop computes the first group itself? (Note [The loop takes a small split's
         # first part] in task/split_node.py)
         here = policy.first_part_here(task, node, len(groups))
@@ -255,7 +250,6 @@ class _NodeRun:
         self.inner: list[int] = []  # a split node's edges to nodes that are not leaves
         self.inner_left = 0  # its kernels computing some of those, not back yet
         self.failed = False
-        kernels.engine.count_in_flight(1)
 
     def live(self) -> bool:
         """Whether the GraphTask still wants results (no error, not cancelled)."""
@@ -318,7 +312,7 @@ class _NodeRun:
             for i in routed:
                 outputs[i] = None  # (routed: held by its next node only)
             if self.parts > 1:  # (the last part's end queues them anyway)
-                self.kernels.engine.node_done(task)
+                node_done(task)
 
         return arrive
 
@@ -340,9 +334,8 @@ class _NodeRun:
             self.fail(e)
         finally:
             self.outputs = None
-            kernels.engine.count_in_flight(-1)
             task.in_flight -= 1
-            kernels.engine.node_done(task)
+            node_done(task)
 
 
 def _as_owner(arrive: Arrive, result: Any, error: BaseException | None) -> None:
@@ -350,8 +343,7 @@ def _as_owner(arrive: Arrive, result: Any, error: BaseException | None) -> None:
     arrive(result, error)
 
 
-async def run_async_node(engine: Engine, task: GraphTask, tg: anyio.abc.TaskGroup, node: Node,
-                         inputs: ReadyInputs) -> None:
+async def run_async_node(task: GraphTask, tg: anyio.abc.TaskGroup, node: Node, inputs: ReadyInputs) -> None:
     """The task that runs a node with an ``async def`` backward on the loop, then
     finishes it."""
     try:
@@ -368,7 +360,7 @@ async def run_async_node(engine: Engine, task: GraphTask, tg: anyio.abc.TaskGrou
         raise
     finally:
         task.in_flight -= 1
-        engine.node_done(task)
+        node_done(task)
 
 
 def _run_chain(task: GraphTask, plan: ChainPlan, inputs: ReadyInputs

@@ -61,38 +61,58 @@ engine's first backward, never on the loop. Until they are done the policy assum
 uses every core (one BLAS kernel at a time, no split BLAS nodes); a BLAS kernel waits
 for them on its worker thread, never on the loop.
 
+Note [Each call runs by its engine's policy]: the loop's scheduler is shared by every
+engine on the loop, and its runner (the driver of one engine's backward) runs the queued
+nodes of all of them. So each GraphTask takes a snapshot of its engine's settings when
+it is created (``GraphTask.policy``, a ``TaskPolicy``), and every decision about one of
+its nodes or its completion reads that snapshot, never the runner's engine: which nodes
+run inline, whether the runner may complete it, and how long its nodes may keep the loop
+(a slice ends at the earliest ``yield_interval`` of the calls it ran). Changing an
+engine's ``inline_threshold`` applies to its later calls.
+
 BLAS's threads per call and the slots BLAS kernels share are runtime/blas.py's (Note
 [BLAS threads] there).
 """
 
 from __future__ import annotations
 
+import _thread
+import enum
 import threading
-from dataclasses import dataclass
 from heapq import heappop, heappush
 from typing import TYPE_CHECKING, Any
 
 from ..runtime.blas import BLAS, keep_large_allocations
-from ..graph import AccumulateGrad
 from ..graph.record import MultiViewNode, OpNode
+from ..task.graph_task import is_quiet_leaf
 
 if TYPE_CHECKING:
     from ..graph import Node
     from ..task.graph_task import GraphTask
 
+
+class Place(enum.Enum):
+    """Where a ready node runs (``decide``)."""
+
+    INLINE = "inline"  # on the calling thread, in the core loop (sched/inline.py)
+    WORKER = "worker"  # on worker threads (sched/offload.py's WorkerKernels)
+    ASYNC = "async"  # as a task of its own on the loop: an ``async def`` backward
+
+
+INLINE, WORKER, ASYNC = Place.INLINE, Place.WORKER, Place.ASYNC
+
+
+def decide(task: GraphTask, node: Node) -> Place:
+    """THE decision of where a ready node runs (Note [Inline or offload]): a node with an
+    ``async def`` backward as its own task, a node whose ``work`` reaches the task's
+    threshold on workers (how is the Policy's: a chain, parts, one kernel), any other
+    inline. The blocking driver runs every node inline (its threshold is infinite)."""
+    if node.maybe_async and node.is_async():
+        return ASYNC
+    return WORKER if node.work >= task.inline_threshold else INLINE
+
 MAX_LIGHT_RUN = 4  # light nodes in a row inside a worker chain (Note [Worker chains])
 LIGHT_UNITS = 4  # what a light node counts in that run; a node whose rule costs nothing counts 1
-
-
-@dataclass(frozen=True, slots=True)
-class TaskPolicy:
-    """The settings one backward call runs by, taken from its engine when the call's
-    GraphTask is created (Note [Each call runs by its engine's policy]): whoever runs
-    its nodes (its own driver, or the loop's runner, the driver of a call on another
-    engine) decides by these."""
-
-    inline_threshold: int  # nodes whose work is below it run inline (Note [Inline or offload])
-    yield_interval: float  # the longest its nodes keep the loop from a turn (sched/loop.py)
 
 
 class Policy:
@@ -140,15 +160,14 @@ class Policy:
         part] in task/split_node.py): each part is below ``inline_threshold`` (the heaviest
         two of the node's gradients share its work), and nothing else is ready or in
         flight in the GraphTask."""
-        if groups < 2 or node.work // 2 >= task.policy.inline_threshold:
+        if groups < 2 or node.work // 2 >= task.inline_threshold:
             return False
         return not (task.heap or task.ready_leaves or task.to_start) and task.in_flight == 1
 
     def chains(self, task: GraphTask, node: Node) -> bool:
         """Whether ``node`` may head a worker chain: a plain backward of built-in nodes,
         no tool wrapping kernels, and a node that is not split."""
-        return (type(node) is OpNode and task.exec_info is None and not task.create_graph
-                and task.plain_kernels() and not self.splits(task, node))
+        return type(node) is OpNode and task.is_plain() and not self.splits(task, node)
 
     def plan_chain(self, task: GraphTask, head: Node) -> ChainPlan | None:
         """The nodes that may run on the worker right after ``head`` (Note [Worker
@@ -157,7 +176,7 @@ class Policy:
         if head._hooks is not None and head._hooks.post:
             return None
         deps = task.dependencies
-        threshold = task.policy.inline_threshold
+        threshold = task.inline_threshold
         nodes: list[Node] = [head]
         feeds: dict[Node, list[tuple[int, int, int]]] = {}  # reached node -> (slot, producer, edge)
         waiting: dict[Node, int] = {}  # reached node -> edges it has yet to hear from
@@ -169,7 +188,7 @@ class Policy:
         while True:
             k = len(nodes) - 1
             for i, (child, nr) in enumerate(node.next_edges):
-                if child is None or _quiet_leaf(child):
+                if child is None or is_quiet_leaf(child):
                     continue
                 d = waiting.get(child)
                 if d is None:
@@ -185,7 +204,7 @@ class Policy:
             if not ready:
                 break
             child = heappop(ready)[2]
-            if type(child) not in _FOLLOWERS or child._hooks is not None:
+            if type(child) not in _FOLLOWERS or child._hooks is not None:  # (a built-in node without hooks)
                 break
             if child.work >= threshold:
                 if ready or self.splits(task, child):  # a fork with a heavy branch; a split node
@@ -222,9 +241,12 @@ class Policy:
             if self.setup_started:
                 return
             self.setup_started = True
-        threading.Thread(target=self._setup, args=(warm,), name="asyncgrad-setup", daemon=True).start()
+        # ``_thread``: ``Thread.start()`` waits until the new thread runs (Note [Starting
+        # the loader does not wait] in ops/kernels/loader.py); the loop must not
+        _thread.start_new_thread(self._setup, (warm,))
 
     def _setup(self, warm: Any) -> None:
+        threading.current_thread().name = "asyncgrad-setup"
         try:
             self._setup_blas()
             if self.tune_malloc:
@@ -238,7 +260,7 @@ class Policy:
             BLAS.configure()
             return
         try:
-            from threadpoolctl import threadpool_limits
+            from threadpoolctl import threadpool_limits  # (here: on the set-up thread, Note [No one-time stall])
         except ImportError:
             return
         self._blas_limits = threadpool_limits(limits=self.blas_threads, user_api="blas")
@@ -269,9 +291,3 @@ class ChainPlan:
 
 
 _FOLLOWERS = (OpNode, MultiViewNode)  # built-in nodes (a custom Function's backward runs on the loop)
-
-
-def _quiet_leaf(node: Node) -> bool:
-    """A leaf's AccumulateGrad that no hook watches: staging its gradient is bookkeeping
-    on the loop after the chain, so it does not end a chain (Note [Worker chains])."""
-    return type(node) is AccumulateGrad and node._hooks is None and not node.variable._hooks

@@ -1,5 +1,4 @@
-"""One driver's wait for the loop's runner: a one-shot wake-up that also carries the
-outcome when the runner completed the driver's backward for it.
+"""One driver's wait for the loop's runner: a one-shot wake-up.
 
 Note [Per-driver wake-ups]: each waiting driver has its own ``Wakeup``, woken by name
 (no broadcast), built on the back end's cheapest primitive: a bare future on asyncio,
@@ -18,21 +17,16 @@ from typing import Any
 
 
 class Wakeup:
-    """A driver's one wait. ``done`` is set when the runner completed the backward
-    (committed it; ``error`` is what the completion raised, ``callbacks_from`` the first
-    final callback the driver must still run, an awaitable one)."""
+    """A driver's one wait (what the runner did for it meanwhile is on its GraphTask:
+    ``GraphTask.request``)."""
 
-    __slots__ = ("_future", "_trio_task", "_woken", "_aborted", "done", "error", "callbacks_from", "pending")
+    __slots__ = ("_future", "_trio_task", "_woken", "_aborted")
 
     def __init__(self, loop: asyncio.AbstractEventLoop | None) -> None:
         self._future: asyncio.Future[None] | None = None if loop is None else loop.create_future()
         self._trio_task: Any = None
         self._woken = False
         self._aborted = False
-        self.done = False
-        self.error: BaseException | None = None
-        self.callbacks_from = 0
-        self.pending: Any = None  # the awaitable the runner got from an async final callback
 
     @property
     def cancelled(self) -> bool:

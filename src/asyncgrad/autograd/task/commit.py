@@ -48,6 +48,20 @@ from .input_buffer import PendingSum
 RELEASE_STEP = 1024  # nodes whose saved tensors are freed between two chances to yield
 
 
+def releases_in_one_step(task: GraphTask) -> bool:
+    """Whether freeing the saved tensors of ``task``'s nodes is one step (no chance to
+    yield needed: ``release_all``), else ``release_steps``."""
+    return len(task.executed) <= RELEASE_STEP
+
+
+def commit_on_loop(task: GraphTask) -> bool:
+    """THE decision of how to commit (Note [Atomic commits]): add the staged gradients up
+    in place on the loop (a recorded backward, or fewer elements to add than the task's
+    inline threshold; every commit of the blocking driver), else sum them on a worker
+    thread and publish them."""
+    return task.create_graph or staged_size(task) < task.inline_threshold
+
+
 def staged_size(task: GraphTask) -> int:
     """Elements the commit will add (to decide whether it is computed on a worker): a
     leaf's first ``.grad`` is the staged array itself (stolen) and adds nothing, so a
@@ -97,9 +111,8 @@ def sum_fresh(task: GraphTask) -> Prepared:
                 out.append((var, None, 0, None, _take(g, var.data.dtype, var in task.owned), g))
             else:
                 data = current.data
-                # (asarray: np.add of 0-d arrays returns a numpy scalar, not an array)
                 out.append((var, current, current._version_counter.value, data,
-                            xp.asarray(xp.add(data, g, dtype=data.dtype, casting="unsafe")), g))
+                            xp.sum_as(data, g), g))
     return out
 
 

@@ -13,6 +13,20 @@ FIFO and always run before any other ready node, which is what PyTorch's
 ``sequence_nr == UINT64_MAX`` achieves. Reentrant depth is handled one level up: a
 GraphTask starts no new node while one of its nested (reentrant) GraphTasks is running,
 so the deeper task's work always goes first (PyTorch's depth-then-sequence order).
+
+Note [One router]: a node's gradients reach the nodes they feed through one function,
+``GraphTask.add_gradient``: the dependency count, the input buffer, the ready queue.
+The inline steps (task/step.py), a worker's arrival, a split node's parts and a worker
+chain's results all call it, one edge at a time (``route`` loops over a node's edges).
+The fused inline step computes each edge's gradient just before routing it, so no
+gradient is computed for an edge that leads nowhere needed.
+
+Note [Plain backwards and quiet nodes]: the fast paths apply where nothing could observe
+the difference, and what "nothing" means is declared here, once. A *plain backward*
+(``GraphTask.is_plain``) runs every reachable node, records nothing and has no tool
+wrapping kernels. A *plain node* (``is_plain_node``) is a built-in node without hooks;
+a *quiet leaf* (``is_quiet_leaf``) is a leaf's AccumulateGrad that no hook watches, on
+the node or on its tensor.
 """
 
 from __future__ import annotations
@@ -22,22 +36,55 @@ import itertools
 from collections import deque
 from collections.abc import Callable, Iterator
 from heapq import heappop, heappush
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ... import _context
 from ..._tensor_math import TENSOR_MATH
-from ...ops._array_math import ARRAY_MATH
+from ...backend import xp
 from .exec_info import ExecMap, plan_targets
-from ..graph import ACCUMULATE_GRAD_SEQUENCE_NR, Edge, GraphRoot, Node
+from ..graph import ACCUMULATE_GRAD_SEQUENCE_NR, AccumulateGrad, Edge, GraphRoot, Node
+from ..graph.record import OpNode
 from .input_buffer import InputBuffer, ReadyInputs
 from .lifecycle import START_HOOKS
 from .statistics import GraphTaskStatistics, graph_task_statistics
 
 if TYPE_CHECKING:
     from ...tensor import Tensor
-    from ..engine import Engine
 
 _graph_task_ids = itertools.count(1)
+
+
+@dataclass(frozen=True, slots=True)
+class TaskPolicy:
+    """The settings one backward call runs by, taken from its engine when the call's
+    GraphTask is created (Note [Each call runs by its engine's policy] in
+    sched/placement.py): whoever runs its nodes (its own driver, or the loop's runner,
+    the driver of a call on another engine) decides by these."""
+
+    inline_threshold: int  # nodes whose work is below it run inline (Note [Inline or offload])
+    yield_interval: float  # the longest its nodes keep the loop from a turn (sched/loop.py)
+
+
+class Driver(Protocol):
+    """What a GraphTask knows of the engine that drives it (engine.py's ``Engine``)."""
+
+    task_policy: TaskPolicy
+
+    async def execute(self, task: GraphTask) -> None: ...
+
+    def execute_sync(self, task: GraphTask) -> None: ...
+
+
+def is_plain_node(node: Node) -> bool:
+    """A built-in node without hooks (Note [Plain backwards and quiet nodes])."""
+    return type(node) is OpNode and node._hooks is None
+
+
+def is_quiet_leaf(node: Node) -> bool:
+    """A leaf's AccumulateGrad no hook watches (Note [Plain backwards and quiet nodes])."""
+    return type(node) is AccumulateGrad and node._hooks is None and not node.variable._hooks
+
 SETUP_STEP = 1024  # nodes walked between two chances to yield
 
 
@@ -50,17 +97,22 @@ class GraphTask:
     guarded by a lock (Note [GraphTask bookkeeping lives on one thread]); the few that
     other threads touch say why that is safe."""
 
-    def __init__(self, engine: Engine, *, keep_graph: bool, create_graph: bool,
+    def __init__(self, engine: Driver, *, keep_graph: bool, create_graph: bool,
                  accumulate: bool, priority: int = 0) -> None:
         # -- written here by the creating thread, read-only afterwards (any thread reads)
         self.id = next(_graph_task_ids)
         self.engine = engine
         self.policy = engine.task_policy  # its engine's settings now (Note [Each call runs by its engine's policy])
+        # nodes whose work is below it run inline (placement.decide); the blocking driver
+        # sets it to infinity: every node inline on the caller's thread
+        self.inline_threshold: float = self.policy.inline_threshold
         self.keep_graph = keep_graph  # retain_graph: keep saved tensors
         self.create_graph = create_graph  # record the backward (math on Tensors)
         self.accumulate = accumulate  # backward() writes .grad; grad() only captures
-        self.math: Any = TENSOR_MATH if create_graph else ARRAY_MATH
+        self.math: Any = TENSOR_MATH if create_graph else xp.math  # the rules' ``m``
         self.profiler: Any = _context.profiler.get()  # read once: kernels wrapped iff set
+        # a tool wraps every kernel (the profiler, anomaly mode): read once, here
+        self.tools = self.profiler is not None or _context.anomaly_mode.get() is not None
         # -- written by the driver as it starts (Engine._begin, engine._enter), on the
         # task's thread, before any node runs; read-only afterwards
         # the order of its turns (Note [Task order] in runtime/task_order.py): the caller's, a
@@ -85,9 +137,10 @@ class GraphTask:
         # takes its inputs into its ready-queue entry (make_ready; Note [Input buffers])
         self.buffers: dict[Node, InputBuffer] = {}
         self.heap: list[tuple[int, Node, ReadyInputs]] = []  # ready nodes, by -sequence_nr
-        self.ready_leaves: deque[tuple[Node, ReadyInputs]] = deque()  # ready AccumulateGrads, FIFO
-        # prepared nodes that run_inline hands to the driver to run elsewhere
-        self.to_start: deque[tuple[Node, ReadyInputs]] = deque()
+        self.ready_leaves: deque[tuple[int, Node, ReadyInputs]] = deque()  # ready AccumulateGrads, FIFO
+        # prepared nodes the core loop hands to the driver to run elsewhere, with where
+        # (sched/placement.py's decide)
+        self.to_start: deque[tuple[Node, ReadyInputs, Any]] = deque()
         # nested GraphTasks running: written by their Engine._begin/_end, which run on
         # this task's thread (a nested backward is started by one of its nodes)
         self.active_children = 0
@@ -122,6 +175,11 @@ class GraphTask:
         # plain bool: a stale read only makes a chain run one node more)
         self.stopping = False
         self.wakeup: Any = None  # an anyio.Event while the driver waits; set by sched/loop.py
+        # -- the call's sequence (Note [One driver skeleton] in task/call.py): written by
+        # the async driver; ``request`` by the loop's runner when it took the sequence on
+        # from DRAIN (its next request, DONE, or Raised), read and cleared by the driver
+        self.steps: Any = None
+        self.request: Any = None
         # -- counters for statistics: written on the task's thread; a snapshot taken
         # from another thread may be one node behind
         self.nodes_inline = 0
@@ -193,26 +251,37 @@ class GraphTask:
     # ------------------------------------------------------------------------------------
     def make_ready(self, node: Node, buf: ReadyInputs) -> None:
         """Queue a node whose every incoming gradient has arrived, with its inputs."""
-        if node.sequence_nr == ACCUMULATE_GRAD_SEQUENCE_NR:
-            self.ready_leaves.append((node, buf))
+        seq = node.sequence_nr
+        if seq == ACCUMULATE_GRAD_SEQUENCE_NR:
+            self.ready_leaves.append((seq, node, buf))
         else:
-            heappush(self.heap, (-node.sequence_nr, node, buf))
+            heappush(self.heap, (-seq, node, buf))
 
     def add_gradient(self, child: Node, nr: int, g: Any, d: int) -> None:
-        """Route ``g`` (or None) to input ``nr`` of ``child``, which had ``d`` edges
-        left to hear from: add it into the child's InputBuffer (Note [Input buffers]),
-        and queue the child when this was its last one."""
+        """THE router (Note [One router]): send ``g`` (or None) to input ``nr`` of
+        ``child``, which had ``d`` edges left to hear from: add it into the child's
+        InputBuffer (Note [Input buffers]), and queue the child when this was its last
+        one. Every path routes through here: the core loop's steps, a worker's arrival,
+        a split node's parts, a worker chain's results."""
         if d == 1:
             del self.dependencies[child]
             buf = self.buffers.pop(child, None)
             if buf is None:  # its one gradient: passed through, no buffer
-                inputs: list[Any] = [None] * child.num_outputs
-                inputs[nr] = g
-                self.make_ready(child, inputs)
-                return
-            if g is not None:
-                buf.add(nr, g)
-            self.make_ready(child, buf.ready())
+                if child.num_outputs == 1:
+                    inputs: list[Any] = [g]
+                else:
+                    inputs = [None] * child.num_outputs
+                    inputs[nr] = g
+                ready: ReadyInputs = inputs
+            else:
+                if g is not None:
+                    buf.add(nr, g)
+                ready = buf.ready()
+            seq = child.sequence_nr  # (make_ready, inlined: this is the hot path)
+            if seq == ACCUMULATE_GRAD_SEQUENCE_NR:
+                self.ready_leaves.append((seq, child, ready))
+            else:
+                heappush(self.heap, (-seq, child, ready))
             return
         self.dependencies[child] = d - 1
         if g is not None:
@@ -222,15 +291,22 @@ class GraphTask:
             else:
                 buf.add(nr, g)
 
-    def route(self, node: Node, outputs: list[Any], internal: tuple[int, ...] = ()) -> None:
-        """Send each of ``node``'s gradients along its edge. The gradients of the edges
-        ``internal`` stayed in a worker chain (Note [Worker chains] in sched/placement.py): the
-        node they feed ran in it, so its dependencies are settled."""
+    def route(self, node: Node, outputs: list[Any], internal: tuple[int, ...] = (),
+              edges: list[int] | None = None) -> None:
+        """Send each of ``node``'s gradients along its edge (``add_gradient``), or only
+        those of ``edges`` (a split node's part; ``outputs`` then holds theirs, in that
+        order, and the node is not done yet). The gradients of the edges ``internal``
+        stayed in a worker chain (Note [Worker chains] in sched/placement.py): the node
+        they feed ran in it, so its dependencies are settled."""
         deps = self.dependencies
-        if not self.keep_graph:
-            self.executed.append(node)
+        next_edges = node.next_edges
+        if edges is None:
+            edges = range(len(outputs))  # type: ignore[assignment]
+            if not self.keep_graph:
+                self.executed.append(node)
         add = self.add_gradient
-        for i, ((child, nr), g) in enumerate(zip(node.next_edges, outputs)):
+        for i, g in zip(edges, outputs):  # type: ignore[arg-type]
+            child, nr = next_edges[i]
             if child is None:
                 continue
             if i in internal:
@@ -261,13 +337,14 @@ class GraphTask:
     def has_ready(self) -> bool:
         return bool(self.ready_leaves or self.heap)
 
-    def pop_ready(self) -> tuple[Node, ReadyInputs]:
-        """The next ready node and its inputs (Note [Ready-queue order]); inline.run_inline
-        does the same in its locals."""
+    def pop_ready(self) -> tuple[int, Node, ReadyInputs] | None:
+        """The next ready node's entry ``(key, node, inputs)`` (Note [Ready-queue
+        order]), or None when nothing is ready."""
         if self.ready_leaves:
             return self.ready_leaves.popleft()
-        _, node, buf = heappop(self.heap)
-        return node, buf
+        if self.heap:
+            return heappop(self.heap)
+        return None
 
     def nodes_left(self) -> bool:
         """Whether some node has yet to run: ready, waiting, to start or in flight."""
@@ -275,7 +352,13 @@ class GraphTask:
 
     def plain_kernels(self) -> bool:
         """Whether kernels run unwrapped (no profiler, no anomaly mode)."""
-        return self.profiler is None and _context.anomaly_mode.get() is None
+        return not self.tools
+
+    def is_plain(self) -> bool:
+        """A *plain backward* (Note [Plain backwards and quiet nodes]): every reachable
+        node runs (no ``inputs=``/``grad()`` pruning), nothing is recorded
+        (no ``create_graph``), and no tool wraps the kernels."""
+        return self.exec_info is None and not self.create_graph and not self.tools
 
     def fail(self, error: BaseException, node: Node | None) -> None:
         """Record the first error (first error wins) with a note naming the node."""

@@ -31,8 +31,6 @@ from typing import Any
 
 from ...backend import xp
 
-ARRAY = xp.array_type  # (Note [One array backend] in backend.py)
-
 LAZY_SUM_MIN = 65_536  # elements; below this, adding on the loop is cheaper than deferring
 
 
@@ -48,15 +46,16 @@ class PendingSum(list[Any]):
         return size
 
     def total(self) -> Any:
-        """The sum, left to right, as ``((a + b) + c) + ...`` eagerly would be. A numpy
+        """The sum, left to right, as ``((a + b) + c) + ...`` eagerly would be. The
         result is always a fresh array that nobody else holds (task/commit.py may adopt it
         as a ``.grad`` without a copy)."""
+        array = xp.array_type
         out = value(self[0]) + value(self[1])
         for term in self[2:]:
             v = value(term)
-            if type(out) is ARRAY and type(v) is ARRAY and v.shape == out.shape \
+            if type(out) is array and type(v) is array and v.shape == out.shape \
                     and xp.result_type(out, v) == out.dtype:
-                xp.add(out, v, out=out)  # ``out`` is our own fresh array
+                xp.add_into(out, v)  # ``out`` is our own fresh array
             else:
                 out = out + v
         return out
@@ -114,8 +113,8 @@ def slots_of(ready: ReadyInputs) -> list[Any]:
 
 
 def combine(old: Any, g: Any) -> Any:
-    """``old + g`` for one slot, deferred (a ``PendingSum``) when both are large numpy
-    arrays. None means no gradient."""
+    """``old + g`` for one slot, deferred (a ``PendingSum``) when both are large arrays
+    of the backend (Note [One array backend] in backend.py). None means no gradient."""
     if old is None:
         return g
     if g is None:
@@ -123,7 +122,7 @@ def combine(old: Any, g: Any) -> Any:
     if type(old) is PendingSum:
         old.append(g)
         return old
-    if type(old) is ARRAY and (type(g) is ARRAY or type(g) is PendingSum) \
+    if type(old) is xp.array_type and (type(g) is xp.array_type or type(g) is PendingSum) \
             and old.size >= LAZY_SUM_MIN:
         return PendingSum((old, g))
     return old + value(g)

@@ -39,11 +39,10 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-import anyio
 
 from ..graph import Node
 from ..graph.handles import HookDict, RemovableHandle
-from ..runtime.threads import await_blocking, is_awaitable, running_graph_task
+from ..runtime.threads import running_graph_task
 
 if TYPE_CHECKING:
     from .graph_task import GraphTask
@@ -118,59 +117,13 @@ def finish_setup(steps: Iterator[None]) -> None:
             pass
 
 
-async def run_start_hooks(task: GraphTask) -> None:
-    for fn in start_hooks(task):
-        result = fn()
-        if is_awaitable(result):
-            await result
-
-
-def run_start_hooks_sync(task: GraphTask) -> None:
-    for fn in start_hooks(task):
-        await_blocking(fn())
-
-
 def disarm(task: GraphTask) -> None:
     """The commit starts: from here on the backward is never aborted."""
     task.aborts = None
 
 
-async def abort(task: GraphTask, error: BaseException) -> None:
-    """Run ``task``'s abort functions once, shielded (Note [Abort functions]). A
-    backward cancelled before its start hooks ran runs them first, here."""
-    if not task.starting and not task.aborts:
-        task.aborts = None
-        return
-    with anyio.CancelScope(shield=True):
-        for start in start_hooks(task):  # (cancelled during the set-up: they have not run)
-            await _call_noting(error, start)
-        fns = task.aborts
-        task.aborts = None
-        for fn in fns or ():
-            await _call_noting(error, fn, error)
-
-
-async def _call_noting(error: BaseException, fn: Callable[..., Any], *args: Any) -> None:
-    try:
-        result = fn(*args)
-        if is_awaitable(result):
-            await result
-    except Exception as e:
-        _note(error, fn, e)
-
-
-def abort_sync(task: GraphTask, error: BaseException) -> None:
-    """``abort`` for the blocking driver: an ``async`` function runs to its end here."""
-    fns = task.aborts
-    task.aborts = None
-    for fn in fns or ():
-        try:
-            await_blocking(fn(error))
-        except Exception as e:
-            _note(error, fn, e)
-
-
-def _note(error: BaseException, fn: Callable[..., Any], raised: Exception) -> None:
+def note_abort_error(error: BaseException, fn: Callable[..., Any], raised: Exception) -> None:
+    """Note on ``error`` (the backward's) that abort function ``fn`` raised ``raised``."""
     target = getattr(fn, "func", fn)  # (a functools.partial: name what it calls)
     name = getattr(target, "__qualname__", None) or type(target).__name__
     error.add_note(f"asyncgrad: while aborting this backward, {name} raised {type(raised).__name__}: {raised}")

@@ -47,8 +47,8 @@ from __future__ import annotations
 from typing import Any
 
 from .step import own_if_fresh
-from ..graph import ACCUMULATE_GRAD_SEQUENCE_NR, AccumulateGrad, Node
-from .graph_task import GraphTask
+from ..graph import ACCUMULATE_GRAD_SEQUENCE_NR, Node
+from .graph_task import GraphTask, is_quiet_leaf
 from .input_buffer import ReadyInputs, inputs_of
 from ..graph.record import OpNode
 
@@ -82,31 +82,23 @@ def is_leaf_edge(node: Node, i: int) -> bool:
 
 def routes_early(task: GraphTask, node: Node) -> bool:
     """Whether a split node's gradients may be routed as each kernel ends (Note [Input
-    gradient first]): nothing could observe the order change."""
-    if task.exec_info is not None or task.create_graph or not task.plain_kernels():
+    gradient first]): a plain backward, the node without hooks and each leaf it feeds
+    quiet (Note [Plain backwards and quiet nodes] in task/graph_task.py)."""
+    if not task.is_plain() or node._hooks is not None:
         return False
-    if node._hooks is not None:
-        return False
-    for child, _ in node.next_edges:
-        if type(child) is AccumulateGrad and (child._hooks is not None or child.variable._hooks):
-            return False
-    return True
+    return all(child is None or not is_leaf_edge(node, i) or is_quiet_leaf(child)
+               for i, (child, _) in enumerate(node.next_edges))
 
 
 def route_edges(task: GraphTask, node: Node, group: list[int], part: list[Any], grads: list[Any]) -> None:
-    """Route the gradients of edges ``group`` of ``node`` (the rest follow later)."""
-    deps = task.dependencies
-    acc = ACCUMULATE_GRAD_SEQUENCE_NR
+    """Route the gradients of edges ``group`` of ``node`` (the rest follow later),
+    recording which of those for leaves the engine owns first (Note [Owned gradients]
+    in task/step.py)."""
+    saved = getattr(node, "saved", None)
     for i, g in zip(group, part):
-        child, nr = node.next_edges[i]
-        if child is None:
-            continue
-        d = deps.get(child)
-        if d is None:  # (pruned)
-            continue
-        if g is not None and child.sequence_nr == acc:  # Note [Owned gradients] in task/step.py
-            own_if_fresh(task, child, g, grads, None, getattr(node, "saved", None))
-        task.add_gradient(child, nr, g, d)
+        if g is not None and is_leaf_edge(node, i):
+            own_if_fresh(task, node.next_edges[i][0], g, grads, None, saved)  # type: ignore[arg-type]
+    task.route(node, part, edges=group)
 
 
 def unpack(node: OpNode, inputs: ReadyInputs, math: Any) -> tuple[list[Any], tuple[Any, Any]]:

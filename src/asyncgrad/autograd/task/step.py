@@ -8,7 +8,11 @@ drivers do too for every node that is not a plain built-in. Tools wrap the kerne
 do not fork the path: anomaly mode runs ``run_kernel``'s two steps marking the node as
 running, the profiler times ``run_kernel`` (``kernel_for``).
 
-``inline.run_inline`` runs ready nodes on the calling thread with these steps.
+The core loop (sched/inline.py) runs a ready node inline with the step ``step_for``
+picks once per slice: ``run_node`` (the three steps), or for a plain backward
+``plain_step``, whose *fused step* for a plain built-in node is a kernel choice (a view
+rule, a doubled gradient), routed through the one router like any other (Note [One
+router] in task/graph_task.py).
 """
 
 from __future__ import annotations
@@ -18,18 +22,17 @@ from typing import Any
 
 
 from ...backend import Array, xp
-
 from ... import _context
 from ..graph import ACCUMULATE_GRAD_SEQUENCE_NR, AccumulateGrad, Node
-from .graph_task import GraphTask
+from .graph_task import GraphTask, is_plain_node, is_quiet_leaf
 from ..graph.hooks import run_leaf_tensor_hooks, run_post_hooks, run_pre_hooks, run_tensor_pre_hooks
-from .input_buffer import PendingSum, ReadyInputs, combine, inputs_of, slots_of
+from .input_buffer import InputBuffer, PendingSum, ReadyInputs, combine, inputs_of, slots_of
 from ..graph.record import OpNode
-from ..graph.validate import validate_outputs
-
-ARRAY = xp.array_type  # (Note [One array backend] in backend.py)
+from ..graph.saved import SavedTensor
+from ..graph.validate import fix_gradient, validate_outputs
 
 Kernel = Callable[[Node, list[Any], Any], list[Any]]
+Step = Callable[[GraphTask, Node, ReadyInputs], bool]
 AsyncKernel = Callable[[Node, list[Any], Any], Coroutine[Any, Any, list[Any]]]
 _anomaly_mode = _context.anomaly_mode
 
@@ -119,14 +122,18 @@ def prepare(task: GraphTask, node: Node, ready: ReadyInputs) -> list[Any] | None
 # Function's result, the caller's ``gradient=``, an array a hook or a pre-commit
 # function saw, a retained non-leaf gradient. (A small leaf's eager sum of several
 # gradients is not recorded either: copying it is cheap.)
-# Note [Plain leaves]: in a plain backward (no inputs=/grad() pruning), a leaf whose
-# AccumulateGrad and tensor have no hooks has nothing that could observe its staging:
-# ``run_inline`` stages it with ``stage_plain`` (``stage_leaf``'s last steps) when it
-# leaves the ready queue, without ``prepare``'s general path. It still goes through the
-# queue, so leaves are staged in the order they became ready (the commit and
-# post-accumulate-grad hooks follow that order). (Staging a leaf where its producer
-# routes it, skipping the queue, once hung a run of tests/test_concurrency.py's
-# four-loops test; the cause is not found yet: issue 30.)
+# Note [Plain leaves]: in a plain backward, a quiet leaf (Note [Plain backwards and quiet
+# nodes] in task/graph_task.py) has nothing that could observe its staging. So the fused
+# step stages it right where its producer routes its one gradient (``stage_plain``,
+# ``stage_leaf``'s last steps), skipping the ready queue, unless a leaf made ready
+# earlier still waits there: leaves are still staged in the order they became ready (the
+# commit and post-accumulate-grad hooks follow that order); any other leaf is staged
+# when it leaves the queue, by ``plain_step`` or ``stage_leaf``. Staging outside the
+# queue means a GraphTask can run out of ready nodes in the middle of its slice, so two
+# rules keep the runner's queue to GraphTasks with ready nodes (a finished call left in
+# it was the hang once seen here): the core loop reports "more" at the slice's end only
+# when a node is still ready (else the runner drops the task and completes the call),
+# and a driver whose call has nothing left leaves the queue before it returns.
 def stage_leaf(task: GraphTask, node: AccumulateGrad, buf: list[Any]) -> None:
     """AccumulateGrad's step: tensor hooks, captures, pre-hooks, stage for the commit
     (Note [Commit on success] in task/commit.py), post-hooks. Records whether the engine
@@ -172,7 +179,7 @@ def fresh_leaf_edges(node: Node, inputs: list[Any], outputs: list[Any]) -> tuple
     acc_nr = ACCUMULATE_GRAD_SEQUENCE_NR
     saved = node.saved
     return tuple(i for i, ((child, _), gi) in enumerate(zip(node.next_edges, outputs))
-                 if child is not None and child.sequence_nr == acc_nr and type(gi) is ARRAY
+                 if child is not None and child.sequence_nr == acc_nr and type(gi) is xp.array_type
                  and is_fresh(gi, inputs, outputs, saved))
 
 
@@ -196,7 +203,7 @@ def own_if_fresh(task: GraphTask, leaf: Node, gi: Array, inputs: Any, outputs: A
 
 def is_fresh(gi: Array, inputs: Any, outputs: Any, saved: Any) -> bool:
     """``own_if_fresh``'s test: ``gi`` is a new array the kernel made."""
-    if gi.base is not None or not gi.flags.writeable:
+    if not xp.owns_memory(gi):  # a view, or read-only (Note [One array backend] in backend.py)
         return False
     for a in inputs:
         if a is gi:
@@ -274,3 +281,117 @@ def finish(task: GraphTask, node: Node, inputs: ReadyInputs, outputs: list[Any])
 # ``create_graph``) gets ``vjps[0]``'s fresh writeable array, as before. (A hook that a
 # hook registers on the child in the middle of the backward, after the view was routed,
 # would see the view; PyTorch's expand backward hands such views around anyway.)
+
+
+# --- the step the core loop takes for one node ------------------------------------------
+def step_for(task: GraphTask) -> Step:
+    """The step ``task``'s nodes take inline (sched/inline.py), chosen once per slice:
+    the tool's wrapped kernel, the plain backward's ``plain_step``, or ``run_node``. Each
+    returns whether a kernel ran."""
+    if task.tools:
+        kernel = kernel_for(task, False)
+        return lambda t, node, ready: run_node(t, node, ready, kernel)
+    if task.is_plain():
+        return plain_step
+    return run_node
+
+
+def run_node(task: GraphTask, node: Node, ready: ReadyInputs, kernel: Kernel = run_kernel) -> bool:
+    """The three steps for one node, inline: ``prepare``, the kernel, ``finish``."""
+    inputs = prepare(task, node, ready)
+    if inputs is None:
+        return False
+    finish(task, node, inputs, kernel(node, inputs, task.math))
+    return True
+
+
+def prepare_elsewhere(task: GraphTask, node: Node, ready: ReadyInputs) -> ReadyInputs | None:
+    """What a node that runs elsewhere takes (``placement.decide``): a plain node of an
+    unpruned backward its ready inputs as they are (deferred sums are added where it
+    runs), any other node ``prepare``'s, on the loop."""
+    if task.exec_info is None and is_plain_node(node):
+        return ready
+    return prepare(task, node, ready)
+
+
+def plain_step(task: GraphTask, node: Node, ready: ReadyInputs) -> bool:
+    """A plain backward's step (Note [Plain backwards and quiet nodes] in
+    task/graph_task.py): a quiet leaf is staged at once (Note [Plain leaves]), a plain
+    built-in node takes the fused step when its op has one, anything else ``run_node``."""
+    if type(node) is OpNode and node._hooks is None:  # (is_plain_node, inlined: the hot path)
+        buf: list[Any] = ready.resolve() if type(ready) is InputBuffer else ready  # type: ignore[assignment]
+        g = buf[0]
+        checks = node.checks
+        if g is None or node.saved is None or not node.spec.fusable or (
+                checks and type(checks[0]) is not SavedTensor):
+            finish(task, node, buf, run_kernel(node, buf, task.math))
+        else:
+            fused_step(task, node, g, buf)
+        return True
+    if is_quiet_leaf(node):
+        g = slots_of(ready)[0]
+        stage_plain(task, node.variable, g, task.fresh.pop(node, None) is g or type(g) is PendingSum)  # type: ignore[attr-defined]
+        return False
+    return run_node(task, node, ready)
+
+
+def fused_step(task: GraphTask, node: OpNode, g: Any, buf: list[Any]) -> None:
+    """``run_kernel`` and ``finish`` in one pass over the edges, for a plain built-in
+    node whose one incoming gradient is ``g``: each edge's gradient is computed only if
+    the edge leads somewhere needed, by the op's rule, its view rule (Note [Mean's
+    gradient as a view]) or once for both edges of ``x * x`` (Note [A tensor times
+    itself]), and routed at once (Note [One router] in task/graph_task.py)."""
+    args = node.plain_args()
+    params = node.params
+    spec = node.spec
+    vjps: tuple[Any, ...] = spec.vjps  # (a needed edge has a rule)
+    edges = node.next_edges
+    view = spec.view_vjp
+    twice = spec.symmetric and edges[0] == edges[1] and args[1] is args[2]
+    deps = task.dependencies
+    math = task.math
+    add = task.add_gradient
+    acc_nr = ACCUMULATE_GRAD_SEQUENCE_NR
+    i = -1
+    for child, nr in edges:
+        i += 1
+        if child is None:
+            continue
+        d = deps.get(child)
+        if d is None:  # pruned: nothing needed lies behind this edge
+            continue
+        if twice:
+            if i:
+                continue  # (edge 0 carried both, and settled both dependencies)
+            d -= 1  # edge 1's, settled here: one gradient for the slot (Note [A tensor times itself])
+        rule = vjps[i]
+        if view is not None and not i and type(child) is OpNode and child._hooks is None \
+                and child.spec.takes_views:
+            rule = view  # a read-only view, to a child that only reads it
+        gi = rule(math, g, *args, **params) if params else rule(math, g, *args)
+        if gi is not None:
+            if type(gi) is not xp.array_type or gi.shape != node.input_shapes[i] or gi.dtype != node.input_dtypes[i]:
+                gi = fix_gradient(node, i, gi)
+            if twice:
+                gi = doubled(task, child, gi, buf, args)
+            if child.sequence_nr == acc_nr and type(gi) is xp.array_type:
+                if d == 1 and not task.ready_leaves and child not in task.buffers and is_quiet_leaf(child):
+                    del deps[child]
+                    stage_plain(task, child.variable, gi, is_fresh(gi, buf, None, args))  # type: ignore[attr-defined]
+                    continue
+                own_if_fresh(task, child, gi, buf, None, args)
+        add(child, nr, gi, d)
+    if (node.saved or spec.saves_params) and not task.keep_graph:
+        task.executed.append(node)
+
+
+def doubled(task: GraphTask, child: Node, gi: Any, inputs: list[Any], saved: Any) -> Any:
+    """``gi + gi`` for a symmetric node's two edges to one slot (Note [A tensor times
+    itself]): in place when ``gi`` is the kernel's fresh array, and then the engine's
+    own for a leaf (Note [Owned gradients])."""
+    if type(gi) is xp.array_type and is_fresh(gi, inputs, None, saved):
+        xp.add_into(gi, gi)
+        if child.sequence_nr == ACCUMULATE_GRAD_SEQUENCE_NR:
+            task.fresh[child] = gi
+        return gi
+    return gi + gi

@@ -11,7 +11,7 @@ import numpy as np
 
 from ...grad_mode import enable_grad
 from ...tensor import Tensor
-from ..engine import _run_on_fresh_thread, in_event_loop_thread
+from ..runtime.threads import in_event_loop_thread, run_on_fresh_thread as _run_on_fresh_thread
 from ..graph import Node
 
 

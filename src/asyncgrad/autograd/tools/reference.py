@@ -5,7 +5,7 @@ Every ready node, in ready-queue order, goes through ``step.prepare``,
 records) and ``step.finish``, one at a time on the driving thread: no fused step, no
 offload, no worker chains, no scheduler. (So under ``pytest --reference-engine`` the
 tests that check overlapping or offloaded nodes themselves skip.) The
-fast paths (the loop's scheduler, the fused step of ``inline.run_inline``, sched/offload.py)
+fast paths (the loop's scheduler, the core loop's fused step, sched/offload.py)
 are checked against it in tests (tests/test_reference_executor.py, and the whole suite
 with ``pytest --reference-engine``).
 """
@@ -35,8 +35,8 @@ def _naming(task: GraphTask, node: Node) -> Iterator[None]:
 
 def _steps(task: GraphTask) -> Iterator[tuple[Node, list[Any], bool]]:
     """Each node to run, prepared, in ready-queue order, and whether it is async."""
-    while task.has_ready():
-        node, buf = task.pop_ready()
+    while (entry := task.pop_ready()) is not None:
+        _, node, buf = entry
         with _naming(task, node):
             inputs = prepare(task, node, buf)
         if inputs is not None:
