@@ -374,7 +374,7 @@ def plain_step(task: GraphTask, node: Node, ready: ReadyInputs) -> bool:
             if twice:
                 gi = doubled(task, child, gi, buf, args)
             if child.sequence_nr == acc_nr and type(gi) is array:
-                if d == 1 and not task.ready_leaves and child not in task.buffers and is_quiet_leaf(child):
+                if d == 1 and not task.leaf_waits() and child not in task.buffers and is_quiet_leaf(child):
                     del deps[child]
                     stage_plain(task, child.variable, gi, is_fresh(gi, buf, None, args))  # type: ignore[attr-defined]
                     continue
