@@ -33,6 +33,7 @@ for rules written only with ``m``'s names and array operators (2-D ``matmul``, `
 from __future__ import annotations
 
 from collections.abc import Callable
+import operator
 from functools import partial
 from types import TracebackType
 from typing import Any, Protocol, cast
@@ -95,10 +96,6 @@ def _is_floating(dtype: Any) -> bool:
     return dtype.kind == "f"  # type: ignore[no-any-return]
 
 
-def _add_into(a: np.ndarray, b: Any) -> None:
-    np.add(a, b, out=a, casting="unsafe")
-
-
 def _sum_as(a: np.ndarray, b: Any) -> np.ndarray:
     # (asarray: np.add of 0-d arrays returns a numpy scalar, not an array)
     return np.asarray(np.add(a, b, dtype=a.dtype, casting="unsafe"))
@@ -106,10 +103,6 @@ def _sum_as(a: np.ndarray, b: Any) -> np.ndarray:
 
 def _owns_memory(a: np.ndarray) -> bool:
     return a.base is None and a.flags.writeable  # type: ignore[no-any-return]
-
-
-def _writeable(a: np.ndarray) -> bool:
-    return a.flags.writeable  # type: ignore[no-any-return]
 
 
 class NumpyBackend:
@@ -124,11 +117,13 @@ class NumpyBackend:
     zeros = staticmethod(np.zeros)
     result_type = staticmethod(np.result_type)
     is_floating = staticmethod(_is_floating)
-    add_into = staticmethod(_add_into)
+    # ``a += b``: numpy's in-place add (same-kind casting; gradients reach a ``.grad``
+    # in its dtype, graph/validate.py), a C call with no Python frame, as is the test
+    add_into = staticmethod(operator.iadd)
     sum_as = staticmethod(_sum_as)
     sum_leading = staticmethod(partial(np.add.reduce, axis=0))
     owns_memory = staticmethod(_owns_memory)
-    writeable = staticmethod(_writeable)
+    writeable = staticmethod(operator.attrgetter("flags.writeable"))
 
 
 # (a cast: numpy's overloaded signatures are wider than the protocol's, not narrower)

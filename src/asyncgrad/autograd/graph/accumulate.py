@@ -8,7 +8,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from ...backend import xp
-from .registry import tensor_type
+from . import registry
 
 if TYPE_CHECKING:
     from ...tensor import Tensor
@@ -34,7 +34,7 @@ def _take(g: Any, dtype: Any, owned: bool) -> Any:
 def _accumulate(var: Tensor, g: Any, create_graph: bool, owned: bool = False) -> None:
     """Add ``g`` into ``var.grad`` (under the commit lock); ``owned``: the engine's own
     array, which may become ``.grad`` itself."""
-    tensor_cls = tensor_type()  # (Note [The graph layer never imports Tensor])
+    tensor_cls = registry.tensor_cls  # (Note [The graph layer never imports Tensor])
     if create_graph:
         gt = g if isinstance(g, tensor_cls) else tensor_cls._wrap(g)
         # A (differentiable) clone, as PyTorch's AccumulateGrad does under grad mode: the

@@ -24,7 +24,7 @@ from typing import Any
 
 __all__ = ["register_tensor_math", "register_tensor_type", "tensor_constructors", "tensor_math", "tensor_type"]
 
-_tensor_cls: Any = None
+tensor_cls: Any = None  # the Tensor class (a module attribute: hot paths read it directly)
 _version_counter_cls: Any = None
 _init: Any = None
 _tensor_math: Any = None
@@ -34,21 +34,21 @@ def register_tensor_type(cls: type, version_counter: type, init: Any) -> None:
     """Called once by tensor.py: the Tensor class, its version counter class, and
     ``init(t, array, grad_fn, output_nr, version)``, which sets every slot of a new
     Tensor (the recording fast path makes its results with it)."""
-    global _tensor_cls, _version_counter_cls, _init
-    _tensor_cls, _version_counter_cls, _init = cls, version_counter, init
+    global tensor_cls, _version_counter_cls, _init
+    tensor_cls, _version_counter_cls, _init = cls, version_counter, init
 
 
 def tensor_type() -> Any:
     """The registered Tensor class."""
-    return _tensor_cls
+    return tensor_cls
 
 
 def tensor_constructors() -> tuple[Any, Any, Any]:
     """``(Tensor, VersionCounter, init)`` as registered by tensor.py."""
-    if _tensor_cls is None:
+    if tensor_cls is None:
         raise ImportError("asyncgrad.tensor must be imported before the graph records "
                           "(Note [The graph layer never imports Tensor])")
-    return _tensor_cls, _version_counter_cls, _init
+    return tensor_cls, _version_counter_cls, _init
 
 
 def register_tensor_math(math: Any) -> None:

@@ -11,6 +11,7 @@ when a node must go elsewhere.
 from __future__ import annotations
 
 import time
+from heapq import heappop
 
 from ..task.graph_task import GraphTask
 from ..task.step import prepare_elsewhere, step_for
@@ -24,12 +25,12 @@ def run_inline(task: GraphTask, deadline: float) -> bool:
     passed ``deadline`` with nodes still ready or a node must run elsewhere, queued on
     ``task.to_start`` for the driver (both True). Errors are recorded with
     ``task.fail`` and raised."""
-    pop, step, clock = task.pop_ready, step_for(task), time.perf_counter
+    queue, step, clock = task.ready, step_for(task), time.perf_counter
     ran = 0
     node = None
     try:
-        while (entry := pop()) is not None:
-            _, node, ready = entry
+        while queue:
+            _, _, node, ready = heappop(queue)  # (Note [Ready-queue order])
             if (where := decide(task, node)) is not INLINE:
                 if (inputs := prepare_elsewhere(task, node, ready)) is not None:
                     task.to_start.append((node, inputs, where))

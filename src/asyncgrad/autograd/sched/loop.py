@@ -170,10 +170,10 @@ def _run_as(owner: object, task: GraphTask, deadline: float) -> bool:
 def _hop_next(task: GraphTask) -> bool:
     """Whether ``run_inline`` would hand ``task``'s next ready node to its driver at
     once, computing nothing (Note [Start the hop before the turn])."""
-    if not task.heap or task.ready_leaves or task.to_start or task.error is not None or task.stopping \
+    if not task.ready or task.leaf_waits() or task.to_start or task.error is not None or task.stopping \
             or task.active_children or task.context is None or task.exec_info is not None:
         return False
-    node = task.heap[0][1]
+    node = task.ready[0][2]
     return is_plain_node(node) and decide(task, node) is WORKER
 
 

@@ -162,7 +162,7 @@ class Policy:
         flight in the GraphTask."""
         if groups < 2 or node.work // 2 >= task.inline_threshold:
             return False
-        return not (task.heap or task.ready_leaves or task.to_start) and task.in_flight == 1
+        return not (task.ready or task.to_start) and task.in_flight == 1
 
     def chains(self, task: GraphTask, node: Node) -> bool:
         """Whether ``node`` may head a worker chain: a plain backward of built-in nodes,

@@ -8,9 +8,11 @@ they never touch these fields (a worker chain only reads ``stopping``). That is 
 lets the per-node path run without locks. The comment on each field says who writes it.
 
 Note [Ready-queue order]: ready nodes run in order of ``sequence_nr``, highest first (the
-node created last in forward), as in PyTorch. AccumulateGrad nodes are kept in their own
-FIFO and always run before any other ready node, which is what PyTorch's
-``sequence_nr == UINT64_MAX`` achieves. Reentrant depth is handled one level up: a
+node created last in forward), as in PyTorch. AccumulateGrad nodes always run before any
+other ready node, in the order they became ready, as PyTorch's ``sequence_nr ==
+UINT64_MAX`` achieves: one heap of ``(key, turn, node, inputs)``, the key ``-sequence_nr``
+(a leaf's is the smallest, ``LEAF_KEY``) and the turn a counter among leaves (0 for other
+nodes, whose keys are unique). Reentrant depth is handled one level up: a
 GraphTask starts no new node while one of its nested (reentrant) GraphTasks is running,
 so the deeper task's work always goes first (PyTorch's depth-then-sequence order).
 
@@ -53,6 +55,7 @@ if TYPE_CHECKING:
     from ...tensor import Tensor
 
 _graph_task_ids = itertools.count(1)
+LEAF_KEY = -ACCUMULATE_GRAD_SEQUENCE_NR  # a ready leaf's key: before every other node
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,8 +139,9 @@ class GraphTask:
         # InputBuffers of nodes still waiting for gradients; a node that becomes ready
         # takes its inputs into its ready-queue entry (make_ready; Note [Input buffers])
         self.buffers: dict[Node, InputBuffer] = {}
-        self.heap: list[tuple[int, Node, ReadyInputs]] = []  # ready nodes, by -sequence_nr
-        self.ready_leaves: deque[tuple[int, Node, ReadyInputs]] = deque()  # ready AccumulateGrads, FIFO
+        # the ready queue, a heap of (key, turn, node, inputs) (Note [Ready-queue order])
+        self.ready: list[tuple[int, int, Node, ReadyInputs]] = []
+        self.leaf_turns = itertools.count()  # the order ready leaves arrived in
         # prepared nodes the core loop hands to the driver to run elsewhere, with where
         # (sched/placement.py's decide)
         self.to_start: deque[tuple[Node, ReadyInputs, Any]] = deque()
@@ -253,9 +257,9 @@ class GraphTask:
         """Queue a node whose every incoming gradient has arrived, with its inputs."""
         seq = node.sequence_nr
         if seq == ACCUMULATE_GRAD_SEQUENCE_NR:
-            self.ready_leaves.append((seq, node, buf))
+            heappush(self.ready, (LEAF_KEY, next(self.leaf_turns), node, buf))
         else:
-            heappush(self.heap, (-seq, node, buf))
+            heappush(self.ready, (-seq, 0, node, buf))
 
     def add_gradient(self, child: Node, nr: int, g: Any, d: int) -> None:
         """THE router (Note [One router]): send ``g`` (or None) to input ``nr`` of
@@ -279,9 +283,9 @@ class GraphTask:
                 ready = buf.ready()
             seq = child.sequence_nr  # (make_ready, inlined: this is the hot path)
             if seq == ACCUMULATE_GRAD_SEQUENCE_NR:
-                self.ready_leaves.append((seq, child, ready))
+                heappush(self.ready, (LEAF_KEY, next(self.leaf_turns), child, ready))
             else:
-                heappush(self.heap, (-seq, child, ready))
+                heappush(self.ready, (-seq, 0, child, ready))
             return
         self.dependencies[child] = d - 1
         if g is not None:
@@ -335,20 +339,22 @@ class GraphTask:
         return not parent.active_children and parent.context is not None and parent.has_ready()
 
     def has_ready(self) -> bool:
-        return bool(self.ready_leaves or self.heap)
+        return bool(self.ready)
 
-    def pop_ready(self) -> tuple[int, Node, ReadyInputs] | None:
-        """The next ready node's entry ``(key, node, inputs)`` (Note [Ready-queue
-        order]), or None when nothing is ready."""
-        if self.ready_leaves:
-            return self.ready_leaves.popleft()
-        if self.heap:
-            return heappop(self.heap)
-        return None
+    def leaf_waits(self) -> bool:
+        """Whether a ready leaf waits in the queue (it runs before any other node)."""
+        ready = self.ready
+        return bool(ready) and ready[0][0] == LEAF_KEY
+
+    def pop_ready(self) -> tuple[int, int, Node, ReadyInputs] | None:
+        """The next ready node's entry ``(key, turn, node, inputs)`` (Note [Ready-queue
+        order]), or None when nothing is ready (the core loop pops the heap itself: one
+        C call per node)."""
+        return heappop(self.ready) if self.ready else None
 
     def nodes_left(self) -> bool:
         """Whether some node has yet to run: ready, waiting, to start or in flight."""
-        return bool(self.ready_leaves or self.heap or self.to_start or self.in_flight or self.dependencies)
+        return bool(self.ready or self.to_start or self.in_flight or self.dependencies)
 
     def plain_kernels(self) -> bool:
         """Whether kernels run unwrapped (no profiler, no anomaly mode)."""

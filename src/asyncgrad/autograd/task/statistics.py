@@ -46,7 +46,7 @@ class GraphTaskStatistics:
 
 def graph_task_statistics(task: GraphTask) -> GraphTaskStatistics:
     return GraphTaskStatistics(task.id, task.depth, task.nodes_inline, task.nodes_offloaded,
-                               task.in_flight, len(task.heap) + len(task.ready_leaves),
+                               task.in_flight, len(task.ready),
                                len(task.dependencies), task.thread_hops, task.priority)
 
 

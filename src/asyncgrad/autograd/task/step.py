@@ -317,33 +317,31 @@ def prepare_elsewhere(task: GraphTask, node: Node, ready: ReadyInputs) -> ReadyI
 def plain_step(task: GraphTask, node: Node, ready: ReadyInputs) -> bool:
     """A plain backward's step (Note [Plain backwards and quiet nodes] in
     task/graph_task.py): a quiet leaf is staged at once (Note [Plain leaves]), a plain
-    built-in node takes the fused step when its op has one, anything else ``run_node``."""
-    if type(node) is OpNode and node._hooks is None:  # (is_plain_node, inlined: the hot path)
-        buf: list[Any] = ready.resolve() if type(ready) is InputBuffer else ready  # type: ignore[assignment]
-        g = buf[0]
-        checks = node.checks
-        if g is None or node.saved is None or not node.spec.fusable or (
-                checks and type(checks[0]) is not SavedTensor):
-            finish(task, node, buf, run_kernel(node, buf, task.math))
-        else:
-            fused_step(task, node, g, buf)
+    built-in node takes the *fused step* when its op has one, anything else ``run_node``.
+
+    The fused step is ``run_kernel`` and ``finish`` in one pass over the edges, for a
+    plain built-in node whose one incoming gradient is ``g``: each edge's gradient is
+    computed only if the edge leads somewhere needed, by the op's rule, its view rule
+    (Note [Mean's gradient as a view]) or once for both edges of ``x * x`` (Note [A
+    tensor times itself]), and routed at once (Note [One router] in
+    task/graph_task.py). It is written inline here, not called: this is the per-node
+    path of every small backward."""
+    if type(node) is not OpNode or node._hooks is not None:  # (not is_plain_node)
+        if is_quiet_leaf(node):
+            g = slots_of(ready)[0]
+            stage_plain(task, node.variable, g, task.fresh.pop(node, None) is g or type(g) is PendingSum)  # type: ignore[attr-defined]
+            return False
+        return run_node(task, node, ready)
+    buf: list[Any] = ready.resolve() if type(ready) is InputBuffer else ready  # type: ignore[assignment]
+    g = buf[0]
+    checks = node.checks
+    spec = node.spec
+    if g is None or node.saved is None or not spec.fusable or (checks and type(checks[0]) is not SavedTensor):
+        finish(task, node, buf, run_kernel(node, buf, task.math))
         return True
-    if is_quiet_leaf(node):
-        g = slots_of(ready)[0]
-        stage_plain(task, node.variable, g, task.fresh.pop(node, None) is g or type(g) is PendingSum)  # type: ignore[attr-defined]
-        return False
-    return run_node(task, node, ready)
-
-
-def fused_step(task: GraphTask, node: OpNode, g: Any, buf: list[Any]) -> None:
-    """``run_kernel`` and ``finish`` in one pass over the edges, for a plain built-in
-    node whose one incoming gradient is ``g``: each edge's gradient is computed only if
-    the edge leads somewhere needed, by the op's rule, its view rule (Note [Mean's
-    gradient as a view]) or once for both edges of ``x * x`` (Note [A tensor times
-    itself]), and routed at once (Note [One router] in task/graph_task.py)."""
+    # --- the fused step ---------------------------------------------------------------
     args = node.plain_args()
     params = node.params
-    spec = node.spec
     vjps: tuple[Any, ...] = spec.vjps  # (a needed edge has a rule)
     edges = node.next_edges
     view = spec.view_vjp
@@ -352,6 +350,7 @@ def fused_step(task: GraphTask, node: OpNode, g: Any, buf: list[Any]) -> None:
     math = task.math
     add = task.add_gradient
     acc_nr = ACCUMULATE_GRAD_SEQUENCE_NR
+    array = xp.array_type  # (read once per node: Note [One array backend])
     i = -1
     for child, nr in edges:
         i += 1
@@ -370,12 +369,12 @@ def fused_step(task: GraphTask, node: OpNode, g: Any, buf: list[Any]) -> None:
             rule = view  # a read-only view, to a child that only reads it
         gi = rule(math, g, *args, **params) if params else rule(math, g, *args)
         if gi is not None:
-            if type(gi) is not xp.array_type or gi.shape != node.input_shapes[i] or gi.dtype != node.input_dtypes[i]:
+            if type(gi) is not array or gi.shape != node.input_shapes[i] or gi.dtype != node.input_dtypes[i]:
                 gi = fix_gradient(node, i, gi)
             if twice:
                 gi = doubled(task, child, gi, buf, args)
-            if child.sequence_nr == acc_nr and type(gi) is xp.array_type:
-                if d == 1 and not task.ready_leaves and child not in task.buffers and is_quiet_leaf(child):
+            if child.sequence_nr == acc_nr and type(gi) is array:
+                if d == 1 and not task.leaf_waits() and child not in task.buffers and is_quiet_leaf(child):
                     del deps[child]
                     stage_plain(task, child.variable, gi, is_fresh(gi, buf, None, args))  # type: ignore[attr-defined]
                     continue
@@ -383,6 +382,7 @@ def fused_step(task: GraphTask, node: OpNode, g: Any, buf: list[Any]) -> None:
         add(child, nr, gi, d)
     if (node.saved or spec.saves_params) and not task.keep_graph:
         task.executed.append(node)
+    return True
 
 
 def doubled(task: GraphTask, child: Node, gi: Any, inputs: list[Any], saved: Any) -> Any:

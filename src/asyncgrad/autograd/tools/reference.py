@@ -36,7 +36,7 @@ def _naming(task: GraphTask, node: Node) -> Iterator[None]:
 def _steps(task: GraphTask) -> Iterator[tuple[Node, list[Any], bool]]:
     """Each node to run, prepared, in ready-queue order, and whether it is async."""
     while (entry := task.pop_ready()) is not None:
-        _, node, buf = entry
+        _, _, node, buf = entry
         with _naming(task, node):
             inputs = prepare(task, node, buf)
         if inputs is not None:
