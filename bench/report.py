@@ -111,6 +111,40 @@ NOTES_FIGURES = "\n".join([
     *(f"| {note} | {figures} |" for note, figures in _NOTES_FIGURES_ROWS),
 ]) + "\n"
 
+# The engine redesign (issue 30) against the engine before it, one interleaved run
+# (bench.compare_trees: tree processes alternating, 4 per tree, medians), 2026-12-02
+# 01:45-01:55 UTC, load average 0.5-1.1, OpenBLAS choosing its own kernels.
+_REDESIGN_ROWS = [
+    ("chain: backward ms", "9.86", "8.31", "0.84"),
+    ("deep: backward µs/node", "3.48", "3.22", "0.92"),
+    ("mlp: backward ms", "17.23", "14.25", "0.83"),
+    ("concurrent: passes/s (awaited)", "2,645", "2,930", "0.90"),
+    ("concurrent: passes/s (requests batched)", "6,655", "6,655", "1.00"),
+    ("many_tasks N=1: passes/s", "7,053", "7,840", "0.90"),
+    ("many_tasks N=8: passes/s", "6,769", "6,266", "1.08"),
+    ("many_tasks N=64: passes/s", "6,100", "6,435", "0.95"),
+    ("many_tasks N=256: passes/s", "5,656", "6,244", "0.91"),
+    ("transformer manual: step ms", "40.89", "38.66", "0.95"),
+    ("transformer sdpa: step ms", "37.45", "35.54", "0.95"),
+    ("transformer manual, 1 thread: step ms", "52.33", "52.07", "1.00"),
+    ("transformer sdpa, 1 thread: step ms", "53.11", "51.83", "0.98"),
+]
+REDESIGN = "\n".join([
+    "## The engine redesign, before and after",
+    "",
+    "The engine in layers (one core loop, one router, one driver sequence: "
+    "[architecture](architecture.md)) against the flat engine before it (commit 741ad05), in one "
+    "interleaved run: `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python -m bench.compare_trees OLD NEW "
+    "--rounds-each 4 -- chain deep mlp concurrent many_tasks transformer` (each round a fresh process, the "
+    "trees alternating; medians of 4; 2026-12-02 01:45-01:55 UTC, load average 0.5-1.1). \"new vs old\" is "
+    "new/old for a time and old/new for a rate: below 1 is faster. Rounds on this shared machine vary by "
+    "10-20%, so ratios within about 0.1 of 1 are the same speed.",
+    "",
+    "| row | old | new | new vs old |",
+    "|---|---|---|---|",
+    *(f"| {row} | {old} | {new} | {ratio} |" for row, old, new, ratio in _REDESIGN_ROWS),
+]) + "\n"
+
 RUNNING = """\
 ## How to run it
 
@@ -294,7 +328,7 @@ def render(payload: dict[str, Any], figures: str | None = "img") -> str:
     parts += [*contents, ""]
     for w in workloads:
         parts += [render_workload(w, figures), ""]
-    parts += [NOTES_FIGURES, RUNNING]
+    parts += [NOTES_FIGURES, REDESIGN, RUNNING]
     return "\n".join(parts).rstrip() + "\n"
 
 
