@@ -340,7 +340,10 @@ def plain_step(task: GraphTask, node: Node, ready: ReadyInputs) -> bool:
         finish(task, node, buf, run_kernel(node, buf, task.math))
         return True
     # --- the fused step ---------------------------------------------------------------
-    args = node.plain_args()
+    for e in checks:  # (OpNode.plain_args, inlined: per node of every small backward)
+        if e.version.value != e.saved_version:
+            e.unpack_array(node)  # raises PyTorch's in-place modification error
+    args = node.saved or spec.no_args
     params = node.params
     vjps: tuple[Any, ...] = spec.vjps  # (a needed edge has a rule)
     edges = node.next_edges
