@@ -123,15 +123,12 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-# Each allowed cycle, and why it stays.
-ALLOWED_CYCLES: list[tuple[set[str], str]] = [
-    ({"asyncgrad.functional.indexing", "asyncgrad.functional.shape"},
-     "one layer, the functional package (issue 30 allows Tensor <-> functional): the shape "
-     "ops index (``getitem``) and ``index_select`` of a 0-d tensor reshapes. Tensor itself "
-     "is in no cycle: the package hands it the modules its methods delegate to "
-     "(``tensor.bind_functional``), and the graph layer gets the Tensor class and the "
-     "create_graph math by registration (Note [The graph layer never imports Tensor])"),
-]
+# Each allowed cycle, and why it stays: none. Tensor itself is in no cycle: the package
+# hands it the modules its methods delegate to (``tensor.bind_functional``), and the graph
+# layer gets the Tensor class and the create_graph math by registration (Note [The graph
+# layer never imports Tensor]); inside the functional package ``index_select`` of a 0-d
+# tensor reshapes through Tensor's method, not by importing shape.py.
+ALLOWED_CYCLES: list[tuple[set[str], str]] = []
 # Layering exceptions still to remove, each with where that happens.
 KNOWN_LAYER_EXCEPTIONS: dict[str, str] = {}
 

@@ -143,9 +143,7 @@ def index_select(x: Tensor, dim: int, index: Any) -> Tensor:
     if idx.size and (idx.min() < 0 or idx.max() >= n):
         raise IndexError("index out of range in self")
     if x.ndim == 0:
-        from .shape import reshape  # (shape imports this module)
-
-        return clone(reshape(x, idx.shape))
+        return clone(x.reshape(idx.shape))  # (Tensor's method: shape.py imports this module)
     where = (slice(None),) * d + (idx.reshape(-1).astype(np.intp, copy=False),)
     return record(S.index_select, (x,), x.data[where], params={"index": where, "shape": x.shape})
 
