@@ -259,6 +259,8 @@ def run(impls: list[str], rounds: int | None = None, clients: int = 32, requests
     )
     t_start = time.perf_counter()
 
+    from asyncgrad.autograd.runtime.blas import RELAX_SECONDS
+
     async def main() -> None:
         modes = _modes(impls, params, clients * rows)
         async with _opened([cm for _, _, cm in modes if cm is not None]):
@@ -274,7 +276,10 @@ def run(impls: list[str], rounds: int | None = None, clients: int = 32, requests
                 k = i % len(modes) if modes else 0
                 for name, serve, cm in modes[k:] + modes[:k]:
                     BLAS.enter(name)
-                    await asyncio.sleep(SETTLE)
+                    # longer than the engine's BLAS hysteresis: each way is measured in its own
+                    # steady state, not in the one the previous way left (32 backward calls in
+                    # flight keep BLAS single-threaded for RELAX_SECONDS after they end)
+                    await asyncio.sleep(max(SETTLE, RELAX_SECONDS + 0.1))
                     before = cm.statistics().batches if cm is not None else 0
                     with BLAS.limited(1) if name == ONE_BLAS_THREAD else contextlib.nullcontext():
                         s = await session(serve, inputs, requests)
