@@ -137,6 +137,12 @@ _REDESIGN_FINAL_ROWS = [
     ("many_tasks N=64: passes/s", "7,441", "7,614", "0.98"),
     ("many_tasks N=256: passes/s", "7,959", "7,169", "1.11"),
 ]
+def _before_after(rows: list[tuple[str, str, str, str]]) -> list[str]:
+    """A before/after table's lines: row, old, new, new vs old."""
+    return ["| row | old | new | new vs old |", "|---|---|---|---|",
+            *(f"| {row} | {old} | {new} | {ratio} |" for row, old, new, ratio in rows)]
+
+
 REDESIGN = "\n".join([
     "## The engine redesign, before and after",
     "",
@@ -148,18 +154,14 @@ REDESIGN = "\n".join([
     "new/old for a time and old/new for a rate: below 1 is faster. Rounds on this shared machine vary by "
     "10-20%, so ratios within about 0.1 of 1 are the same speed.",
     "",
-    "| row | old | new | new vs old |",
-    "|---|---|---|---|",
-    *(f"| {row} | {old} | {new} | {ratio} |" for row, old, new, ratio in _REDESIGN_ROWS),
+    *_before_after(_REDESIGN_ROWS),
     "",
     "The per-node rows again after the last change of the fused step (its saved tensors' version check "
     "inlined), the same command with `--rounds-each 6 -- chain deep many_tasks`, 2026-12-02 02:22 UTC, load "
     "average 0.7-0.9. Python calls per node of the chain's backward (cProfile, deterministic): 12.3 before "
     "the redesign, 13.2 after.",
     "",
-    "| row | old | new | new vs old |",
-    "|---|---|---|---|",
-    *(f"| {row} | {old} | {new} | {ratio} |" for row, old, new, ratio in _REDESIGN_FINAL_ROWS),
+    *_before_after(_REDESIGN_FINAL_ROWS),
 ]) + "\n"
 
 RUNNING = """\

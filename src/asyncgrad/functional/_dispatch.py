@@ -65,7 +65,7 @@ def _binary(spec: OpSpec, x: Any, y: Any) -> Tensor:
     if tx and not ty and type(y) in _SCALARS and x._data.dtype.kind == "f":
         # A Python scalar with a float tensor takes the tensor's dtype (PyTorch's
         # wrapped-number rule), as a shared read-only 0-d array: numpy multiplies by a
-        # 0-d array 3x faster than by a Python float, and the graph stores no copy.
+        # 0-d array faster than by a Python float, and the graph stores no copy.
         c = _scalar_const(y, x._data.dtype)
         return record(spec, (x, c), spec.forward(x._data, c))
     if ty and not tx and type(x) in _SCALARS and y._data.dtype.kind == "f":

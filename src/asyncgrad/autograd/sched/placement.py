@@ -141,7 +141,7 @@ class Policy:
         large built-in node with several needed gradients, and no tool wrapping kernels.
         Not for a joint rule, nor for BLAS kernels while BLAS runs threads of its own (it
         parallelises them)."""
-        if self.max_workers < 2 or type(node) is not OpNode or not task.plain_kernels():
+        if self.max_workers < 2 or type(node) is not OpNode or task.tools:
             return False
         if (node.spec.blas and self.blas_threads_per_call > 1) or node.spec.variadic:
             return False

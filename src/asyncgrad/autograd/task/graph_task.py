@@ -356,10 +356,6 @@ class GraphTask:
         """Whether some node has yet to run: ready, waiting, to start or in flight."""
         return bool(self.ready or self.to_start or self.in_flight or self.dependencies)
 
-    def plain_kernels(self) -> bool:
-        """Whether kernels run unwrapped (no profiler, no anomaly mode)."""
-        return not self.tools
-
     def is_plain(self) -> bool:
         """A *plain backward* (Note [Plain backwards and quiet nodes]): every reachable
         node runs (no ``inputs=``/``grad()`` pruning), nothing is recorded
