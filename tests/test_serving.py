@@ -118,6 +118,53 @@ def test_mixed_row_counts_one_batch_equal_one_backward_each(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_batches_of_recurring_and_changing_layouts_each_equal_one_backward_each(backend):
+    """A pass reuses the layout (row counts) of an earlier batch: batches of sizes
+    [2, 3], [3, 2], [2, 3] again and [5] are each answered as if every request ran alone,
+    and ``.grad`` is the sum over all of them."""
+    async def main():
+        model = mlp()
+        loss_fn = ce_loss(model)
+        sizes = [2, 3, 3, 2, 2, 3, 5]
+        reqs = requests(sizes, seed=4)
+        outcomes = {}
+        async with serving.GradientBatcher(loss_fn, max_rows=5, max_wait=WAIT, grad_inputs=(0,)) as b:
+            await submit_all(b, reqs, outcomes)
+        stats = b.statistics()
+        assert (stats.requests, stats.batches, stats.rows, stats.retries) == (7, 4, 20, 0)
+        params = list(model.parameters())
+        accumulated = grads_of(params)
+        model.zero_grad()
+        expected = [await alone(loss_fn, r, params) for r in reqs]
+        for i, e in enumerate(expected):
+            assert_answer(outcomes[i], e)
+            assert outcomes[i].rows == sizes[i]
+        assert_sum(accumulated, expected)
+
+    run(backend, main)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("accumulate", [True, False])
+def test_a_loss_fn_returning_its_input_gets_its_gradient(backend, accumulate):
+    """``loss_fn`` may return a tensor it was given (a leaf, no graph of its own): each
+    request's loss is the mean of its rows, its input gradient ``1 / rows`` per row."""
+    async def main():
+        rng = np.random.default_rng(2)
+        reqs = [(rng.standard_normal(n),) for n in (1, 3, 4)]
+        outcomes = {}
+        async with serving.GradientBatcher(lambda x: x, max_rows=8, max_wait=WAIT, grad_inputs=(0,),
+                                           accumulate=accumulate) as b:
+            await submit_all(b, reqs, outcomes)
+        assert b.statistics().batches == 1 and b.params == ()
+        for i, (x,) in enumerate(reqs):
+            assert outcomes[i].loss == pytest.approx(x.mean(), rel=1e-12)
+            np.testing.assert_array_equal(outcomes[i].input_grads[0], np.full(len(x), 1 / len(x)))
+
+    run(backend, main)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_async_loss_fn_accumulate_false_and_explicit_params(backend):
     async def main():
         model = mlp()

@@ -41,6 +41,7 @@ from .statistics import Counters
 
 OFFLOAD_FORWARD_ABOVE = 1 << 16  # elements of a batch's arguments above which its sync forward runs on a thread
 OFFLOAD_CHECKS_ABOVE = 1 << 19  # gradient elements whose rules and checks run on a thread
+KNOWN_SEGMENTS = 8  # the batch layouts (requests' row counts) a pass keeps for reuse
 
 
 
@@ -92,6 +93,7 @@ class BatchedPass:
         self.layers: LayerHooks | None = None
         self.scope: anyio.CancelScope | None = None  # the running backward's, until its commit
         self.running: list[Request] = []  # the requests of the pass that runs
+        self._known_segments: dict[tuple[int, ...], Segments] = {}
         self.is_async = inspect.iscoroutinefunction(loss_fn) or inspect.iscoroutinefunction(
             type(loss_fn).__call__)
 
@@ -115,8 +117,19 @@ class BatchedPass:
         finally:
             self.running = []
 
+    def _segments(self, batch: list[Request]) -> Segments:
+        """The batch's Segments, reused for a batch of the same sizes (under a steady load
+        every batch has the sizes of the one before)."""
+        sizes = tuple([r.rows for r in batch])
+        seg = self._known_segments.get(sizes)
+        if seg is None:
+            if len(self._known_segments) >= KNOWN_SEGMENTS:
+                del self._known_segments[next(iter(self._known_segments))]  # (the oldest)
+            seg = self._known_segments[sizes] = Segments(sizes)
+        return seg
+
     async def _run(self, batch: list[Request]) -> list[GradientResult | None]:
-        seg = Segments([r.rows for r in batch])
+        seg = self._segments(batch)
         grad_inputs = self.signature.grad_inputs
         tensors = []
         for i in range(len(batch[0].arrays)):
@@ -136,17 +149,23 @@ class BatchedPass:
             if bad.any():
                 raise Culprits({batch[r]: FloatingPointError(f"loss is not finite ({losses[r]})")
                                 for r in np.flatnonzero(bad)})
-        weights = np.repeat(1.0 / seg.sizes, seg.sizes).astype(row_losses.dtype)
-        total = (row_losses * from_numpy(weights)).sum()
+        # Note [Seeded backward]: the backward of the requests' summed mean losses is the
+        # backward of the row losses seeded with each row's weight (1 / its request's rows);
+        # the same gradients as that of ``(row_losses * weights).sum()``, without its two ops
+        weights = from_numpy(seg.weights(row_losses.dtype))
+        if row_losses.grad_fn is None:  # (a leaf: loss_fn returned a tensor it was given)
+            root, seed = (row_losses * weights).sum(), None
+        else:
+            root, seed = row_losses, weights
         inputs = [tensors[i] for i in grad_inputs]
-        if total.grad_fn is None or not (inputs or not self.fixed_params or self.params):
+        if root.grad_fn is None or not (inputs or not self.fixed_params or self.params):
             # nothing requires grad, or no gradient was asked for: losses only
             zeros = tuple(np.zeros((seg.count, *p.shape), p.dtype) for p in self.params) if self.per_request else None
             return [GradientResult(float(losses[r]), tuple(np.zeros_like(t.data[a:a + n]) for t in inputs),
                                    None if zeros is None else tuple(z[r] for z in zeros), int(n))
                     for r, (a, n) in enumerate(zip(seg.starts, seg.sizes))]
 
-        walk = GraphWalk(total.grad_fn)
+        walk = GraphWalk(root.grad_fn)
         self._learn_params(walk, inputs)
         params = [p for p in self.params if walk.edges[id(p)]]  # (the others get no gradient)
         rule_calls: dict[int, list[Any]] = {}
@@ -181,10 +200,10 @@ class BatchedPass:
             if self.accumulate and any(r.withdrawn for r in batch):
                 raise Withdrawn
             pieces = [seg.split(g) for g in input_grads]
-            for r, (n, loss) in enumerate(zip(seg.sizes, losses)):
+            for r, (loss, (a, e)) in enumerate(zip(losses.tolist(), seg.cuts)):
                 answers.append(None if batch[r].withdrawn else GradientResult(
-                    float(loss), tuple(p[r] for p in pieces),
-                    None if per_request is None else tuple(g[r] for g in per_request), int(n)))
+                    loss, tuple([p[r] for p in pieces]),
+                    None if per_request is None else tuple([g[r] for g in per_request]), e - a))
 
         # the engine's priority is an int (API.md §3): the most urgent request's, rounded down
         priority = math.floor(max(r.priority for r in batch))
@@ -198,13 +217,13 @@ class BatchedPass:
                         self.scope = None  # (from here the batch commits whole: Note [One commit per batch])
 
                     handle = autograd.register_backward_start_hook(
-                        total.grad_fn, lambda: autograd.queue_pre_commit(pre_commit))
+                        root.grad_fn, lambda: autograd.queue_pre_commit(pre_commit))
                     try:
-                        await api.backward(total, inputs=targets, priority=priority)
+                        await api.backward(root, seed, inputs=targets, priority=priority)
                     finally:
                         handle.remove()
                 else:
-                    grads = await api.grad(total, targets, allow_unused=True, priority=priority)
+                    grads = await api.grad(root, targets, seed, allow_unused=True, priority=priority)
                     await finish({id(t): None if g is None else g.numpy() for t, g in zip(targets, grads)})
         finally:
             self.scope = None
@@ -292,12 +311,16 @@ class BatchedPass:
         request cannot be told needs a split."""
         errors: dict[Request, BaseException] = {}
         for i, g in zip(self.signature.grad_inputs, input_grads):
+            if np.isfinite(g).all():  # (the common case, at a fraction of the rows' test)
+                continue
             bad = seg.rows_with(~np.isfinite(g.reshape(seg.rows, -1)).all(1))
             for r in np.flatnonzero(bad):
                 errors.setdefault(batch[r], FloatingPointError(
                     f"the gradient with respect to {self.signature.name(i)} is not finite"))
         if per_request is not None:
             for p, g in zip(self.params, per_request):
+                if np.isfinite(g).all():
+                    continue
                 bad = ~np.isfinite(g.reshape(seg.count, -1)).all(1)
                 for r in np.flatnonzero(bad):
                     errors.setdefault(batch[r], FloatingPointError(

@@ -75,6 +75,7 @@ class GradientBatcher:
         self._open = False
         self._task_group: anyio.abc.TaskGroup | None = None
         self._wakeup: anyio.Event | None = None
+        self._new_event: Callable[[], anyio.Event] = anyio.Event
 
     @property
     def params(self) -> tuple[Tensor, ...]:
@@ -90,6 +91,9 @@ class GradientBatcher:
         if self._open or self._task_group is not None:
             raise RuntimeError("this GradientBatcher is already open")
         self._wakeup = anyio.Event()
+        # one event per request: made by the running backend's Event class directly
+        # (``anyio.Event()`` looks the backend up on every call)
+        self._new_event = type(self._wakeup)
         self._task_group = anyio.create_task_group()
         await self._task_group.__aenter__()
         self._open = True
@@ -129,7 +133,8 @@ class GradientBatcher:
         except ValueError:
             self._counters.failed += 1
             raise
-        r = Request(checked, priority, next(self._seq), anyio.current_time(), checked[0].shape[0], batch_key(checked))
+        r = Request(checked, priority, next(self._seq), anyio.current_time(), checked[0].shape[0], batch_key(checked),
+                    self._new_event())
         self._counters.requests += 1
         if self._queue.push(r):
             assert self._wakeup is not None
@@ -175,6 +180,6 @@ class GradientBatcher:
             deadline = self._queue.deadline()
             if deadline <= now:
                 return self._queue.take()
-            self._wakeup = anyio.Event()
+            self._wakeup = self._new_event()
             with anyio.move_on_after(deadline - now):
                 await self._wakeup.wait()

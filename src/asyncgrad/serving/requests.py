@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -33,11 +33,11 @@ class GradientResult:
     rows: int
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Request:
     """A request in the batcher. ``state`` goes waiting -> running -> done; a request
     whose caller was cancelled is ``withdrawn`` (it leaves the queue, or is left out of
-    its batch's commit and rerun)."""
+    its batch's commit and rerun). ``done`` is set when it has its answer or its error."""
 
     arrays: tuple[np.ndarray, ...]
     priority: float
@@ -45,7 +45,7 @@ class Request:
     arrived: float  # anyio.current_time() at submit
     rows: int
     key: tuple[Any, ...]  # the batch it may join: trailing shapes and dtypes
-    done: anyio.Event = field(default_factory=anyio.Event)
+    done: anyio.Event
     state: str = "waiting"
     withdrawn: bool = False
     result: GradientResult | None = None
@@ -100,19 +100,24 @@ class Signature:
             raise ValueError(f"grad_inputs names argument {missing[0]}, but the request has {len(arrays)} arrays")
         out: list[np.ndarray] = []
         for i, a in enumerate(arrays):
-            try:
-                arr = np.asarray(a.data if isinstance(a, Tensor) else a)
-            except Exception as e:  # (ragged lists and the like)
-                raise ValueError(f"{self.name(i)} is not an array: {e}") from None
-            if arr.dtype.kind not in NUMERIC_KINDS:
+            if type(a) is np.ndarray:  # (the common case: nothing to convert)
+                arr = a
+            else:
+                try:
+                    arr = np.asarray(a.data if isinstance(a, Tensor) else a)
+                except Exception as e:  # (ragged lists and the like)
+                    raise ValueError(f"{self.name(i)} is not an array: {e}") from None
+            kind = arr.dtype.kind
+            if kind not in NUMERIC_KINDS:
                 raise ValueError(f"{self.name(i)} is not a numeric array (dtype {arr.dtype})")
-            if i in self.grad_inputs and arr.dtype.kind != "f":
+            if kind != "f" and i in self.grad_inputs:
                 raise ValueError(f"{self.name(i)} is in grad_inputs, so it must be floating point, "
                                  f"got dtype {arr.dtype}")
-            if arr.ndim == 0 or arr.shape[0] == 0:
-                raise ValueError(f"{self.name(i)} has no rows (shape {arr.shape})")
-            if out and arr.shape[0] != out[0].shape[0]:
-                raise ValueError(f"{self.name(i)} has {arr.shape[0]} rows, but {self.name(0)} has "
+            shape = arr.shape
+            if not shape or shape[0] == 0:
+                raise ValueError(f"{self.name(i)} has no rows (shape {shape})")
+            if out and shape[0] != out[0].shape[0]:
+                raise ValueError(f"{self.name(i)} has {shape[0]} rows, but {self.name(0)} has "
                                  f"{out[0].shape[0]}")
             out.append(arr)
         return tuple(out)
@@ -120,4 +125,4 @@ class Signature:
 
 def batch_key(arrays: Sequence[np.ndarray]) -> tuple[Any, ...]:
     """Requests with the same key can be concatenated along dim 0."""
-    return tuple((a.shape[1:], a.dtype.str) for a in arrays)
+    return tuple([(a.shape[1:], a.dtype) for a in arrays])

@@ -8,26 +8,37 @@ when their row counts differ (equal ones are one batched matrix product)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 
 class Segments:
-    """Requests of ``sizes`` rows each, in batch order."""
+    """Requests of ``sizes`` rows each, in batch order. Never changed once made (a pass
+    may reuse the Segments of an earlier batch of the same sizes)."""
 
     def __init__(self, sizes: Sequence[int]) -> None:
-        self.sizes = np.asarray(sizes, dtype=np.int64)
+        self.sizes = _frozen(np.asarray(sizes, dtype=np.int64))
         self.count = len(self.sizes)
         self.rows = int(self.sizes.sum())
         ends = np.cumsum(self.sizes)
-        self.starts = ends - self.sizes
-        self.bounds = ends[:-1]  # where np.split cuts
+        self.starts = _frozen(ends - self.sizes)
+        self.cuts = [(int(a), int(b)) for a, b in zip(self.starts, ends)]  # each request's rows, as slice bounds
         self.equal = bool((self.sizes == self.sizes[0]).all())
-        self.owner = np.repeat(np.arange(self.count), self.sizes)  # the request of each row
+        self.owner = _frozen(np.repeat(np.arange(self.count), self.sizes))  # the request of each row
+        self._weights: dict[np.dtype[Any], np.ndarray] = {}
 
     def split(self, a: np.ndarray) -> list[np.ndarray]:
-        """``a``'s rows, one piece per request."""
-        return np.split(a, self.bounds)
+        """``a``'s rows, one piece (a view) per request."""
+        return [a[s:e] for s, e in self.cuts]
+
+    def weights(self, dtype: np.dtype[Any]) -> np.ndarray:
+        """``1 / rows`` of its request for each row (read-only): the weights that make
+        the sum of the rows' losses the sum of the requests' mean losses."""
+        w = self._weights.get(dtype)
+        if w is None:
+            w = self._weights[dtype] = _frozen(np.repeat(1.0 / self.sizes, self.sizes).astype(dtype))
+        return w
 
     def sum(self, a: np.ndarray) -> np.ndarray:
         """``(rows, ...) -> (requests, ...)``: each request's rows summed."""
@@ -63,3 +74,8 @@ class Segments:
         for r, (a, n) in enumerate(zip(self.starts, self.sizes)):
             np.matmul(g[a:a + n].reshape(-1, o).T, x[a:a + n].reshape(-1, i), out=out[r])
         return out
+
+
+def _frozen(a: np.ndarray) -> np.ndarray:
+    a.flags.writeable = False
+    return a
