@@ -36,7 +36,7 @@ class RequestQueue:
         was_empty = not self._groups
         group = self._groups.setdefault(r.key, [])
         at = len(group)
-        while at and _urgency(group[at - 1]) > _urgency(r):
+        while at and group[at - 1].priority < r.priority:  # (the queued ones arrived earlier: _urgency)
             at -= 1
         group.insert(at, r)
         self._rows[r.key] = self._rows.get(r.key, 0) + r.rows
