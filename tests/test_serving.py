@@ -165,6 +165,44 @@ def test_a_loss_fn_returning_its_input_gets_its_gradient(backend, accumulate):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("per_request", [False, True])
+def test_a_batch_graph_is_freed_without_the_cyclic_gc(backend, per_request):
+    """Once a batch is answered nothing holds its graph: with the cyclic GC off (as a
+    latency-minded service may run) every tensor of the batch's forward (the layers'
+    outputs, the row losses) is freed by reference counting alone, the per-sample
+    rules' recording of the layers' calls included."""
+    import gc
+    import weakref
+
+    async def main():
+        model = mlp()
+        made = []  # weak references to the batches' tensors
+        for layer in model:
+            layer.register_forward_hook(lambda m, args, out: made.append(weakref.ref(out)))
+
+        def loss_fn(x, y):
+            out = F.cross_entropy(model(x), y, reduction="none")
+            made.append(weakref.ref(out))
+            return out
+
+        outcomes = {}
+        async with serving.GradientBatcher(loss_fn, max_rows=3, max_wait=WAIT, grad_inputs=(0,),
+                                           per_request_param_grads=per_request) as b:
+            await submit_all(b, requests([1, 2, 3]), outcomes)
+        assert b.statistics().batches == 2 and len(made) == 2 * (len(model) + 1)
+        assert [ref() for ref in made] == [None] * len(made)
+
+    was = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        run(backend, main)
+    finally:
+        if was:
+            gc.enable()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_async_loss_fn_accumulate_false_and_explicit_params(backend):
     async def main():
         model = mlp()

@@ -111,11 +111,14 @@ class BatchedPass:
     async def run(self, batch: list[Request]) -> list[GradientResult | None]:
         """Answers for ``batch`` (None for a request withdrawn meanwhile)."""
         self.running = batch
+        recording = Recording() if self.per_request else None
         try:
             with enable_grad():  # (whatever the mode of the task that opened the batcher)
-                return await self._run(batch)
+                return await self._run(batch, recording)
         finally:
             self.running = []
+            if recording is not None:
+                recording.close()
 
     def _segments(self, batch: list[Request]) -> Segments:
         """The batch's Segments, reused for a batch of the same sizes (under a steady load
@@ -128,7 +131,7 @@ class BatchedPass:
             seg = self._known_segments[sizes] = Segments(sizes)
         return seg
 
-    async def _run(self, batch: list[Request]) -> list[GradientResult | None]:
+    async def _run(self, batch: list[Request], recording: Recording | None) -> list[GradientResult | None]:
         seg = self._segments(batch)
         grad_inputs = self.signature.grad_inputs
         tensors = []
@@ -140,7 +143,6 @@ class BatchedPass:
             tensors.append(t)
         if self.layers is None:
             self.layers = LayerHooks(self.loss_fn, record=self.per_request)
-        recording = Recording() if self.per_request else None
         row_losses = await self._forward(tensors, seg.rows, recording)
 
         losses = seg.sum(row_losses.detach().numpy()) / seg.sizes

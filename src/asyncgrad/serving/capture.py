@@ -37,7 +37,7 @@ MAX_DEPTH = 4  # how far references are followed from loss_fn to find its layers
 class LayerCall:
     """One call of a rule-owned layer in a batch's forward."""
 
-    __slots__ = ("layer", "x", "inputs", "output", "grad")
+    __slots__ = ("layer", "x", "inputs", "output", "grad", "handle")
 
     def __init__(self, layer: Module, args: tuple[Any, ...], output: Tensor) -> None:
         self.layer = layer
@@ -46,6 +46,7 @@ class LayerCall:
         self.inputs = [a for a in args if isinstance(a, Tensor)]
         self.output = output
         self.grad: np.ndarray | None = None
+        self.handle: Any = None  # the hook on ``output`` that keeps its gradient
 
 
 class Recording:
@@ -55,6 +56,17 @@ class Recording:
     def __init__(self) -> None:
         self.calls: list[LayerCall] = []
         self.armed = False
+
+    def close(self) -> None:
+        """The pass is over: the hooks go. (Each holds its call, which holds the output
+        whose node holds the hook: a cycle with the batch's arrays in it, freed only by
+        the cyclic GC, and not at all while it is off.)"""
+        self.armed = False
+        for call in self.calls:
+            if call.handle is not None:
+                call.handle.remove()
+                call.handle = None
+        self.calls = []
 
     def keeper(self, call: LayerCall) -> Callable[[Tensor], None]:
         def keep(g: Tensor) -> None:
@@ -72,7 +84,7 @@ def _on_forward(layer: Module, args: tuple[Any, ...], output: Any) -> None:
     if recording is None or not args or not isinstance(output, Tensor) or not output.requires_grad:
         return
     call = LayerCall(layer, args, output)
-    output.register_hook(recording.keeper(call))
+    call.handle = output.register_hook(recording.keeper(call))
     recording.calls.append(call)
 
 
