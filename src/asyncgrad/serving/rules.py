@@ -52,7 +52,7 @@ def linear(layer: Module, x: np.ndarray, g: np.ndarray, seg: Segments) -> dict[s
     g3 = _rows_by_features(g, w.shape[0])
     out = {"weight": seg.outer_sum(g3, _rows_by_features(x, w.shape[1]))}
     if layer.bias is not None:
-        out["bias"] = seg.sum(g3.sum(1))
+        out["bias"] = seg.sum(g3[:, 0] if g3.shape[1] == 1 else g3.sum(1))
     return out
 
 
@@ -130,6 +130,9 @@ def group_norm(layer: Module, x: np.ndarray, g: np.ndarray, seg: Segments) -> di
         out["bias"] = seg.sum(g.reshape(n, c, -1).sum(2))
     return out
 
+
+# the rules above, each returning new arrays (no view of ``x``, ``g`` or another result)
+FRESH_RULES: frozenset[PerSampleRule] = frozenset({linear, embedding, layer_norm, conv, group_norm})
 
 register_per_sample_rule(Linear, linear)
 register_per_sample_rule(Embedding, embedding)
