@@ -611,6 +611,147 @@ def test_closing_fails_waiting_requests_and_submit_outside_raises(backend):
     run(backend, main)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("accumulate", [True, False])
+def test_a_large_plain_batch_runs_its_backward_off_the_loop_with_the_same_answers(backend, accumulate,
+                                                                                  monkeypatch):
+    """Note [Off-loop backward]: past the size limit (set to 0 here) a plain graph's
+    backward runs on a worker thread, a graph with a hook on the loop; the answers and
+    ``.grad`` equal one backward per request either way."""
+    import threading
+
+    from asyncgrad.serving import batched_pass
+
+    monkeypatch.setattr(batched_pass, "OFFLOAD_FORWARD_ABOVE", 0)
+
+    async def main():
+        loop_thread = threading.get_ident()
+        for hooked in (False, True):
+            model = mlp()
+            seen: list[int] = []
+            if hooked:  # (a hook is code of the user's: the backward stays on the loop)
+                model[2].weight.register_hook(lambda g, seen=seen: seen.append(threading.get_ident()))
+            reqs = requests([1, 3, 2], seed=5)
+            outcomes = {}
+            with ag.autograd.profiler.profile() as prof:
+                async with serving.GradientBatcher(ce_loss(model), max_rows=6, max_wait=WAIT, grad_inputs=(0,),
+                                                   accumulate=accumulate) as b:
+                    await submit_all(b, reqs, outcomes)
+            threads = {e.thread_id for e in prof.events if e.name == "NllLossBackward0"}
+            assert len(threads) == 1 and (threading.get_native_id() in threads) == hooked
+            assert seen == ([loop_thread] if hooked else [])
+            params = list(model.parameters())
+            accumulated = grads_of(params)
+            model.zero_grad()
+            expected = [await alone(ce_loss(model), r, params) for r in reqs]
+            for i, e in enumerate(expected):
+                assert_answer(outcomes[i], e)
+            if accumulate:
+                assert_sum(accumulated, expected)
+            else:
+                assert all(g is None for g in accumulated)
+
+    run(backend, main)
+
+
+class Stop(Exception):
+    """Leaves a batcher's ``async with`` by an error (its task is cancelled)."""
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("accumulate", [True, False])
+def test_a_batcher_left_by_an_error_while_its_backward_runs_off_the_loop_commits_nothing(
+        backend, accumulate, monkeypatch):
+    """A plain graph's backward runs on a worker thread (Note [Off-loop backward]); the
+    batcher left by an error while that backward checks its gradients (before its commit)
+    commits nothing, and the batch's requests fail with RuntimeError."""
+    import threading
+
+    from asyncgrad.serving import batched_pass
+
+    checking, release = threading.Event(), threading.Event()
+    check = batched_pass.BatchedPass._check
+
+    def slow_check(self, *args):
+        checking.set()
+        release.wait(30)
+        return check(self, *args)
+
+    monkeypatch.setattr(batched_pass, "OFFLOAD_FORWARD_ABOVE", 0)  # (every batch is large)
+    monkeypatch.setattr(batched_pass.BatchedPass, "_check", slow_check)
+
+    async def main():
+        model = mlp()
+        outcomes = {}
+        left_by = None
+        async with anyio.create_task_group() as clients:
+            try:
+                async with serving.GradientBatcher(ce_loss(model), max_rows=3, max_wait=WAIT, grad_inputs=(0,),
+                                                   accumulate=accumulate) as b:
+                    clients.start_soon(submit_all, b, requests([1, 2]), outcomes)
+                    while not checking.is_set():
+                        await anyio.sleep(0.001)
+                    threading.Timer(0.05, release.set).start()  # (after the batcher's task is cancelled)
+                    raise Stop
+            except BaseException as e:  # (the batcher's task group may wrap it in a group)
+                left_by = e
+        while len(getattr(left_by, "exceptions", ())) == 1:
+            left_by = left_by.exceptions[0]
+        assert isinstance(left_by, Stop)
+        assert sorted(outcomes) == [0, 1]
+        assert all(isinstance(outcomes[i], RuntimeError) and "closed while" in str(outcomes[i]) for i in (0, 1))
+        assert b.statistics().batches == 1
+        assert all(p.grad is None for p in model.parameters())
+
+    run(backend, main)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_request_cancelled_while_its_backward_runs_off_the_loop_adds_nothing(backend, monkeypatch):
+    """Withdrawn while its batch's off-loop backward checks the gradients (before the
+    commit): the batch commits nothing, the other request is rerun alone and answered."""
+    import threading
+
+    from asyncgrad.serving import batched_pass
+
+    checking, release = threading.Event(), threading.Event()
+    check = batched_pass.BatchedPass._check
+
+    def slow_check(self, *args):
+        if not checking.is_set():  # (the first pass only)
+            checking.set()
+            release.wait(30)
+        return check(self, *args)
+
+    monkeypatch.setattr(batched_pass, "OFFLOAD_FORWARD_ABOVE", 0)  # (every batch is large)
+    monkeypatch.setattr(batched_pass.BatchedPass, "_check", slow_check)
+
+    async def main():
+        model = mlp()
+        reqs = requests([2, 1], seed=3)
+        outcomes, second = {}, {}
+        async with serving.GradientBatcher(ce_loss(model), max_rows=3, max_wait=WAIT, grad_inputs=(0,)) as b:
+            async with anyio.create_task_group() as tg:
+                with anyio.CancelScope() as first:
+                    async with anyio.create_task_group() as clients:
+                        clients.start_soon(submit_all, b, reqs[:1], outcomes)
+                        tg.start_soon(submit_all, b, reqs[1:], second)
+                        while not checking.is_set():
+                            await anyio.sleep(0.001)
+                        first.cancel()
+                release.set()
+        stats = b.statistics()
+        assert (stats.batches, stats.cancelled, stats.retries, stats.failed) == (1, 1, 1, 0)
+        assert not outcomes
+        accumulated = grads_of(model.parameters())
+        model.zero_grad()
+        expected = await alone(ce_loss(model), reqs[1], list(model.parameters()))
+        assert_answer(second[0], expected)
+        assert_sum(accumulated, [expected])
+
+    run(backend, main)
+
+
 def test_constructor_arguments_are_checked():
     with pytest.raises(ValueError, match="max_rows"):
         serving.GradientBatcher(lambda x: x, max_rows=0)

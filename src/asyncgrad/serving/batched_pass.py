@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import anyio
+import anyio.from_thread
 import numpy as np
 
 from .. import autograd
@@ -39,7 +40,8 @@ from .rules import FRESH_RULES, rule_for
 from .segments import Segments
 from .statistics import Counters
 
-OFFLOAD_FORWARD_ABOVE = 1 << 16  # elements of a batch's arguments above which its sync forward runs on a thread
+OFFLOAD_FORWARD_ABOVE = 1 << 16  # elements of a batch's arguments above which its sync forward (and the
+# backward of a plain graph: Note [Off-loop backward]) runs on a thread
 OFFLOAD_CHECKS_ABOVE = 1 << 19  # gradient elements whose rules and checks run on a thread
 KNOWN_SEGMENTS = 8  # the batch layouts (requests' row counts) a pass keeps for reuse
 
@@ -71,6 +73,11 @@ class FailAll(Exception):
     def __init__(self, error: BaseException) -> None:
         super().__init__(str(error))
         self.error = error
+
+
+def _large(tensors: list[Tensor]) -> bool:
+    """A batch whose sync forward runs on a thread (and a plain graph's backward too)."""
+    return sum(t.numel() for t in tensors) > OFFLOAD_FORWARD_ABOVE
 
 
 def _or_zeros(g: np.ndarray | None, t: Tensor) -> np.ndarray:
@@ -181,24 +188,15 @@ class BatchedPass:
             recording.armed = True
         answers: list[GradientResult | None] = []
 
-        async def finish(grads: dict[int, np.ndarray | None]) -> None:
-            # the checks and the answers; raises instead of answering when something is wrong
-            if self.accumulate and any(r.withdrawn for r in batch):
-                raise Withdrawn
+        def checked(grads: dict[int, np.ndarray | None]) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
+            # the input gradients and the per-request parameter gradients; raises if not finite
             input_grads = [_or_zeros(grads.get(id(t)), t) for t in inputs]
+            per_request = self._per_request_grads(seg, rule_calls, fallback) if self.per_request else None
+            if self.check_finite:
+                self._check(batch, seg, inputs, input_grads, per_request, params, grads)
+            return input_grads, per_request
 
-            def per_request_and_checks() -> list[np.ndarray] | None:
-                per_request = self._per_request_grads(seg, rule_calls, fallback) if self.per_request else None
-                if self.check_finite:
-                    self._check(batch, seg, inputs, input_grads, per_request, params, grads)
-                return per_request
-
-            size = sum(g.size for g in input_grads) + sum(p.numel() for p in params) * (
-                seg.count if self.per_request else 1)
-            if size > OFFLOAD_CHECKS_ABOVE:  # (numpy releases the GIL: the loop stays free)
-                per_request = await anyio.to_thread.run_sync(contextvars.copy_context().run, per_request_and_checks)
-            else:
-                per_request = per_request_and_checks()
+        def answer(input_grads: list[np.ndarray], per_request: list[np.ndarray] | None) -> None:
             if self.accumulate and any(r.withdrawn for r in batch):
                 raise Withdrawn
             pieces = [seg.split(g) for g in input_grads]
@@ -207,9 +205,24 @@ class BatchedPass:
                     loss, tuple([p[r] for p in pieces]),
                     None if per_request is None else tuple([g[r] for g in per_request]), e - a))
 
+        async def finish(grads: dict[int, np.ndarray | None]) -> None:
+            # the checks and the answers; raises instead of answering when something is wrong
+            if self.accumulate and any(r.withdrawn for r in batch):
+                raise Withdrawn
+            size = sum(t.numel() for t in inputs) + sum(p.numel() for p in params) * (
+                seg.count if self.per_request else 1)
+            if size > OFFLOAD_CHECKS_ABOVE:  # (numpy releases the GIL: the loop stays free)
+                done = await anyio.to_thread.run_sync(contextvars.copy_context().run, checked, grads)
+            else:
+                done = checked(grads)
+            answer(*done)
+
         # the engine's priority is an int (API.md §3): the most urgent request's, rounded down
         priority = math.floor(max(r.priority for r in batch))
         targets = inputs + params
+        if walk.plain and not self.per_request and _large(tensors):
+            await self._backward_off_loop(root, seed, targets, priority, batch, checked, answer)
+            return answers
         try:
             with anyio.CancelScope() as scope:
                 self.scope = scope if self.accumulate else None
@@ -235,6 +248,51 @@ class BatchedPass:
             raise Withdrawn
         return answers
 
+    async def _backward_off_loop(self, root: Tensor, seed: Tensor | None, targets: list[Tensor], priority: int,
+                                 batch: list[Request], checked: Callable[..., Any],
+                                 answer: Callable[..., None]) -> None:
+        """Note [Off-loop backward]: the backward of a batch large enough that its forward
+        runs on a thread (``_large``; its backward costs more) over a plain graph
+        (built-in nodes, no hook: no code of the user's runs in it, GraphWalk.plain) runs
+        whole on one worker thread, as a blocking backward, its checks and answers in its
+        pre-commit function there: one thread hop per batch instead of one per heavy node,
+        and the loop stays free throughout. (A small batch's nodes run inline on the loop,
+        no hop at all, as they would on the engine's own.)
+        The same commit on success: a request withdrawn meanwhile (its flag, read before
+        the commit) or the batcher's task cancelled (``check_cancelled``) makes the
+        pre-commit raise, so nothing is committed and the others are rerun. The thread
+        keeps its last call's function and result until its next call, so the graph is
+        handed over in ``job`` and dropped there, not held by the closure."""
+        job: list[Any] = [root, seed, targets, checked, answer]
+
+        def run() -> None:
+            root, seed, targets, checked, answer = job
+            job.clear()
+
+            def finish_here(grads: dict[int, np.ndarray | None]) -> None:
+                if self.accumulate and any(r.withdrawn for r in batch):
+                    raise Withdrawn
+                done = checked(grads)
+                anyio.from_thread.check_cancelled()  # (the batcher is closing: commit nothing)
+                answer(*done)  # (raises Withdrawn if a request was withdrawn meanwhile)
+
+            if self.accumulate:
+                def pre_commit(staged: dict[Tensor, Tensor]) -> None:
+                    finish_here({id(t): g.numpy() for t, g in staged.items()})
+
+                handle = autograd.register_backward_start_hook(
+                    root.grad_fn, lambda: autograd.queue_pre_commit(pre_commit))
+                try:
+                    api.backward_sync(root, seed, inputs=targets, priority=priority)
+                finally:
+                    handle.remove()
+            else:
+                grads = api.grad_sync(root, targets, seed, allow_unused=True, priority=priority)
+                finish_here({id(t): None if g is None else g.numpy() for t, g in zip(targets, grads)})
+
+        del root, seed, targets, checked, answer
+        await anyio.to_thread.run_sync(contextvars.copy_context().run, run)
+
     async def _forward(self, tensors: list[Tensor], rows: int, recording: Recording | None) -> Tensor:
         """``loss_fn`` on the batch, grad mode on; a large sync forward on a worker thread
         (numpy releases the GIL), in a copy of this context (grad mode, the recording)."""
@@ -242,7 +300,7 @@ class BatchedPass:
         try:
             if self.is_async:
                 out = await self.loss_fn(*tensors)
-            elif sum(t.numel() for t in tensors) > OFFLOAD_FORWARD_ABOVE:
+            elif _large(tensors):
                 out = await anyio.to_thread.run_sync(contextvars.copy_context().run, self.loss_fn, *tensors)
             else:
                 out = self.loss_fn(*tensors)

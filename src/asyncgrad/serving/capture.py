@@ -27,6 +27,8 @@ from typing import Any
 import numpy as np
 
 from ..autograd.graph import AccumulateGrad, Node
+from ..autograd.task.graph_task import is_plain_node, is_quiet_leaf
+from ..autograd.task.lifecycle import START_HOOKS
 from ..nn import Module
 from ..tensor import Tensor
 from .rules import rule_for
@@ -172,12 +174,15 @@ class LayerHooks:
 
 class GraphWalk:
     """One walk of a graph from ``root``: the edges into each leaf's AccumulateGrad, the
-    nodes reached, and the leaves in the order first reached."""
+    nodes reached, the leaves in the order first reached, and whether the graph is
+    ``plain``: built-in nodes and leaves that no hook watches (the engine's Note [Plain
+    backwards and quiet nodes]), so no code of the user's runs in its backward."""
 
     def __init__(self, root: Node, stop: frozenset[int] = frozenset()) -> None:
         self.edges: Counter[int] = Counter()
         self.leaves: list[Tensor] = []
         self.reached: set[int] = {id(root)}
+        plain = is_plain_node(root)
         stack = [root]
         while stack:
             node = stack.pop()
@@ -188,10 +193,13 @@ class GraphWalk:
                     var = nxt.variable
                     if not self.edges[id(var)]:
                         self.leaves.append(var)
+                        plain = plain and is_quiet_leaf(nxt)
                     self.edges[id(var)] += 1
                 elif id(nxt) not in self.reached and id(nxt) not in stop:
                     self.reached.add(id(nxt))
+                    plain = plain and is_plain_node(nxt)
                     stack.append(nxt)
+        self.plain = plain and not (START_HOOKS and any(key in START_HOOKS for key in self.reached))
 
 
 def covered(walk: GraphWalk, calls: list[LayerCall]) -> dict[int, list[LayerCall]]:
