@@ -613,11 +613,13 @@ def test_closing_fails_waiting_requests_and_submit_outside_raises(backend):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("accumulate", [True, False])
-def test_a_large_plain_batch_runs_its_backward_off_the_loop_with_the_same_answers(backend, accumulate,
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_a_large_plain_batch_runs_its_backward_off_the_loop_with_the_same_answers(backend, accumulate, asynchronous,
                                                                                   monkeypatch):
     """Note [Off-loop backward]: past the size limit (set to 0 here) a plain graph's
-    backward runs on a worker thread, a graph with a hook on the loop; the answers and
-    ``.grad`` equal one backward per request either way."""
+    backward runs on a worker thread (with the forward of a sync ``loss_fn``, after that
+    of an async one), a graph with a hook on the loop; the answers and ``.grad`` equal
+    one backward per request either way."""
     import threading
 
     from asyncgrad.serving import batched_pass
@@ -633,8 +635,14 @@ def test_a_large_plain_batch_runs_its_backward_off_the_loop_with_the_same_answer
                 model[2].weight.register_hook(lambda g, seen=seen: seen.append(threading.get_ident()))
             reqs = requests([1, 3, 2], seed=5)
             outcomes = {}
+
+            async def async_loss(x, y, model=model):
+                await anyio.sleep(0)
+                return ce_loss(model)(x, y)
+
+            loss_fn = async_loss if asynchronous else ce_loss(model)
             with ag.autograd.profiler.profile() as prof:
-                async with serving.GradientBatcher(ce_loss(model), max_rows=6, max_wait=WAIT, grad_inputs=(0,),
+                async with serving.GradientBatcher(loss_fn, max_rows=6, max_wait=WAIT, grad_inputs=(0,),
                                                    accumulate=accumulate) as b:
                     await submit_all(b, reqs, outcomes)
             threads = {e.thread_id for e in prof.events if e.name == "NllLossBackward0"}

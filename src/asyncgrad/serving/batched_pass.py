@@ -75,6 +75,24 @@ class FailAll(Exception):
         self.error = error
 
 
+class BatchGraph:
+    """One batch's graph, ready for its backward, and the answers as they are made."""
+
+    def __init__(self, batch: list[Request], seg: Segments, row_losses: Tensor, losses: np.ndarray, root: Tensor,
+                 seed: Tensor | None, inputs: list[Tensor], params: list[Tensor], walk: GraphWalk) -> None:
+        self.batch, self.seg, self.row_losses, self.losses = batch, seg, row_losses, losses
+        self.root, self.seed = root, seed  # what the backward starts from (Note [Seeded backward])
+        self.inputs, self.params, self.walk = inputs, params, walk
+        self.rule_calls: dict[int, list[Any]] = {}  # per_request_param_grads: the rules' layer calls
+        self.fallback: dict[int, np.ndarray] = {}  # and the parameters no rule covers
+        self.answers: list[GradientResult | None] = []
+
+
+def _priority(batch: list[Request]) -> int:
+    """The engine's priority is an int (API.md §3): the most urgent request's, rounded down."""
+    return math.floor(max(r.priority for r in batch))
+
+
 def _large(tensors: list[Tensor]) -> bool:
     """A batch whose sync forward runs on a thread (and a plain graph's backward too)."""
     return sum(t.numel() for t in tensors) > OFFLOAD_FORWARD_ABOVE
@@ -150,8 +168,57 @@ class BatchedPass:
             tensors.append(t)
         if self.layers is None:
             self.layers = LayerHooks(self.loss_fn, record=self.per_request)
+        large = _large(tensors)
+        if large and not self.is_async and not self.per_request:
+            return await self._run_off_loop(batch, seg, tensors)
         row_losses = await self._forward(tensors, seg.rows, recording)
+        graph = self._graph(batch, seg, tensors, row_losses)
+        del tensors, row_losses
+        if isinstance(graph, list):
+            return graph
+        if self.per_request:
+            assert recording is not None
+            graph.rule_calls = covered(graph.walk, recording.calls)
+            uncovered = [p for p in graph.params if id(p) not in graph.rule_calls]
+            if uncovered:
+                graph.fallback = await self._one_backward_each(graph.row_losses, seg, uncovered, batch)
+            recording.armed = True
+        elif large and graph.walk.plain:
+            job = [graph]  # (handed over: see _backward_here)
+            await anyio.to_thread.run_sync(contextvars.copy_context().run, lambda: self._backward_here(job.pop()))
+            return graph.answers
+        try:
+            return await self._backward_on_loop(graph)
+        finally:
+            if recording is not None:
+                recording.armed = False
 
+    async def _run_off_loop(self, batch: list[Request], seg: Segments,
+                            tensors: list[Tensor]) -> list[GradientResult | None]:
+        """A large batch of a sync ``loss_fn``: its forward, and its backward too if the
+        graph is plain (Note [Off-loop backward]), in one call on a worker thread. The
+        thread keeps its last call's function and result until its next call, so what
+        the call makes is handed back in ``box``, which holds nothing afterwards."""
+        box: list[Any] = [tensors]
+        del tensors
+
+        def forward_and_backward() -> None:
+            tensors = box.pop()
+            graph = self._graph(batch, seg, tensors, self._checked_losses(self.loss_fn(*tensors), seg.rows))
+            if isinstance(graph, BatchGraph) and graph.walk.plain:
+                self._backward_here(graph)
+                box.append(graph.answers)
+            else:
+                box.append(graph)
+
+        await anyio.to_thread.run_sync(contextvars.copy_context().run, forward_and_backward)
+        out = box.pop()
+        return out if isinstance(out, list) else await self._backward_on_loop(out)
+
+    def _graph(self, batch: list[Request], seg: Segments, tensors: list[Tensor],
+               row_losses: Tensor) -> BatchGraph | list[GradientResult | None]:
+        """What the backward needs, or the answers when no gradient is wanted. Raises
+        Culprits for requests whose loss is not finite (before the backward)."""
         losses = seg.sum(row_losses.detach().numpy()) / seg.sizes
         if self.check_finite:
             bad = ~np.isfinite(losses)
@@ -166,132 +233,116 @@ class BatchedPass:
             root, seed = (row_losses * weights).sum(), None
         else:
             root, seed = row_losses, weights
-        inputs = [tensors[i] for i in grad_inputs]
+        inputs = [tensors[i] for i in self.signature.grad_inputs]
         if root.grad_fn is None or not (inputs or not self.fixed_params or self.params):
             # nothing requires grad, or no gradient was asked for: losses only
             zeros = tuple(np.zeros((seg.count, *p.shape), p.dtype) for p in self.params) if self.per_request else None
             return [GradientResult(float(losses[r]), tuple(np.zeros_like(t.data[a:a + n]) for t in inputs),
                                    None if zeros is None else tuple(z[r] for z in zeros), int(n))
                     for r, (a, n) in enumerate(zip(seg.starts, seg.sizes))]
-
         walk = GraphWalk(root.grad_fn)
         self._learn_params(walk, inputs)
         params = [p for p in self.params if walk.edges[id(p)]]  # (the others get no gradient)
-        rule_calls: dict[int, list[Any]] = {}
-        fallback: dict[int, np.ndarray] = {}
-        if self.per_request:
-            assert recording is not None
-            rule_calls = covered(walk, recording.calls)
-            uncovered = [p for p in params if id(p) not in rule_calls]
-            if uncovered:
-                fallback = await self._one_backward_each(row_losses, seg, uncovered, batch)
-            recording.armed = True
-        answers: list[GradientResult | None] = []
+        return BatchGraph(batch, seg, row_losses, losses, root, seed, inputs, params, walk)
 
-        def checked(grads: dict[int, np.ndarray | None]) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
-            # the input gradients and the per-request parameter gradients; raises if not finite
-            input_grads = [_or_zeros(grads.get(id(t)), t) for t in inputs]
-            per_request = self._per_request_grads(seg, rule_calls, fallback) if self.per_request else None
-            if self.check_finite:
-                self._check(batch, seg, inputs, input_grads, per_request, params, grads)
-            return input_grads, per_request
+    # --- the backward, its checks and its answers ---------------------------------------------
+    def _checked(self, g: BatchGraph, grads: dict[int, np.ndarray | None]) -> tuple[list[np.ndarray],
+                                                                                   list[np.ndarray] | None]:
+        """The input gradients and the per-request parameter gradients; raises if not finite."""
+        input_grads = [_or_zeros(grads.get(id(t)), t) for t in g.inputs]
+        per_request = self._per_request_grads(g.seg, g.rule_calls, g.fallback) if self.per_request else None
+        if self.check_finite:
+            self._check(g.batch, g.seg, g.inputs, input_grads, per_request, g.params, grads)
+        return input_grads, per_request
 
-        def answer(input_grads: list[np.ndarray], per_request: list[np.ndarray] | None) -> None:
-            if self.accumulate and any(r.withdrawn for r in batch):
-                raise Withdrawn
-            pieces = [seg.split(g) for g in input_grads]
-            for r, (loss, (a, e)) in enumerate(zip(losses.tolist(), seg.cuts)):
-                answers.append(None if batch[r].withdrawn else GradientResult(
-                    loss, tuple([p[r] for p in pieces]),
-                    None if per_request is None else tuple([g[r] for g in per_request]), e - a))
+    def _answer(self, g: BatchGraph, input_grads: list[np.ndarray], per_request: list[np.ndarray] | None) -> None:
+        if self.accumulate and any(r.withdrawn for r in g.batch):
+            raise Withdrawn
+        pieces = [g.seg.split(x) for x in input_grads]
+        for r, (loss, (a, e)) in enumerate(zip(g.losses.tolist(), g.seg.cuts)):
+            g.answers.append(None if g.batch[r].withdrawn else GradientResult(
+                loss, tuple([p[r] for p in pieces]),
+                None if per_request is None else tuple([x[r] for x in per_request]), e - a))
 
-        async def finish(grads: dict[int, np.ndarray | None]) -> None:
-            # the checks and the answers; raises instead of answering when something is wrong
-            if self.accumulate and any(r.withdrawn for r in batch):
-                raise Withdrawn
-            size = sum(t.numel() for t in inputs) + sum(p.numel() for p in params) * (
-                seg.count if self.per_request else 1)
-            if size > OFFLOAD_CHECKS_ABOVE:  # (numpy releases the GIL: the loop stays free)
-                done = await anyio.to_thread.run_sync(contextvars.copy_context().run, checked, grads)
-            else:
-                done = checked(grads)
-            answer(*done)
+    async def _finish(self, g: BatchGraph, grads: dict[int, np.ndarray | None]) -> None:
+        """The checks and the answers, on the loop; raises instead of answering when
+        something is wrong (Note [One commit per batch])."""
+        if self.accumulate and any(r.withdrawn for r in g.batch):
+            raise Withdrawn
+        size = sum(t.numel() for t in g.inputs) + sum(p.numel() for p in g.params) * (
+            g.seg.count if self.per_request else 1)
+        if size > OFFLOAD_CHECKS_ABOVE:  # (numpy releases the GIL: the loop stays free)
+            done = await anyio.to_thread.run_sync(contextvars.copy_context().run, self._checked, g, grads)
+        else:
+            done = self._checked(g, grads)
+        self._answer(g, *done)
 
-        # the engine's priority is an int (API.md §3): the most urgent request's, rounded down
-        priority = math.floor(max(r.priority for r in batch))
-        targets = inputs + params
-        if walk.plain and not self.per_request and _large(tensors):
-            await self._backward_off_loop(root, seed, targets, priority, batch, checked, answer)
-            return answers
+    async def _backward_on_loop(self, g: BatchGraph) -> list[GradientResult | None]:
+        """``await`` the batch's backward on the loop; a withdrawn request cancels it
+        before its commit (``withdraw``)."""
+        targets = g.inputs + g.params
+        priority = _priority(g.batch)
+        root, seed, node = g.root, g.seed, g.root.grad_fn
+        assert node is not None  # (_graph answers a batch without one)
         try:
             with anyio.CancelScope() as scope:
                 self.scope = scope if self.accumulate else None
                 if self.accumulate:
                     async def pre_commit(staged: dict[Tensor, Tensor]) -> None:
-                        await finish({id(t): g.numpy() for t, g in staged.items()})
+                        await self._finish(g, {id(t): x.numpy() for t, x in staged.items()})
                         self.scope = None  # (from here the batch commits whole: Note [One commit per batch])
 
                     handle = autograd.register_backward_start_hook(
-                        root.grad_fn, lambda: autograd.queue_pre_commit(pre_commit))
+                        node, lambda: autograd.queue_pre_commit(pre_commit))
                     try:
                         await api.backward(root, seed, inputs=targets, priority=priority)
                     finally:
                         handle.remove()
                 else:
                     grads = await api.grad(root, targets, seed, allow_unused=True, priority=priority)
-                    await finish({id(t): None if g is None else g.numpy() for t, g in zip(targets, grads)})
+                    await self._finish(g, {id(t): None if x is None else x.numpy() for t, x in zip(targets, grads)})
         finally:
             self.scope = None
-            if recording is not None:
-                recording.armed = False
         if scope.cancel_called:
             raise Withdrawn
-        return answers
+        return g.answers
 
-    async def _backward_off_loop(self, root: Tensor, seed: Tensor | None, targets: list[Tensor], priority: int,
-                                 batch: list[Request], checked: Callable[..., Any],
-                                 answer: Callable[..., None]) -> None:
+    def _backward_here(self, g: BatchGraph) -> None:
         """Note [Off-loop backward]: the backward of a batch large enough that its forward
         runs on a thread (``_large``; its backward costs more) over a plain graph
         (built-in nodes, no hook: no code of the user's runs in it, GraphWalk.plain) runs
         whole on one worker thread, as a blocking backward, its checks and answers in its
-        pre-commit function there: one thread hop per batch instead of one per heavy node,
-        and the loop stays free throughout. (A small batch's nodes run inline on the loop,
-        no hop at all, as they would on the engine's own.)
-        The same commit on success: a request withdrawn meanwhile (its flag, read before
-        the commit) or the batcher's task cancelled (``check_cancelled``) makes the
-        pre-commit raise, so nothing is committed and the others are rerun. The thread
-        keeps its last call's function and result until its next call, so the graph is
-        handed over in ``job`` and dropped there, not held by the closure."""
-        job: list[Any] = [root, seed, targets, checked, answer]
+        pre-commit function there: one thread hop per batch (with the forward's, for a
+        sync ``loss_fn``) instead of one per heavy node, and the loop stays free
+        throughout. (A small batch's nodes run inline on the loop, no hop at all, as they
+        would on the engine's own.) The same commit on success: a request withdrawn
+        meanwhile (its flag, read before the commit) or the batcher's task cancelled
+        (``check_cancelled``) makes the pre-commit raise, so nothing is committed and the
+        others are rerun."""
+        targets = g.inputs + g.params
+        priority = _priority(g.batch)
+        node = g.root.grad_fn
+        assert node is not None  # (_graph answers a batch without one)
 
-        def run() -> None:
-            root, seed, targets, checked, answer = job
-            job.clear()
+        def finish(grads: dict[int, np.ndarray | None]) -> None:
+            if self.accumulate and any(r.withdrawn for r in g.batch):
+                raise Withdrawn
+            done = self._checked(g, grads)
+            anyio.from_thread.check_cancelled()  # (the batcher is closing: commit nothing)
+            self._answer(g, *done)  # (raises Withdrawn if a request was withdrawn meanwhile)
 
-            def finish_here(grads: dict[int, np.ndarray | None]) -> None:
-                if self.accumulate and any(r.withdrawn for r in batch):
-                    raise Withdrawn
-                done = checked(grads)
-                anyio.from_thread.check_cancelled()  # (the batcher is closing: commit nothing)
-                answer(*done)  # (raises Withdrawn if a request was withdrawn meanwhile)
+        if self.accumulate:
+            def pre_commit(staged: dict[Tensor, Tensor]) -> None:
+                finish({id(t): x.numpy() for t, x in staged.items()})
 
-            if self.accumulate:
-                def pre_commit(staged: dict[Tensor, Tensor]) -> None:
-                    finish_here({id(t): g.numpy() for t, g in staged.items()})
-
-                handle = autograd.register_backward_start_hook(
-                    root.grad_fn, lambda: autograd.queue_pre_commit(pre_commit))
-                try:
-                    api.backward_sync(root, seed, inputs=targets, priority=priority)
-                finally:
-                    handle.remove()
-            else:
-                grads = api.grad_sync(root, targets, seed, allow_unused=True, priority=priority)
-                finish_here({id(t): None if g is None else g.numpy() for t, g in zip(targets, grads)})
-
-        del root, seed, targets, checked, answer
-        await anyio.to_thread.run_sync(contextvars.copy_context().run, run)
+            handle = autograd.register_backward_start_hook(node, lambda: autograd.queue_pre_commit(pre_commit))
+            try:
+                api.backward_sync(g.root, g.seed, inputs=targets, priority=priority)
+            finally:
+                handle.remove()
+        else:
+            grads = api.grad_sync(g.root, targets, g.seed, allow_unused=True, priority=priority)
+            finish({id(t): None if x is None else x.numpy() for t, x in zip(targets, grads)})
 
     async def _forward(self, tensors: list[Tensor], rows: int, recording: Recording | None) -> Tensor:
         """``loss_fn`` on the batch, grad mode on; a large sync forward on a worker thread
@@ -308,6 +359,10 @@ class BatchedPass:
                 out = await out
         finally:
             RECORDING.reset(token)
+        return self._checked_losses(out, rows)
+
+    @staticmethod
+    def _checked_losses(out: Any, rows: int) -> Tensor:
         if not isinstance(out, Tensor) or out.shape != (rows,) or out.dtype.kind != "f":
             what = f"{out.dtype} {out.shape}" if isinstance(out, Tensor) else type(out).__name__
             raise FailAll(ValueError(f"loss_fn must return a Tensor of {rows} per-row float losses (one per row of "
