@@ -6,8 +6,9 @@ that sum with respect to a request's rows is the gradient of its own loss, and w
 respect to a parameter it is the sum of every request's own gradient: exactly what one
 backward per request would add to ``.grad``.
 
-Note [One commit per batch]: with ``accumulate=True`` the pass is one ``await
-ag.backward`` whose pre-commit function (``queue_pre_commit``, registered when the
+Note [One commit per batch]: with ``accumulate=True`` the pass is one backward (an
+``await ag.backward`` on the loop, or a blocking one on a worker thread: Note [Off-loop
+backward]) whose pre-commit function (``queue_pre_commit``, registered when the
 backward starts) sees every staged gradient before anything is written. There the
 answers are checked and the per-request parameter gradients computed; a request that
 is at fault, or was withdrawn, makes it raise, so the commit does not happen and the
