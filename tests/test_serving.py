@@ -271,9 +271,18 @@ def test_per_request_param_grads_for_every_layer_with_a_rule(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_parameters_without_a_rule_fall_back_to_one_backward_each(backend):
+@pytest.mark.parametrize("large", [False, True])
+def test_parameters_without_a_rule_fall_back_to_one_backward_each(backend, large, monkeypatch):
     """A free parameter (no layer owns it) and a Linear weight also used outside its layer:
-    both are answered by one backward per request, the covered ones by rules."""
+    both are answered by one backward per request, the covered ones by rules; so too when
+    the batch is large (limits set to 0: the batch's own backward runs on a worker thread,
+    Note [Off-loop backward], the rules' hooks in it)."""
+    from asyncgrad.serving import batched_pass
+
+    if large:
+        monkeypatch.setattr(batched_pass, "OFFLOAD_FORWARD_ABOVE", 0)
+        monkeypatch.setattr(batched_pass, "OFFLOAD_CHECKS_ABOVE", 0)
+
     async def main():
         model = mlp()
         scale = ag.tensor(np.array([1.5, -0.5, 2.0]), requires_grad=True)

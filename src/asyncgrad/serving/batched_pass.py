@@ -173,7 +173,7 @@ class BatchedPass:
         if large and not self.is_async and not self.per_request:
             return await self._run_off_loop(batch, seg, tensors)
         row_losses = await self._forward(tensors, seg.rows, recording)
-        graph = self._graph(batch, seg, tensors, row_losses)
+        graph = self._graph(batch, seg, tensors, row_losses, recording)
         del tensors, row_losses
         if isinstance(graph, list):
             return graph
@@ -184,11 +184,12 @@ class BatchedPass:
             if uncovered:
                 graph.fallback = await self._one_backward_each(graph.row_losses, seg, uncovered, batch)
             recording.armed = True
-        elif large and graph.walk.plain:
-            job = [graph]  # (handed over: see _backward_here)
-            await anyio.to_thread.run_sync(contextvars.copy_context().run, lambda: self._backward_here(job.pop()))
-            return graph.answers
         try:
+            if large and graph.walk.plain:
+                job = [graph]  # (handed over, as in _run_off_loop)
+                await anyio.to_thread.run_sync(contextvars.copy_context().run,
+                                               lambda: self._backward_here(job.pop()))
+                return graph.answers
             return await self._backward_on_loop(graph)
         finally:
             if recording is not None:
@@ -216,8 +217,8 @@ class BatchedPass:
         out = box.pop()
         return out if isinstance(out, list) else await self._backward_on_loop(out)
 
-    def _graph(self, batch: list[Request], seg: Segments, tensors: list[Tensor],
-               row_losses: Tensor) -> BatchGraph | list[GradientResult | None]:
+    def _graph(self, batch: list[Request], seg: Segments, tensors: list[Tensor], row_losses: Tensor,
+               recording: Recording | None = None) -> BatchGraph | list[GradientResult | None]:
         """What the backward needs, or the answers when no gradient is wanted. Raises
         Culprits for requests whose loss is not finite (before the backward)."""
         losses = seg.sum(row_losses.detach().numpy()) / seg.sizes
@@ -241,7 +242,7 @@ class BatchedPass:
             return [GradientResult(float(losses[r]), tuple(np.zeros_like(t.data[a:a + n]) for t in inputs),
                                    None if zeros is None else tuple(z[r] for z in zeros), int(n))
                     for r, (a, n) in enumerate(zip(seg.starts, seg.sizes))]
-        walk = GraphWalk(root.grad_fn)
+        walk = GraphWalk(root.grad_fn, own_hooks=None if recording is None else recording.keepers)
         self._learn_params(walk, inputs)
         params = [p for p in self.params if walk.edges[id(p)]]  # (the others get no gradient)
         return BatchGraph(batch, seg, row_losses, losses, root, seed, inputs, params, walk)

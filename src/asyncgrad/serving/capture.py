@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..autograd.graph import AccumulateGrad, Node
+from ..autograd.graph.record import OpNode
 from ..autograd.task.graph_task import is_plain_node, is_quiet_leaf
 from ..autograd.task.lifecycle import START_HOOKS
 from ..nn import Module
@@ -58,6 +59,7 @@ class Recording:
     def __init__(self) -> None:
         self.calls: list[LayerCall] = []
         self.armed = False
+        self.keepers: set[int] = set()  # id() of each hook made by ``keeper`` (alive while registered)
 
     def close(self) -> None:
         """The pass is over: the hooks go. (Each holds its call, which holds the output
@@ -69,11 +71,13 @@ class Recording:
                 call.handle.remove()
                 call.handle = None
         self.calls = []
+        self.keepers = set()
 
     def keeper(self, call: LayerCall) -> Callable[[Tensor], None]:
         def keep(g: Tensor) -> None:
             if self.armed:  # (a copy: the engine may reuse its buffer afterwards)
                 call.grad = np.array(g.numpy(), copy=True)
+        self.keepers.add(id(keep))
         return keep
 
 
@@ -176,13 +180,15 @@ class GraphWalk:
     """One walk of a graph from ``root``: the edges into each leaf's AccumulateGrad, the
     nodes reached, the leaves in the order first reached, and whether the graph is
     ``plain``: built-in nodes and leaves that no hook watches (the engine's Note [Plain
-    backwards and quiet nodes]), so no code of the user's runs in its backward."""
+    backwards and quiet nodes]) but those in ``own_hooks`` (a Recording's keepers), so no
+    code of the user's runs in its backward."""
 
-    def __init__(self, root: Node, stop: frozenset[int] = frozenset()) -> None:
+    def __init__(self, root: Node, stop: frozenset[int] = frozenset(), own_hooks: set[int] | None = None) -> None:
         self.edges: Counter[int] = Counter()
         self.leaves: list[Tensor] = []
         self.reached: set[int] = {id(root)}
-        plain = is_plain_node(root)
+        own = own_hooks or set()
+        plain = _plain(root, own)
         stack = [root]
         while stack:
             node = stack.pop()
@@ -197,9 +203,18 @@ class GraphWalk:
                     self.edges[id(var)] += 1
                 elif id(nxt) not in self.reached and id(nxt) not in stop:
                     self.reached.add(id(nxt))
-                    plain = plain and is_plain_node(nxt)
+                    plain = plain and _plain(nxt, own)
                     stack.append(nxt)
         self.plain = plain and not (START_HOOKS and any(key in START_HOOKS for key in self.reached))
+
+
+def _plain(node: Node, own: set[int]) -> bool:
+    """A built-in node whose only hooks, if any, are tensor hooks in ``own``."""
+    if is_plain_node(node):
+        return True
+    hooks = node._hooks
+    return (type(node) is OpNode and hooks is not None and not (hooks.pre or hooks.post or hooks.retains_grad)
+            and all(id(fn) in own for slot in hooks.tensor_pre.values() for fn in slot.values()))
 
 
 def covered(walk: GraphWalk, calls: list[LayerCall]) -> dict[int, list[LayerCall]]:
