@@ -312,7 +312,8 @@ class BatchedPass:
     def _backward_here(self, g: BatchGraph) -> None:
         """Note [Off-loop backward]: the backward of a batch large enough that its forward
         runs on a thread (``_large``; its backward costs more) over a plain graph
-        (built-in nodes, no hook: no code of the user's runs in it, GraphWalk.plain) runs
+        (built-in nodes, no hook but the per-sample rules' own: no code of the user's runs
+        in it, GraphWalk.plain) runs
         whole on one worker thread, as a blocking backward, its checks and answers in its
         pre-commit function there: one thread hop per batch (with the forward's, for a
         sync ``loss_fn``) instead of one per heavy node, and the loop stays free
