@@ -55,7 +55,7 @@ from .task.call import (
 from .task.graph_task import GraphTask, TaskPolicy
 from .sched.offload import WorkerKernels, run_async_node
 from .runtime.blas import BLAS
-from .sched.placement import ASYNC, Policy
+from .sched.placement import ASYNC, MID_WORK, Policy
 from .sched.admission import grant_admission_pass
 from .sched.loop import LoopScheduler, loop_scheduler
 from .task.statistics import EngineStatistics
@@ -99,7 +99,8 @@ class Engine:
         self.tune_malloc = tune_malloc
         self.policy = Policy(self.max_workers, threshold, blas_threads, tune_malloc)
         # what each new GraphTask takes (Note [Each call runs by its engine's policy])
-        self.task_policy = TaskPolicy(threshold, yield_interval, self.flat_schedule)
+        self.task_policy = TaskPolicy(threshold, yield_interval, self.flat_schedule,
+                                      MID_WORK if self.max_workers >= 2 else math.inf)
         self._pool: WorkerPool | None = None
         self._lock = threading.Lock()  # guards the counters below (any thread reads statistics)
         self._started = self._succeeded = self._failed = self._cancelled = 0
@@ -220,7 +221,7 @@ class Engine:
         parent = self._begin(task)
         outcome = "failed"
         tokens = enter_task(task)
-        task.inline_threshold = math.inf  # (placement.decide: every node inline, here)
+        task.inline_threshold = task.mid_work = math.inf  # (placement.decide: every node inline, here)
         try:
             drive_blocking(call_steps(task), lambda: self._drain_sync(task))
             outcome = "succeeded"
