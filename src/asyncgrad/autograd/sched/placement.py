@@ -21,9 +21,12 @@ least ``MID_WORK`` elements of work (an elementwise pass of a few hundred thousa
 floats, a fraction of a millisecond) still goes to a worker when another node of its
 backward is ready at that moment: the two can run at once, on a worker and on the loop,
 and the worker chain (below) takes the nodes that only it feeds along on the same hop,
-so a branch of such nodes pays the hop's fixed cost once. With nothing else ready the
-node runs inline, where it finishes sooner than a hop would. Only while the engine has
-two workers or more and other processes leave two cores (``BLAS.free_cores``); a
+so a branch of such nodes pays the hop's fixed cost once (in a chain a mid-size node
+counts as heavy). With nothing else ready the
+node runs inline, where it finishes sooner than a hop would. Only on an engine left at
+its default threshold (``inline_threshold=None``: an explicit one is a hard rule, every
+node below it inline, as API.md section 5 words it), with two workers or more, while
+other processes leave two cores (``BLAS.free_cores``); a
 graph with such a node is never run as a flat schedule (Note [The flat schedule] in
 task/schedule.py), which runs every node inline.
 
@@ -195,7 +198,7 @@ class Policy:
         if head._hooks is not None and head._hooks.post:
             return None
         deps = task.dependencies
-        threshold = task.inline_threshold
+        threshold = min(task.inline_threshold, task.mid_work)  # heavy: worth the hop (a mid-size node too)
         nodes: list[Node] = [head]
         feeds: dict[Node, list[tuple[int, int, int]]] = {}  # reached node -> (slot, producer, edge)
         waiting: dict[Node, int] = {}  # reached node -> edges it has yet to hear from

@@ -18,16 +18,17 @@ built-in nodes small enough to run inline (``placement.decide`` would say INLINE
 one) and quiet leaves. The walk that finds the graph (``walk_flat``, in place of the
 dependency count) gives each node a slot, and each gradient is added into its
 consumer's slot as it is routed, by ``input_buffer.combine``, in the order the queue
-would have added it. A node's step is the core loop's ``plain_step``, written out here
-over slots (``run_flat`` in sched/flat.py): the fused step for a node whose op has one, ``run_kernel`` for any other,
-the same ownership records (Note [Owned gradients] in step.py), the same released
-nodes. The results, the staging order and the errors are the dynamic engine's, bit for
-bit (tests/test_flat_schedule.py runs both and the reference executor). The walk
-hands over to the dynamic engine at the first node it cannot run (a hook, a custom
-Function, a node to offload or a mid-size one that may hop: Note [Mid-size nodes hop
-beside another] in sched/placement.py), with the dependencies counted so far: no node is
-walked twice. It finds the nodes with start hooks as the dynamic walk does. An engine can turn the flat schedule off (``Engine.flat_schedule``; the
-reference executor does).
+would have added it. A node's step is the core loop's ``plain_step``, written out over
+slots (``run_flat`` in sched/flat.py): the fused step for a node whose op has one,
+``run_kernel`` for any other, the same ownership records (Note [Owned gradients] in
+step.py), the same released nodes. The results, the staging order and the errors are
+the dynamic engine's, bit for bit (tests/test_flat_schedule.py runs both and the
+reference executor). The walk hands over to the dynamic engine at the first node it
+cannot run (a hook, a custom Function, a node to offload or a mid-size one that may
+hop: Note [Mid-size nodes hop beside another] in sched/placement.py), with the
+dependencies counted so far: no node is walked twice. It finds the nodes with start
+hooks as the dynamic walk does. An engine can turn the flat schedule off
+(``Engine.flat_schedule``; the reference executor does).
 
 This is the replay of a recorded schedule that compiled autograd and graph-reuse JITs
 cache per graph shape, without the cache: the schedule of a graph built by its forward is
