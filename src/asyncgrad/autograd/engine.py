@@ -39,6 +39,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+from dataclasses import replace
 from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
@@ -54,7 +55,7 @@ from .task.call import (
 from .task.graph_task import GraphTask, TaskPolicy
 from .sched.offload import WorkerKernels, run_async_node
 from .runtime.blas import BLAS
-from .sched.placement import ASYNC, Policy
+from .sched.placement import ASYNC, MID_WORK, Policy
 from .sched.admission import grant_admission_pass
 from .sched.loop import LoopScheduler, loop_scheduler
 from .task.statistics import EngineStatistics
@@ -80,6 +81,10 @@ class Engine:
     is the longest the loop goes without a turn (Note [One runner per loop] in
     sched/loop.py)."""
 
+    #: whether a plain backward may run as a flat schedule (Note [The flat schedule] in
+    #: task/schedule.py); the reference executor's engine turns it off
+    flat_schedule = True
+
     def __init__(self, *, max_workers: int | None = None, inline_threshold: int | None = None,
                  executor: Executor | None = None, yield_interval: float = YIELD_INTERVAL,
                  blas_threads: int | None = None, tune_malloc: bool = True,
@@ -94,7 +99,9 @@ class Engine:
         self.tune_malloc = tune_malloc
         self.policy = Policy(self.max_workers, threshold, blas_threads, tune_malloc)
         # what each new GraphTask takes (Note [Each call runs by its engine's policy])
-        self.task_policy = TaskPolicy(threshold, yield_interval)
+        # (an explicit threshold is a hard rule: Note [Mid-size nodes hop beside another])
+        mid = MID_WORK if inline_threshold is None and self.max_workers >= 2 else math.inf
+        self.task_policy = TaskPolicy(threshold, yield_interval, self.flat_schedule, mid)
         self._pool: WorkerPool | None = None
         self._lock = threading.Lock()  # guards the counters below (any thread reads statistics)
         self._started = self._succeeded = self._failed = self._cancelled = 0
@@ -110,7 +117,7 @@ class Engine:
     @inline_threshold.setter
     def inline_threshold(self, value: int) -> None:
         self.policy.inline_threshold = value
-        self.task_policy = TaskPolicy(value, self.task_policy.yield_interval)
+        self.task_policy = replace(self.task_policy, inline_threshold=value, mid_work=math.inf)
 
     @property
     def yield_interval(self) -> float:
@@ -119,7 +126,7 @@ class Engine:
 
     @yield_interval.setter
     def yield_interval(self, value: float) -> None:
-        self.task_policy = TaskPolicy(self.task_policy.inline_threshold, value)
+        self.task_policy = replace(self.task_policy, yield_interval=value)
 
     def statistics(self) -> EngineStatistics:
         with self._lock:
@@ -215,7 +222,7 @@ class Engine:
         parent = self._begin(task)
         outcome = "failed"
         tokens = enter_task(task)
-        task.inline_threshold = math.inf  # (placement.decide: every node inline, here)
+        task.inline_threshold = task.mid_work = math.inf  # (placement.decide: every node inline, here)
         try:
             drive_blocking(call_steps(task), lambda: self._drain_sync(task))
             outcome = "succeeded"
