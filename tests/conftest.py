@@ -27,20 +27,35 @@ def pytest_addoption(parser):
         help="make the default engine the reference executor (asyncgrad/autograd/reference.py), "
              "so every backward on it runs each node through the plain sequence of steps",
     )
+    parser.addoption(
+        "--dynamic-engine", action="store_true",
+        help="make the default engine run plain backwards through the ready queue, not as a "
+             "flat schedule (Note [The flat schedule] in asyncgrad/autograd/task/schedule.py), "
+             "so the suite's small graphs exercise the dynamic engine's fused step",
+    )
 
 
 @pytest.fixture(autouse=True)
 def _reference_engine(request):
-    """With ``--reference-engine``, each test starts on a ReferenceEngine."""
-    if not request.config.getoption("--reference-engine"):
+    """With ``--reference-engine``, each test starts on a ReferenceEngine; with
+    ``--dynamic-engine``, on a DynamicEngine."""
+    if request.config.getoption("--reference-engine"):
+        from asyncgrad.autograd.tools.reference import ReferenceEngine as engine_type
+    elif request.config.getoption("--dynamic-engine"):
+        engine_type = DynamicEngine
+    else:
         yield
         return
-    from asyncgrad.autograd.tools.reference import ReferenceEngine
-
     prev = ag.autograd.get_engine()
-    ag.autograd.set_engine(ReferenceEngine())
+    ag.autograd.set_engine(engine_type())
     yield
     ag.autograd.set_engine(prev)
+
+
+class DynamicEngine(ag.autograd.Engine):
+    """An Engine that runs every backward through its ready queue (no flat schedule)."""
+
+    flat_schedule = False
 
 
 @pytest.fixture

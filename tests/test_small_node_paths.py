@@ -208,7 +208,9 @@ def test_a_square_settles_both_edges_and_the_child_still_waits_for_the_rest(dtyp
 def test_a_square_makes_no_input_buffer_for_its_one_gradient(monkeypatch, restore_engine) -> None:
     from asyncgrad.autograd.task import graph_task
 
-    ag.autograd.set_engine(ag.autograd.Engine())  # (the Engine's fused step: not the reference executor's)
+    from conftest import DynamicEngine  # (the ready queue's input buffers: a flat schedule has none)
+
+    ag.autograd.set_engine(DynamicEngine())  # (the Engine's fused step: not the reference executor's)
 
     made = []
 

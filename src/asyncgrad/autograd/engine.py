@@ -39,6 +39,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+from dataclasses import replace
 from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
@@ -80,6 +81,10 @@ class Engine:
     is the longest the loop goes without a turn (Note [One runner per loop] in
     sched/loop.py)."""
 
+    #: whether a plain backward may run as a flat schedule (Note [The flat schedule] in
+    #: task/schedule.py); the reference executor's engine turns it off
+    flat_schedule = True
+
     def __init__(self, *, max_workers: int | None = None, inline_threshold: int | None = None,
                  executor: Executor | None = None, yield_interval: float = YIELD_INTERVAL,
                  blas_threads: int | None = None, tune_malloc: bool = True,
@@ -94,7 +99,7 @@ class Engine:
         self.tune_malloc = tune_malloc
         self.policy = Policy(self.max_workers, threshold, blas_threads, tune_malloc)
         # what each new GraphTask takes (Note [Each call runs by its engine's policy])
-        self.task_policy = TaskPolicy(threshold, yield_interval)
+        self.task_policy = TaskPolicy(threshold, yield_interval, self.flat_schedule)
         self._pool: WorkerPool | None = None
         self._lock = threading.Lock()  # guards the counters below (any thread reads statistics)
         self._started = self._succeeded = self._failed = self._cancelled = 0
@@ -110,7 +115,7 @@ class Engine:
     @inline_threshold.setter
     def inline_threshold(self, value: int) -> None:
         self.policy.inline_threshold = value
-        self.task_policy = TaskPolicy(value, self.task_policy.yield_interval)
+        self.task_policy = replace(self.task_policy, inline_threshold=value)
 
     @property
     def yield_interval(self) -> float:
@@ -119,7 +124,7 @@ class Engine:
 
     @yield_interval.setter
     def yield_interval(self, value: float) -> None:
-        self.task_policy = TaskPolicy(self.task_policy.inline_threshold, value)
+        self.task_policy = replace(self.task_policy, yield_interval=value)
 
     def statistics(self) -> EngineStatistics:
         with self._lock:

@@ -15,16 +15,18 @@ from heapq import heappop
 
 from ..task.graph_task import GraphTask
 from ..task.step import prepare_elsewhere, step_for
+from .flat import CLOCK_AFTER_WORK, run_flat
 from .placement import INLINE, decide
-
-CLOCK_AFTER_WORK = 16_384  # elements: a node this large costs far more than reading the clock
 
 
 def run_inline(task: GraphTask, deadline: float) -> bool:
     """Run ``task``'s ready nodes until nothing is ready (False), or ``perf_counter()``
     passed ``deadline`` with nodes still ready or a node must run elsewhere, queued on
     ``task.to_start`` for the driver (both True). Errors are recorded with
-    ``task.fail`` and raised."""
+    ``task.fail`` and raised. A flat schedule runs its own loop (Note [The flat schedule]
+    in task/schedule.py)."""
+    if task.schedule is not None:
+        return run_flat(task, deadline)
     queue, step, clock = task.ready, step_for(task), time.perf_counter
     ran = 0
     node = None

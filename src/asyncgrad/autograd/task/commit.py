@@ -154,9 +154,10 @@ def release_steps(task: GraphTask) -> Iterator[None]:
     every ``RELEASE_STEP`` nodes so a driver can let the loop run."""
     executed = task.executed
     task.executed = []
-    for i, node in enumerate(executed):
-        node.release_variables()
-        if not (i + 1) % RELEASE_STEP:
+    for start in range(0, len(executed), RELEASE_STEP):
+        for node in executed[start:start + RELEASE_STEP]:
+            node.release_variables()
+        if start + RELEASE_STEP < len(executed):
             yield
 
 

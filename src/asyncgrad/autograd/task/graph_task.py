@@ -49,6 +49,7 @@ from ..graph import ACCUMULATE_GRAD_SEQUENCE_NR, AccumulateGrad, Edge, GraphRoot
 from ..graph.record import OpNode
 from .input_buffer import InputBuffer, ReadyInputs
 from .lifecycle import START_HOOKS
+from .schedule import FlatSchedule, walk_flat
 from .statistics import GraphTaskStatistics, graph_task_statistics
 
 if TYPE_CHECKING:
@@ -67,6 +68,7 @@ class TaskPolicy:
 
     inline_threshold: int  # nodes whose work is below it run inline (Note [Inline or offload])
     yield_interval: float  # the longest its nodes keep the loop from a turn (sched/loop.py)
+    flat_schedule: bool = True  # a plain backward may run flat (Note [The flat schedule] in task/schedule.py)
 
 
 class Driver(Protocol):
@@ -135,6 +137,9 @@ class GraphTask:
         self._root: tuple[Node, list[Any]] | None = None  # read once by setup_steps
         # -- the walk: written on the task's thread only (setup_steps, inline.run_inline,
         # route/add_gradient, sched/offload.py's tasks); worker threads never see these
+        # a plain backward run flat (Note [The flat schedule] in task/schedule.py): then the
+        # four fields below stay empty
+        self.schedule: FlatSchedule | None = None
         self.dependencies: dict[Node, int] = {}  # edges each waiting node has yet to hear from
         # InputBuffers of nodes still waiting for gradients; a node that becomes ready
         # takes its inputs into its ready-queue entry (make_ready; Note [Input buffers])
@@ -216,9 +221,10 @@ class GraphTask:
         self._root = (root, buf)
 
     def setup_steps(self) -> Iterator[None]:
-        """Count dependencies and queue the root. A generator that yields every
-        ``SETUP_STEP`` nodes, so the async driver can let the loop run during the walk
-        of a huge graph (the sync driver just exhausts it)."""
+        """Count dependencies and queue the root, or make a plain backward's flat
+        schedule (Note [The flat schedule] in task/schedule.py). A generator that yields
+        every ``SETUP_STEP`` nodes, so the async driver can let the loop run during the
+        walk of a huge graph (the sync driver just exhausts it)."""
         if self._root is None:
             raise ValueError("set_roots() first")
         root, buf = self._root
@@ -227,6 +233,11 @@ class GraphTask:
         stack = [root]
         walked = 0
         starts = START_HOOKS  # Note [Backward start hooks]: usually empty
+        if self.policy.flat_schedule and not starts and self.is_plain():
+            self.schedule = yield from walk_flat(self, root, buf, stack, SETUP_STEP)
+            if self.schedule is not None:
+                return
+            # (else it stopped at a node only the dynamic engine runs: go on from there)
         if starts and id(root) in starts:
             self.starting.append(root)
         while stack:
@@ -339,7 +350,7 @@ class GraphTask:
         return not parent.active_children and parent.context is not None and parent.has_ready()
 
     def has_ready(self) -> bool:
-        return bool(self.ready)
+        return bool(self.ready) or (self.schedule is not None and self.schedule.left() > 0)
 
     def leaf_waits(self) -> bool:
         """Whether a ready leaf waits in the queue (it runs before any other node)."""
@@ -354,7 +365,8 @@ class GraphTask:
 
     def nodes_left(self) -> bool:
         """Whether some node has yet to run: ready, waiting, to start or in flight."""
-        return bool(self.ready or self.to_start or self.in_flight or self.dependencies)
+        return bool(self.ready or self.to_start or self.in_flight or self.dependencies) \
+            or (self.schedule is not None and self.schedule.left() > 0)
 
     def is_plain(self) -> bool:
         """A *plain backward* (Note [Plain backwards and quiet nodes]): every reachable

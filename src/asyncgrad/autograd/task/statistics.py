@@ -45,9 +45,12 @@ class GraphTaskStatistics:
 
 
 def graph_task_statistics(task: GraphTask) -> GraphTaskStatistics:
+    ready, pending = len(task.ready), len(task.dependencies)
+    if task.schedule is not None:  # (Note [The flat schedule]: its next node is ready)
+        left = task.schedule.left()
+        ready, pending = min(left, 1), max(left - 1, 0)
     return GraphTaskStatistics(task.id, task.depth, task.nodes_inline, task.nodes_offloaded,
-                               task.in_flight, len(task.ready),
-                               len(task.dependencies), task.thread_hops, task.priority)
+                               task.in_flight, ready, pending, task.thread_hops, task.priority)
 
 
 def current_graph_task_statistics() -> GraphTaskStatistics | None:

@@ -388,7 +388,7 @@ def plain_step(task: GraphTask, node: Node, ready: ReadyInputs) -> bool:
     return True
 
 
-def doubled(task: GraphTask, child: Node, gi: Any, inputs: list[Any], saved: Any) -> Any:
+def doubled(task: GraphTask, child: Node, gi: Any, inputs: Any, saved: Any) -> Any:
     """``gi + gi`` for a symmetric node's two edges to one slot (Note [A tensor times
     itself]): in place when ``gi`` is the kernel's fresh array, and then the engine's
     own for a leaf (Note [Owned gradients])."""

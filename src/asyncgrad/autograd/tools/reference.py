@@ -47,6 +47,8 @@ def _steps(task: GraphTask) -> Iterator[tuple[Node, list[Any], bool]]:
 class ReferenceEngine(Engine):
     """An ``Engine`` whose drivers run every node through the reference sequence."""
 
+    flat_schedule = False  # (its drivers pop the ready queue)
+
     async def _drain(self, task: GraphTask) -> None:
         for node, inputs, is_async in _steps(task):
             with _naming(task, node):

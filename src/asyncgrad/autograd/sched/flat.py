@@ -1,0 +1,122 @@
+"""The core loop of a flat schedule (Note [The flat schedule] in task/schedule.py): a plain
+backward's nodes in order, each gradient added into its consumer's slot."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ...backend import xp
+from ..errors import EngineInternalError
+from ..graph import ACCUMULATE_GRAD_SEQUENCE_NR, GraphRoot, Node
+from ..graph.op_node import OpNode
+from ..graph.saved import SavedTensor
+from ..graph.validate import fix_gradient
+from ..task.graph_task import GraphTask
+from ..task.input_buffer import PendingSum, combine
+from ..task.step import doubled, own_fresh_outputs, own_if_fresh, run_kernel, stage_plain
+
+CLOCK_AFTER_WORK = 16_384  # elements: a node this large costs far more than reading the clock
+
+
+def run_flat(task: GraphTask, deadline: float) -> bool:
+    """The core loop for a flat schedule (sched/inline.py's ``run_inline``): run its
+    nodes in order until none is left (False), or ``perf_counter()`` passed ``deadline``
+    with nodes left (True). Errors are recorded with ``task.fail`` and raised."""
+    schedule = task.schedule
+    assert schedule is not None
+    order, index, slots, pending = schedule.order, schedule.index, schedule.slots, schedule.pending
+    pos = schedule.pos
+    end = len(order)
+    clock = time.perf_counter
+    math = task.math
+    keep = task.keep_graph
+    executed = task.executed
+    array = xp.array_type  # (read once: Note [One array backend] in backend.py)
+    acc_nr = ACCUMULATE_GRAD_SEQUENCE_NR
+    node: Node | None = None
+    start = pos
+    try:
+        while pos < end:
+            node = order[pos]
+            pos += 1
+            k = index[node]
+            if pending[k]:
+                raise EngineInternalError(f"{node.name()} (sequence_nr={node.sequence_nr}) came up in the flat "
+                                          f"schedule with {pending[k]} gradients still to come")
+            g = slots[k]
+            slots[k] = None
+            if type(g) is PendingSum:
+                g = g.total()
+            edges = node.next_edges
+            if type(node) is not OpNode or g is None or node.saved is None or not node.spec.fusable \
+                    or (node.checks and type(node.checks[0]) is not SavedTensor):
+                # ``run_kernel`` and ``finish`` (step.py), no hooks, no create_graph
+                buf = [] if type(node) is GraphRoot else [g]
+                outputs = run_kernel(node, buf, math)
+                own_fresh_outputs(task, node, buf, outputs)
+                if not keep:
+                    executed.append(node)
+                for (child, _), gi in zip(edges, outputs):
+                    if child is not None:
+                        kc = index[child]
+                        old = slots[kc]
+                        slots[kc] = gi if old is None else combine(old, gi)
+                        pending[kc] -= 1
+                        if child.sequence_nr == acc_nr and not pending[kc]:
+                            _stage(task, child, slots, kc)
+            else:  # the fused step (step.plain_step's, over slots)
+                for e in node.checks:
+                    if e.version.value != e.saved_version:
+                        e.unpack_array(node)  # raises PyTorch's in-place modification error
+                spec = node.spec
+                args = node.saved or spec.no_args
+                params = node.params
+                vjps: tuple[Any, ...] = spec.vjps
+                view = spec.view_vjp
+                twice = spec.symmetric and edges[0] == edges[1] and args[1] is args[2]
+                i = -1
+                for child, _ in edges:
+                    i += 1
+                    if child is None or (twice and i):
+                        continue  # (twice: edge 0 carried both gradients for the slot)
+                    rule = vjps[i]
+                    if view is not None and not i and type(child) is OpNode and child._hooks is None \
+                            and child.spec.takes_views:  # type: ignore[attr-defined]
+                        rule = view  # (Note [Mean's gradient as a view] in step.py)
+                    gi = rule(math, g, *args, **params) if params else rule(math, g, *args)
+                    if gi is not None:
+                        if type(gi) is not array or gi.shape != node.input_shapes[i] \
+                                or gi.dtype != node.input_dtypes[i]:
+                            gi = fix_gradient(node, i, gi)
+                        if twice:
+                            gi = doubled(task, child, gi, (g,), args)
+                        if child.sequence_nr == acc_nr and type(gi) is array:
+                            own_if_fresh(task, child, gi, (g,), None, args)
+                    kc = index[child]
+                    old = slots[kc]
+                    slots[kc] = gi if old is None else combine(old, gi)
+                    pending[kc] -= 2 if twice else 1
+                    if child.sequence_nr == acc_nr and not pending[kc]:
+                        _stage(task, child, slots, kc)
+                if (node.saved or spec.saves_params) and not keep:
+                    executed.append(node)
+            # the clock every 8 nodes, or after a node heavy enough to make it cheap
+            if (not (pos - start) & 7 or node.work >= CLOCK_AFTER_WORK) and clock() >= deadline:
+                break
+        return pos < end
+    except Exception as e:
+        if node is not None:
+            task.fail(e, node)
+        raise
+    finally:
+        schedule.pos = pos
+        task.nodes_inline += pos - start
+
+
+def _stage(task: GraphTask, leaf: Node, slots: list[Any], k: int) -> None:
+    """A quiet leaf's last gradient arrived: stage it (``step.plain_step``'s)."""
+    g = slots[k]
+    slots[k] = None
+    stage_plain(task, leaf.variable, g,  # type: ignore[attr-defined]
+                task.fresh.pop(leaf, None) is g or type(g) is PendingSum)
