@@ -5,7 +5,8 @@ Three kernels, each a bilinear map, make all the rules (Note [Convolution's thre
 
 * ``conv(x, w)``: ``y[n, o] = sum w[o, c, i, j] * x_padded[n, c, s*p + d*i, ...]``, the
   windows of ``x`` copied out (im2col) and multiplied by the weight, one BLAS product per
-  chunk of images (Note [Convolution by image chunks]);
+  part of the batch, on pixel rows (channels last) or channels first (Note [Convolution
+  on pixel rows] says which; Note [Convolution by image chunks]);
 * ``conv_input_grad(g, w)``: its adjoint in ``x``; with stride 1 a convolution of ``g``
   with the flipped kernel (Note [A stride-1 adjoint is a convolution]), else the product
   ``w^T @ g`` folded back onto the input positions (col2im, one strided slice addition
@@ -46,13 +47,13 @@ class ConvGeometry:
 # --- which layout ---------------------------------------------------------------------------
 # Note [Convolution on pixel rows]: a convolution is one product of its weight with its
 # windows, in either of two layouts. Channels first, ``W (O, taps*C) @ windows (taps*C,
-# pixels)``, is a product of few rows (O) and long ones, which OpenBLAS runs well below its
-# best with 32 or more channels; on pixel rows (channels last), ``windows (pixels, taps*C)
-# @ W^T (taps*C, O)`` in parts of about a thousand pixels (ops/_pixel_rows.py), it runs
-# near its best at every channel count, no junk columns are computed (Note [Wide rows]), and
-# strided windows are copied in runs of ``kw * C`` rather than element by element. Pixel
-# rows cost two transposing copies, of the input on the way in and of the output on the
-# way out; channels first on wide rows needs neither (the windows are copied in runs of a
+# pixels)``, is a product of few rows (O) and long ones, which OpenBLAS runs below its best
+# (it packs panels of the long rows); on pixel rows (channels last), ``windows (pixels,
+# taps*C) @ W^T (taps*C, O)`` in parts of about a thousand pixels (ops/_pixel_rows.py), it
+# runs near its best, no junk columns are computed (Note [Wide rows]), and strided windows
+# are copied in runs of ``kw * C`` rather than element by element. Pixel rows cost two
+# transposing copies, of the input on the way in and of the output on the way out;
+# channels first on wide rows needs neither (the windows are copied in runs of a
 # padded row, the output moved in whole planes). So a convolution takes pixel rows when
 # its kernel has more than one tap and either its windows are not on wide rows (stride >
 # 1, or narrow images) or it has at least ``ROWS_CHANNELS`` input channels; below that
