@@ -165,3 +165,28 @@ def test_compiled_fold_gives_the_numpy_bits(on_path: Any, dtype: Any) -> None:
     fast = both()
     for p, f in zip(plain, fast):
         np.testing.assert_array_equal(f, p)
+
+
+@pytest.mark.parametrize("transposed", [False, True], ids=["conv2d", "conv_transpose2d"])
+@pytest.mark.parametrize("case", [ON_ROWS[0], ON_ROWS[4], *OFF_ROWS], ids=str)
+def test_an_empty_batch_matches_torch(case: tuple[Any, ...], transposed: bool) -> None:
+    """An empty batch, on either layout: empty outputs, zero weight and bias gradients."""
+    x_shape, w_shape, kw = case
+    x, w, b = _arrays((0, *x_shape[1:]), w_shape, np.float64, transposed, kw.get("groups", 1))
+    for a, t in zip(_ours(x, w, b, kw, transposed), _theirs(x, w, b, kw, transposed)):
+        assert a.shape == t.shape
+        np.testing.assert_array_equal(a, t)
+
+
+def test_a_broadcast_gradient_on_pixel_rows() -> None:
+    """An output gradient that is a broadcast view (zero strides)."""
+    torch = pytest.importorskip("torch")
+    x, w = _rand((2, 32, 6, 6), 0), _rand((3, 32, 3, 3), 1)
+    xa, wa = ag.tensor(x, requires_grad=True), ag.tensor(w, requires_grad=True)
+    y = F.conv2d(xa, wa, stride=2)
+    g = np.broadcast_to(_rand((1, 3, 1, 1), 2), y.shape)
+    ours = ag.grad_sync(y, [xa, wa], ag.tensor(g))
+    xt, wt = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+    theirs = torch.autograd.grad(torch.nn.functional.conv2d(xt, wt, stride=2), [xt, wt], torch.tensor(g.copy()))
+    for a, t in zip(ours, theirs):
+        np.testing.assert_allclose(a.numpy(), t.numpy(), rtol=1e-10, atol=1e-10)

@@ -176,7 +176,7 @@ def _image_chunks(n: int, c: int, win: W.Window, itemsize: int) -> list[slice]:
     row = win.padded[1] if W.wide(win) else win.out_size[1]
     per_image = c * win.taps * win.out_size[0] * row * itemsize
     step = max(1, CHUNK_BYTES // max(per_image, 1))
-    return [slice(i, min(i + step, n)) for i in range(0, n, step)]
+    return [slice(i, min(i + step, n)) for i in range(0, n, step)] or [slice(0, 0)]  # (an empty batch: one empty chunk)
 
 
 def _grouped_rows(gy: np.ndarray, g: int, win: W.Window) -> np.ndarray:
@@ -187,7 +187,8 @@ def _grouped_rows(gy: np.ndarray, g: int, win: W.Window) -> np.ndarray:
         out = np.zeros((o, n, win.out_size[0], win.padded[1]), dtype=gy.dtype)
         out[..., :win.out_size[1]] = gy.transpose(1, 0, 2, 3)
         return out.reshape(g, o // g, -1)
-    return np.ascontiguousarray(gy.reshape(n, g, o // g, -1).transpose(1, 2, 0, 3)).reshape(g, o // g, -1)
+    rows = gy.reshape(n, g, o // g, win.positions)
+    return np.ascontiguousarray(rows.transpose(1, 2, 0, 3)).reshape(g, o // g, -1)
 
 
 def conv_input_grad(m: Any, gy: Any, w: Any, geo: ConvGeometry) -> Any:
