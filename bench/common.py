@@ -379,7 +379,7 @@ class Column:
 
 @dataclass
 class Target:
-    """One issue-7 target: ``value`` must be ``<= limit`` (or ``>=`` when ``at_least``)."""
+    """One target (issues 7 and 33): ``value`` must be ``<= limit`` (or ``>=`` when ``at_least``)."""
 
     name: str
     value: float

@@ -259,11 +259,26 @@ def render_workload(workload: dict[str, Any], figures: str | None = None) -> str
         head = ("In this run (ratios between rows of the table: for times, below 1 means the first row is faster; "
                 "for rates such as passes/s, above 1):" if ratios else "In this run:")
         out += ["", head, "", *bullets]
+    out += _targets(workload)
     if about.get("reading"):
         out += ["", f"**How to read it.** {about['reading']}"]
     if figures:
         out += ["", f"![{_escape(about.get('title') or name)}]({figures}/bench_{name}.png)"]
     return "\n".join(out)
+
+
+def _targets(workload: dict[str, Any]) -> list[str]:
+    """The issues' targets for this workload, as this run measured them."""
+    rows = [t for t in workload.get("targets") or [] if t.get("value") is not None]
+    if not rows:
+        return []
+    out = ["", "Targets in this run:", "", "| target | asyncgrad | met |", "|---|---|---|"]
+    for t in rows:
+        value = t["value"]
+        shown = "n/a" if isinstance(value, float) and math.isnan(value) else f"{value:.3g} {t.get('unit', '')}".strip()
+        met = {True: "yes", False: "**no**"}.get(t.get("met"), "n/a")
+        out.append(f"| {_escape(t['name'])} | {shown} | {met} |")
+    return out
 
 
 def _load_warning(payload: dict[str, Any]) -> list[str]:

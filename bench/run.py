@@ -140,7 +140,7 @@ def summary_rows(results: list[Result]) -> list[dict[str, Any]]:
 
 
 def format_summary(results: list[Result]) -> str:
-    lines = ["### targets (issue 7)", "", "| workload | target | asyncgrad | met |", "|---|---|---|---|"]
+    lines = ["### targets (issues 7 and 33)", "", "| workload | target | asyncgrad | met |", "|---|---|---|---|"]
     for r in summary_rows(results):
         v = r["value"]
         if v is None or (isinstance(v, float) and math.isnan(v)):

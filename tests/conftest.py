@@ -97,10 +97,17 @@ def blas_single(monkeypatch):
     product's gradients are split into one kernel each (Policy.splits). Other processes
     are taken to leave both cores free, so the split does not depend on the machine's
     load while the test runs (Note [Other processes' load] in runtime/cpu_load.py)."""
+    import threadpoolctl
+
     from asyncgrad.autograd.runtime.blas import BlasThreads
 
     monkeypatch.setattr(BlasThreads, "per_call", property(lambda self: 1))
     monkeypatch.setattr(BlasThreads, "free_cores", property(lambda self: 2))
+    # and BLAS itself at one thread, whatever the engine's hysteresis would set meanwhile:
+    # tests compare products' bits across engines, and BLAS's blocking follows its threads
+    monkeypatch.setattr(BlasThreads, "_adapt", lambda self: None)
+    with threadpoolctl.threadpool_limits(1, user_api="blas"):
+        yield
 
 
 @pytest.fixture

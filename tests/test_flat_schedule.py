@@ -68,9 +68,10 @@ def shared_uses(rng: np.random.Generator, dtype: Any) -> tuple[ag.Tensor, list[a
 
 def wide_mid(rng: np.random.Generator, dtype: Any) -> tuple[ag.Tensor, list[ag.Tensor]]:
     """Mid-size arrays (deferred sums of a shared gradient: Note [Deferred sums]) that
-    still run inline."""
-    x = _leaf(rng, 300, 300, dtype=dtype)
-    y = sum(((x * float(k)).sin() for k in range(1, 4)), ag.zeros(300, 300, dtype=dtype))
+    still run inline: 67,600 floats, below the mid-size nodes' work, Note [Mid-size nodes
+    hop beside another])."""
+    x = _leaf(rng, 260, 260, dtype=dtype)
+    y = sum(((x * float(k)).sin() for k in range(1, 4)), ag.zeros(260, 260, dtype=dtype))
     return (y * x).mean(), [x]
 
 
@@ -312,3 +313,25 @@ def test_a_flat_backward_cancelled_between_slices_changes_nothing(backend, resto
     ag.autograd.set_engine(ReferenceEngine())
     anyio.run(ag.backward, loss(), backend=backend)
     np.testing.assert_array_equal(after, x.grad.numpy())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_start_hooks_are_found_by_the_flat_walk(backend, schedules, restore_engine):
+    """Note [Backward start hooks]: the flat walk finds the nodes with start hooks as the
+    dynamic walk does; they run before any node, and the backward still runs flat."""
+    ag.autograd.set_engine(Engine())
+    calls: list[str] = []
+    x = _leaf(np.random.default_rng(11), 4)
+    a = x.sin()
+    b = (a * 2.0).exp()
+    handles = [ag.autograd.register_backward_start_hook(a.grad_fn, lambda: calls.append("a")),
+               ag.autograd.register_backward_start_hook(b.grad_fn, lambda: calls.append("b"))]
+    try:
+        anyio.run(ag.backward, b.sum(), backend=backend)
+    finally:
+        for h in handles:
+            h.remove()
+    assert schedules == [True]
+    assert calls == ["b", "a"]  # (highest sequence_nr first)
+    np.testing.assert_allclose(x.grad.numpy(), np.cos(x.numpy()) * 2 * np.exp(2 * np.sin(x.numpy())),
+                               rtol=1e-12)

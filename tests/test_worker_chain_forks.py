@@ -267,6 +267,10 @@ async def test_no_split_while_other_processes_leave_one_core(monkeypatch, blas_s
         x, ws = _attention_inputs()
         await _backward_with(Engine(inline_threshold=2**62), _attention_blocks(x, ws))
         for a, t in zip(got, (x, *ws)):
-            np.testing.assert_array_equal(a, t.grad.numpy())
+            if free == 1:
+                np.testing.assert_array_equal(a, t.grad.numpy())
+            else:  # a weight fed by two split products is staged in the order their parts
+                # arrive (Note [Input gradient first]): its sum's last bits follow the race
+                np.testing.assert_allclose(a, t.grad.numpy(), rtol=1e-12, atol=1e-12)
     assert hops[2] > 1  # split products: each part a hop, and the chains end at them
     assert hops[1] == 1

@@ -296,3 +296,37 @@ def test_a_call_cancelled_while_queued_never_runs_and_errors_come_back(backend):
     anyio.run(main, backend=backend)
     assert ran == []
     assert pool.threads == 1
+
+
+def test_submit_does_not_wait_for_a_new_thread_to_start(monkeypatch):
+    """Note [A new worker is started elsewhere]: ``Thread.start()`` waits until the new
+    thread runs; ``submit`` returns before that (here: while ``start`` is held), and the
+    job runs once the thread does."""
+    held, entered = threading.Event(), threading.Event()
+    real_start = threading.Thread.start
+
+    def held_start(self):
+        entered.set()
+        assert held.wait(10)
+        real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", held_start)
+    pool = WorkerPool(1)
+    future = pool.submit(lambda: threading.current_thread().name)
+    assert entered.wait(10)  # start() is running, on another thread, and submit returned
+    assert not future.done()
+    held.set()
+    assert future.result(10) == "asyncgrad-worker-1"
+    assert pool.threads == 1
+
+
+def test_a_worker_that_cannot_start_fails_its_job(monkeypatch):
+    def failing_start(self):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", failing_start)
+    pool = WorkerPool(1)
+    future = pool.submit(lambda: 1)
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        future.result(10)
+    assert pool.threads == 0

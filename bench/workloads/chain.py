@@ -208,6 +208,7 @@ def run(impls: list[str], rounds: int | None = None, n: int = 2000, size: int = 
         if peers:
             res.targets.append(Target("chain backward ahead of both peers (asyncgrad / best peer)",
                                       a_b / min(peers), 1.0, "x"))
+            res.targets.append(Target("issue 33: chain backward <= 0.5x the best peer", a_b / min(peers), 0.5, "x"))
     if not math.isnan(fwd_torch):
         res.targets.append(Target("forward per op <= 2x PyTorch", fwd_torch, 2.0, "x"))
     return res

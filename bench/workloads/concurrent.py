@@ -14,6 +14,7 @@ the passes' losses, so the parameters' gradients are the same sum.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -215,4 +216,9 @@ def run(impls: list[str], rounds: int | None = None, tasks: int = 32, passes: in
     if row is not None:
         res.targets.append(Target("concurrent >= 3,000 passes/s", a, 3000.0, "passes/s", at_least=True))
         res.targets.append(Target("concurrent loop p99 lag <= 5 ms", row["p99_lag_ms"], 5.0, "ms"))
+        for peer, limit in (("numpy inline", 0.6), ("torch inline", 1.0)):
+            rate = res.value(peer, "passes_per_s")
+            if not math.isnan(rate):
+                res.targets.append(Target(f"issue 33: concurrent >= {limit}x {peer}", a / rate, limit, "x",
+                                          at_least=True))
     return res

@@ -174,8 +174,14 @@ def run(impls: list[str], rounds: int | None = None, n: int = 100_000, size: int
     res.add_ratio("asyncgrad/torch memory", m, res.value(TORCH, "rss_bytes_per_node"))
     if not math.isnan(a):
         res.targets.append(Target("deep backward <= 3 µs/node", a, 3.0, "µs/node"))
+        torch_t = res.value(TORCH, "backward_us_per_node")
+        if not math.isnan(torch_t):
+            res.targets.append(Target("issue 33: deep backward <= 0.4x torch", a / torch_t, 0.4, "x"))
     if not math.isnan(m):
         res.targets.append(Target("deep graph <= 500 B/node", m, 500.0, "B/node"))
+        torch_m = res.value(TORCH, "rss_bytes_per_node")
+        if not math.isnan(torch_m):
+            res.targets.append(Target("issue 33: deep graph <= 0.4x torch's bytes", m / torch_m, 0.4, "x"))
     return res
 
 

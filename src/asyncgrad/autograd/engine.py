@@ -55,7 +55,7 @@ from .task.call import (
 from .task.graph_task import GraphTask, TaskPolicy
 from .sched.offload import WorkerKernels, run_async_node
 from .runtime.blas import BLAS
-from .sched.placement import ASYNC, Policy
+from .sched.placement import ASYNC, MID_WORK, Policy
 from .sched.admission import grant_admission_pass
 from .sched.loop import LoopScheduler, loop_scheduler
 from .task.statistics import EngineStatistics
@@ -99,7 +99,9 @@ class Engine:
         self.tune_malloc = tune_malloc
         self.policy = Policy(self.max_workers, threshold, blas_threads, tune_malloc)
         # what each new GraphTask takes (Note [Each call runs by its engine's policy])
-        self.task_policy = TaskPolicy(threshold, yield_interval, self.flat_schedule)
+        # (an explicit threshold is a hard rule: Note [Mid-size nodes hop beside another])
+        mid = MID_WORK if inline_threshold is None and self.max_workers >= 2 else math.inf
+        self.task_policy = TaskPolicy(threshold, yield_interval, self.flat_schedule, mid)
         self._pool: WorkerPool | None = None
         self._lock = threading.Lock()  # guards the counters below (any thread reads statistics)
         self._started = self._succeeded = self._failed = self._cancelled = 0
@@ -115,7 +117,7 @@ class Engine:
     @inline_threshold.setter
     def inline_threshold(self, value: int) -> None:
         self.policy.inline_threshold = value
-        self.task_policy = replace(self.task_policy, inline_threshold=value)
+        self.task_policy = replace(self.task_policy, inline_threshold=value, mid_work=math.inf)
 
     @property
     def yield_interval(self) -> float:
@@ -220,7 +222,7 @@ class Engine:
         parent = self._begin(task)
         outcome = "failed"
         tokens = enter_task(task)
-        task.inline_threshold = math.inf  # (placement.decide: every node inline, here)
+        task.inline_threshold = task.mid_work = math.inf  # (placement.decide: every node inline, here)
         try:
             drive_blocking(call_steps(task), lambda: self._drain_sync(task))
             outcome = "succeeded"

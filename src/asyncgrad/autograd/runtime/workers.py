@@ -22,6 +22,15 @@ lets the loop wait behind them. Two means keep the loop served:
   idle only after reporting, the workers take turns, each waking from a sleep, and the
   loop waits behind them.
 
+Note [A new worker is started elsewhere]: ``threading.Thread.start()`` returns only once
+the new thread has run, so the submitting thread (the event loop, at a backward's first
+offloaded kernel) would wait until the OS schedules the new thread and it gets the GIL:
+while the kernels' loader imports numba that was 140 ms at a first backward
+(``python -m bench.first_backward --profile``). So ``submit_at`` hands ``start()`` to a
+bare ``_thread`` thread that does only that (it runs no code that would register it
+with ``threading``) and returns; the worker itself is a named, registered daemon
+``Thread``. Its job is already assigned, so it runs as soon as the worker does.
+
 When every thread is busy, a submitted kernel waits in the pool's queue, served in
 priority order with aging, as the loop's runner serves backward calls (``submit_at``;
 Note [Task order] in runtime/task_order.py): a higher-priority call's kernels start first, and
@@ -36,6 +45,7 @@ seconds, so a process that stops using the engine holds no threads.
 
 from __future__ import annotations
 
+import _thread
 import functools
 import itertools
 import os
@@ -102,8 +112,20 @@ class WorkerPool(Executor):
             self._count += 1
             n = self._count
         thread = threading.Thread(target=self._run, args=(_Worker(job),), name=f"{self.name}-{n}", daemon=True)
-        thread.start()
+        _thread.start_new_thread(self._start, (thread, future))  # (Note [A new worker is started elsewhere])
         return future
+
+    def _start(self, thread: threading.Thread, future: Future[Any]) -> None:
+        """On a bare thread of its own: ``thread.start()``, which waits until the new
+        thread runs (Note [A new worker is started elsewhere]). If the thread cannot
+        start, its first job fails with the error."""
+        try:
+            thread.start()
+        except BaseException as e:
+            with self._lock:
+                self._threads -= 1
+            if future.set_running_or_notify_cancel():
+                future.set_exception(e)
 
     @property
     def threads(self) -> int:

@@ -49,8 +49,14 @@ def run_flat(task: GraphTask, deadline: float) -> bool:
             if type(g) is PendingSum:
                 g = g.total()
             edges = node.next_edges
-            if type(node) is not OpNode or g is None or node.saved is None or not node.spec.fusable \
-                    or (node.checks and type(node.checks[0]) is not SavedTensor):
+            if type(node) is OpNode and g is not None:
+                spec = node.spec
+                saved = node.saved
+                checks = node.checks
+                fused = saved is not None and spec.fusable and (not checks or type(checks[0]) is SavedTensor)
+            else:
+                fused = False
+            if not fused:
                 # ``run_kernel`` and ``finish`` (step.py), no hooks, no create_graph
                 buf = [] if type(node) is GraphRoot else [g]
                 outputs = run_kernel(node, buf, math)
@@ -66,12 +72,11 @@ def run_flat(task: GraphTask, deadline: float) -> bool:
                         if child.sequence_nr == acc_nr and not pending[kc]:
                             _stage(task, child, slots, kc)
             else:  # the fused step (step.plain_step's, over slots)
-                for e in node.checks:
+                for e in checks:
                     if e.version.value != e.saved_version:
                         e.unpack_array(node)  # raises PyTorch's in-place modification error
-                spec = node.spec
-                args = node.saved or spec.no_args
-                params = node.params
+                args = saved or spec.no_args
+                params = node.params  # type: ignore[attr-defined]
                 vjps: tuple[Any, ...] = spec.vjps
                 view = spec.view_vjp
                 twice = spec.symmetric and edges[0] == edges[1] and args[1] is args[2]
@@ -85,21 +90,22 @@ def run_flat(task: GraphTask, deadline: float) -> bool:
                             and child.spec.takes_views:  # type: ignore[attr-defined]
                         rule = view  # (Note [Mean's gradient as a view] in step.py)
                     gi = rule(math, g, *args, **params) if params else rule(math, g, *args)
+                    leaf = child.sequence_nr == acc_nr
                     if gi is not None:
                         if type(gi) is not array or gi.shape != node.input_shapes[i] \
                                 or gi.dtype != node.input_dtypes[i]:
                             gi = fix_gradient(node, i, gi)
                         if twice:
                             gi = doubled(task, child, gi, (g,), args)
-                        if child.sequence_nr == acc_nr and type(gi) is array:
+                        if leaf and type(gi) is array:
                             own_if_fresh(task, child, gi, (g,), None, args)
                     kc = index[child]
                     old = slots[kc]
                     slots[kc] = gi if old is None else combine(old, gi)
                     pending[kc] -= 2 if twice else 1
-                    if child.sequence_nr == acc_nr and not pending[kc]:
+                    if leaf and not pending[kc]:
                         _stage(task, child, slots, kc)
-                if (node.saved or spec.saves_params) and not keep:
+                if (saved or spec.saves_params) and not keep:
                     executed.append(node)
             # the clock every 8 nodes, or after a node heavy enough to make it cheap
             if (not (pos - start) & 7 or node.work >= CLOCK_AFTER_WORK) and clock() >= deadline:

@@ -5,7 +5,9 @@ Each ready node, in ready-queue order (Note [Ready-queue order] in task/graph_ta
 goes where ``placement.decide`` says: inline, through the step ``step.step_for`` picked
 for its backward (prepare, kernel, finish; or the fused step), or to the driver, which
 starts it elsewhere. The loop stops when nothing is ready, when the slice is over, or
-when a node must go elsewhere.
+when a node must go elsewhere. A plain backward of small nodes runs its flat schedule's
+loop instead (sched/flat.py, Note [The flat schedule] in task/schedule.py): the same
+steps over slots, in the order this loop would take.
 """
 
 from __future__ import annotations

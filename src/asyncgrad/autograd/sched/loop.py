@@ -174,7 +174,7 @@ def _hop_next(task: GraphTask) -> bool:
             or task.active_children or task.context is None or task.exec_info is not None:
         return False
     node = task.ready[0][2]
-    return is_plain_node(node) and decide(task, node) is WORKER
+    return is_plain_node(node) and decide(task, node, queued=1) is WORKER
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

@@ -16,6 +16,20 @@ elementwise node finishes on the loop sooner than a hop would, in about one of t
 time slices; a transformer's per-token nodes (layer norm, softmax, GELU at GPT-small
 sizes) then run inline and only its matrix products and the very large nodes hop.
 
+Note [Mid-size nodes hop beside another]: a node below ``inline_threshold`` but of at
+least ``MID_WORK`` elements of work (an elementwise pass of a few hundred thousand
+floats, a fraction of a millisecond) still goes to a worker when another node of its
+backward is ready at that moment: the two can run at once, on a worker and on the loop,
+and the worker chain (below) takes the nodes that only it feeds along on the same hop,
+so a branch of such nodes pays the hop's fixed cost once (in a chain a mid-size node
+counts as heavy). With nothing else ready the
+node runs inline, where it finishes sooner than a hop would. Only on an engine left at
+its default threshold (``inline_threshold=None``: an explicit one is a hard rule, every
+node below it inline, as API.md section 5 words it), with two workers or more, while
+other processes leave two cores (``BLAS.free_cores``); a
+graph with such a node is never run as a flat schedule (Note [The flat schedule] in
+task/schedule.py), which runs every node inline.
+
 Note [Worker chains]: a large node takes the nodes that only it feeds along on the same
 worker hop, since a hop costs as much as a heavy elementwise kernel. ``plan_chain``
 walks the graph from the head as the loop's ready queue would run it (highest
@@ -102,15 +116,23 @@ class Place(enum.Enum):
 INLINE, WORKER, ASYNC = Place.INLINE, Place.WORKER, Place.ASYNC
 
 
-def decide(task: GraphTask, node: Node) -> Place:
+def decide(task: GraphTask, node: Node, queued: int = 0) -> Place:
     """THE decision of where a ready node runs (Note [Inline or offload]): a node with an
     ``async def`` backward as its own task, a node whose ``work`` reaches the task's
-    threshold on workers (how is the Policy's: a chain, parts, one kernel), any other
-    inline. The blocking driver runs every node inline (its threshold is infinite)."""
+    threshold on workers (how is the Policy's: a chain, parts, one kernel), a mid-size
+    node there too while another node is ready (Note [Mid-size nodes hop beside
+    another]), any other inline. ``queued``: 1 when ``node`` is still in the ready
+    queue. The blocking driver runs every node inline (its thresholds are infinite)."""
     if node.maybe_async and node.is_async():
         return ASYNC
-    return WORKER if node.work >= task.inline_threshold else INLINE
+    work = node.work
+    if work >= task.inline_threshold:
+        return WORKER
+    if work >= task.mid_work and len(task.ready) > queued and BLAS.free_cores >= 2:
+        return WORKER
+    return INLINE
 
+MID_WORK = 262_144  # elements of work: a mid-size node (Note [Mid-size nodes hop beside another])
 MAX_LIGHT_RUN = 4  # light nodes in a row inside a worker chain (Note [Worker chains])
 LIGHT_UNITS = 4  # what a light node counts in that run; a node whose rule costs nothing counts 1
 
@@ -176,7 +198,7 @@ class Policy:
         if head._hooks is not None and head._hooks.post:
             return None
         deps = task.dependencies
-        threshold = task.inline_threshold
+        threshold = min(task.inline_threshold, task.mid_work)  # heavy: worth the hop (a mid-size node too)
         nodes: list[Node] = [head]
         feeds: dict[Node, list[tuple[int, int, int]]] = {}  # reached node -> (slot, producer, edge)
         waiting: dict[Node, int] = {}  # reached node -> edges it has yet to hear from

@@ -69,6 +69,9 @@ class TaskPolicy:
     inline_threshold: int  # nodes whose work is below it run inline (Note [Inline or offload])
     yield_interval: float  # the longest its nodes keep the loop from a turn (sched/loop.py)
     flat_schedule: bool = True  # a plain backward may run flat (Note [The flat schedule] in task/schedule.py)
+    # mid-size nodes of at least this much work hop beside another ready node (Note
+    # [Mid-size nodes hop beside another] in sched/placement.py); infinite: never
+    mid_work: float = float("inf")
 
 
 class Driver(Protocol):
@@ -111,6 +114,7 @@ class GraphTask:
         # nodes whose work is below it run inline (placement.decide); the blocking driver
         # sets it to infinity: every node inline on the caller's thread
         self.inline_threshold: float = self.policy.inline_threshold
+        self.mid_work: float = self.policy.mid_work  # (the blocking driver's is infinite too)
         self.keep_graph = keep_graph  # retain_graph: keep saved tensors
         self.create_graph = create_graph  # record the backward (math on Tensors)
         self.accumulate = accumulate  # backward() writes .grad; grad() only captures
@@ -233,13 +237,13 @@ class GraphTask:
         stack = [root]
         walked = 0
         starts = START_HOOKS  # Note [Backward start hooks]: usually empty
-        if self.policy.flat_schedule and not starts and self.is_plain():
+        if starts and id(root) in starts:
+            self.starting.append(root)
+        if self.policy.flat_schedule and self.is_plain():
             self.schedule = yield from walk_flat(self, root, buf, stack, SETUP_STEP)
             if self.schedule is not None:
                 return
             # (else it stopped at a node only the dynamic engine runs: go on from there)
-        if starts and id(root) in starts:
-            self.starting.append(root)
         while stack:
             node = stack.pop()
             walked += 1

@@ -18,15 +18,17 @@ built-in nodes small enough to run inline (``placement.decide`` would say INLINE
 one) and quiet leaves. The walk that finds the graph (``walk_flat``, in place of the
 dependency count) gives each node a slot, and each gradient is added into its
 consumer's slot as it is routed, by ``input_buffer.combine``, in the order the queue
-would have added it. A node's step is the core loop's ``plain_step``, written out here
-over slots (``run_flat`` in sched/flat.py): the fused step for a node whose op has one, ``run_kernel`` for any other,
-the same ownership records (Note [Owned gradients] in step.py), the same released
-nodes. The results, the staging order and the errors are the dynamic engine's, bit for
-bit (tests/test_flat_schedule.py runs both and the reference executor). The walk
-hands over to the dynamic engine at the first node it cannot run (a hook, a custom
-Function, a node to offload), with the dependencies counted so far: no node is walked
-twice. An engine can turn the flat schedule off (``Engine.flat_schedule``; the
-reference executor does).
+would have added it. A node's step is the core loop's ``plain_step``, written out over
+slots (``run_flat`` in sched/flat.py): the fused step for a node whose op has one,
+``run_kernel`` for any other, the same ownership records (Note [Owned gradients] in
+step.py), the same released nodes. The results, the staging order and the errors are
+the dynamic engine's, bit for bit (tests/test_flat_schedule.py runs both and the
+reference executor). The walk hands over to the dynamic engine at the first node it
+cannot run (a hook, a custom Function, a node to offload or a mid-size one that may
+hop: Note [Mid-size nodes hop beside another] in sched/placement.py), with the
+dependencies counted so far: no node is walked twice. It finds the nodes with start
+hooks as the dynamic walk does. An engine can turn the flat schedule off
+(``Engine.flat_schedule``; the reference executor does).
 
 This is the replay of a recorded schedule that compiled autograd and graph-reuse JITs
 cache per graph shape, without the cache: the schedule of a graph built by its forward is
@@ -42,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..graph import ACCUMULATE_GRAD_SEQUENCE_NR, GraphRoot, Node
 from ..graph.op_node import OpNode
+from .lifecycle import START_HOOKS
 
 if TYPE_CHECKING:
     from .graph_task import GraphTask
@@ -84,7 +87,7 @@ def walk_flat(task: GraphTask, root: Node, buf: list[Any], stack: list[Node],
     nodes (``GraphTask.setup_steps``'s). At a node the schedule cannot run it returns None, with that
     node back on ``stack`` and ``task.dependencies`` counted for what it walked, for
     the dynamic walk to go on from."""
-    threshold = task.inline_threshold
+    threshold = min(task.inline_threshold, task.mid_work)  # (nodes that always run inline)
     if type(root) is GraphRoot:
         first = None
     elif type(root) is OpNode and len(buf) == 1 and fits(root, threshold):
@@ -95,6 +98,7 @@ def walk_flat(task: GraphTask, root: Node, buf: list[Any], stack: list[Node],
     pending = [0]
     order: list[Node] = [root]
     acc_nr = ACCUMULATE_GRAD_SEQUENCE_NR
+    starts = START_HOOKS  # (Note [Backward start hooks]: looked up as the dynamic walk does)
     walked = 0
     while stack:
         node = stack.pop()
@@ -115,14 +119,16 @@ def walk_flat(task: GraphTask, root: Node, buf: list[Any], stack: list[Node],
             if child is None:
                 continue
             k = index.get(child)
-            if k is None:
-                index[child] = len(pending)
-                pending.append(1)
-                stack.append(child)
-                if child.sequence_nr != acc_nr:
-                    order.append(child)
-            else:
+            if k is not None:
                 pending[k] += 1
+                continue
+            index[child] = len(pending)
+            pending.append(1)
+            stack.append(child)
+            if child.sequence_nr != acc_nr:
+                order.append(child)
+            if starts and id(child) in starts:
+                task.starting.append(child)
     order.sort(key=_sequence_nr, reverse=True)
     schedule = FlatSchedule(order, index, pending)
     schedule.slots[0] = first
