@@ -149,10 +149,15 @@ CONVS = [  # not on wide rows (strided, or small planes), where the compiled im2
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("kw", CONVS, ids=str)
-def test_conv_windows_paths_agree_exactly_and_match_torch(on_path, kw: dict[str, Any], dtype: type) -> None:
+def test_conv_windows_paths_agree_exactly_and_match_torch(on_path, monkeypatch: pytest.MonkeyPatch,
+                                                         kw: dict[str, Any], dtype: type) -> None:
     """Note [Windows row by row]: the compiled im2col copies and col2im adds in the numpy
-    kernels' order, so both paths give the same bits; and PyTorch's values."""
+    kernels' order, so both paths give the same bits; and PyTorch's values. (Channels
+    first: these geometries otherwise run on pixel rows, tests/test_conv_paths.py.)"""
+    from asyncgrad.ops import conv as ops_conv
+
     torch = pytest.importorskip("torch")
+    monkeypatch.setattr(ops_conv, "PIXEL_ROWS", False)
     rng = np.random.default_rng(6)
     groups = kw.get("groups", 1)
     x = rng.standard_normal((3, 4, 7, 6)).astype(dtype)

@@ -5,7 +5,8 @@ Three kernels, each a bilinear map, make all the rules (Note [Convolution's thre
 
 * ``conv(x, w)``: ``y[n, o] = sum w[o, c, i, j] * x_padded[n, c, s*p + d*i, ...]``, the
   windows of ``x`` copied out (im2col) and multiplied by the weight, one BLAS product per
-  chunk of images (Note [Convolution by image chunks]);
+  part of the batch, on pixel rows (channels last) or channels first (Note [Convolution
+  on pixel rows] says which; Note [Convolution by image chunks]);
 * ``conv_input_grad(g, w)``: its adjoint in ``x``; with stride 1 a convolution of ``g``
   with the flipped kernel (Note [A stride-1 adjoint is a convolution]), else the product
   ``w^T @ g`` folded back onto the input positions (col2im, one strided slice addition
@@ -28,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from . import _pixel_rows as R
 from . import _windows as W
 from ._spec import defop
 
@@ -40,6 +42,89 @@ class ConvGeometry:
 
     window: W.Window
     groups: int
+
+
+# --- which layout ---------------------------------------------------------------------------
+# Note [Convolution on pixel rows]: a convolution is one product of its weight with its
+# windows, in either of two layouts. Channels first, ``W (O, taps*C) @ windows (taps*C,
+# pixels)``, is a product of few rows (O) and long ones, which OpenBLAS runs below its best
+# (it packs panels of the long rows); on pixel rows (channels last), ``windows (pixels,
+# taps*C) @ W^T (taps*C, O)`` in parts of about a thousand pixels (ops/_pixel_rows.py), it
+# runs near its best, no junk columns are computed (Note [Wide rows]), and strided windows
+# are copied in runs of ``kw * C`` rather than element by element. Pixel rows cost two
+# transposing copies, of the input on the way in and of the output on the way out;
+# channels first on wide rows needs neither (the windows are copied in runs of a
+# padded row, the output moved in whole planes). So a convolution takes pixel rows when
+# its kernel has more than one tap and either its windows are not on wide rows (stride >
+# 1, or narrow images) or it has at least ``ROWS_CHANNELS`` input channels; below that
+# the transposes cost more than the product gains (a 3-channel stem, 16 channels on 32 x
+# 32 images), and a 1 x 1 kernel's channels-first windows are a plain copy. The weight's
+# gradient (``windows^T @ g`` summed over the parts) and the input's (``g @ W`` folded back
+# tap by tap onto a channels-last gradient, or with stride 1 a convolution: Note [A
+# stride-1 adjoint is a convolution]) take the same layout as the forward, decided on the
+# same geometry and input channels. Grouped convolutions keep channels first (their
+# products are per group), as do the kernels under ``create_graph`` (through the math
+# namespace). This is the one place that decides.
+PIXEL_ROWS = True  # (tests set it False to check the channels-first kernels on every geometry)
+ROWS_CHANNELS = 32
+
+
+def on_pixel_rows(geo: ConvGeometry, channels: int) -> bool:
+    """Whether the array kernels of ``geo`` over an input of ``channels`` channels run on
+    pixel rows (Note [Convolution on pixel rows])."""
+    win = geo.window
+    return (PIXEL_ROWS and geo.groups == 1 and win.taps > 1
+            and (channels >= ROWS_CHANNELS or not W.wide(win)))
+
+
+def _rows_weight(w: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """``w`` (O, C, kh, kw) as the contiguous ``(kh * kw * C, O)`` that pixel rows multiply."""
+    o = w.shape[0]
+    return np.ascontiguousarray(w.transpose(2, 3, 1, 0), dtype=dtype).reshape(-1, o)
+
+
+def _rows_conv(x: np.ndarray, w: np.ndarray, win: W.Window) -> np.ndarray:
+    """``conv`` on pixel rows."""
+    n, o = x.shape[0], w.shape[0]
+    dtype = np.result_type(x.dtype, w.dtype)
+    wk = _rows_weight(w, dtype)
+    windows = R.RowWindows(x, win, dtype)
+    y = np.empty((n, o, *win.out_size), dtype=dtype)
+    products = np.empty((windows.buf.shape[0] * win.positions, o), dtype=dtype)
+    for part in windows.parts:
+        ys = products[:(part.stop - part.start) * win.positions]
+        np.matmul(windows.cols(part), wk, out=ys)
+        R.to_channels_first(ys, y[part])
+    return y
+
+
+def _rows_weight_grad(x: np.ndarray, gy: np.ndarray, win: W.Window) -> np.ndarray:
+    """``conv_weight_grad`` on pixel rows: ``windows^T @ g`` summed over the parts (a
+    part of one image multiplies its ``g`` plane (O, oh * ow) as it is, without a copy
+    into pixel rows)."""
+    n, c = x.shape[:2]
+    o = gy.shape[1]
+    dtype = np.result_type(x.dtype, gy.dtype)
+    windows = R.RowWindows(x, win, dtype)
+    dwt = np.zeros((o, win.taps * c), dtype=dtype)
+    for part in windows.parts:
+        cols = windows.cols(part)
+        if part.stop - part.start == 1:
+            dwt += gy[part.start].reshape(o, -1) @ cols
+        else:
+            dwt += (cols.T @ R.rows_of(gy, part)).T
+    return np.ascontiguousarray(dwt.reshape(o, *win.kernel, c).transpose(0, 3, 1, 2))
+
+
+def _rows_input_grad(gy: np.ndarray, w: np.ndarray, win: W.Window) -> np.ndarray:
+    """``conv_input_grad`` on pixel rows: ``g @ W`` per part, folded back tap by tap."""
+    n, c = gy.shape[0], w.shape[1]
+    dtype = np.result_type(gy.dtype, w.dtype)
+    wkt = _rows_weight(w, dtype).T
+    dxp = np.zeros((n, *win.padded, c), dtype=dtype)
+    for part in R.image_parts(n, win.positions):
+        R.fold_rows(R.rows_of(gy, part) @ wkt, dxp[part], win)
+    return R.cropped_channels_first(dxp, win)
 
 
 # --- the kernels ----------------------------------------------------------------------------
@@ -59,6 +144,8 @@ def conv(m: Any, x: Any, w: Any, geo: ConvGeometry) -> Any:
     if m.tensor_mode:
         cols = m.reshape(W.m_unfold(m, x, win), (n, g, k, win.positions))
         return m.reshape(m.matmul(wg, cols), (n, o, *win.out_size))
+    if on_pixel_rows(geo, c):
+        return _rows_conv(x, w, win)
     y = np.empty((n, o, *win.out_size), dtype=np.result_type(x.dtype, w.dtype))
     parts = _image_chunks(n, c, win, x.dtype.itemsize)  # Note [Convolution by image chunks]
     unfold = W.Unfolder(x, win, parts[0].stop)
@@ -89,7 +176,7 @@ def _image_chunks(n: int, c: int, win: W.Window, itemsize: int) -> list[slice]:
     row = win.padded[1] if W.wide(win) else win.out_size[1]
     per_image = c * win.taps * win.out_size[0] * row * itemsize
     step = max(1, CHUNK_BYTES // max(per_image, 1))
-    return [slice(i, min(i + step, n)) for i in range(0, n, step)]
+    return [slice(i, min(i + step, n)) for i in range(0, n, step)] or [slice(0, 0)]  # (an empty batch: one empty chunk)
 
 
 def _grouped_rows(gy: np.ndarray, g: int, win: W.Window) -> np.ndarray:
@@ -100,7 +187,8 @@ def _grouped_rows(gy: np.ndarray, g: int, win: W.Window) -> np.ndarray:
         out = np.zeros((o, n, win.out_size[0], win.padded[1]), dtype=gy.dtype)
         out[..., :win.out_size[1]] = gy.transpose(1, 0, 2, 3)
         return out.reshape(g, o // g, -1)
-    return np.ascontiguousarray(gy.reshape(n, g, o // g, -1).transpose(1, 2, 0, 3)).reshape(g, o // g, -1)
+    rows = gy.reshape(n, g, o // g, win.positions)
+    return np.ascontiguousarray(rows.transpose(1, 2, 0, 3)).reshape(g, o // g, -1)
 
 
 def conv_input_grad(m: Any, gy: Any, w: Any, geo: ConvGeometry) -> Any:
@@ -116,6 +204,8 @@ def conv_input_grad(m: Any, gy: Any, w: Any, geo: ConvGeometry) -> Any:
     flipped = _flipped(geo)
     if flipped is not None:  # Note [A stride-1 adjoint is a convolution]
         return conv(m, gy, _flipped_weight(w, geo.groups), flipped)
+    if on_pixel_rows(geo, c):
+        return _rows_input_grad(gy, w, win)
     wt = np.swapaxes(w.reshape(g, og, k), 1, 2)
     cols = np.matmul(wt, _grouped_rows(gy, g, win))  # (groups, C/groups * taps, N * positions)
     if W.wide(win):
@@ -164,6 +254,8 @@ def conv_weight_grad(m: Any, x: Any, gy: Any, geo: ConvGeometry) -> Any:
         gy = m.reshape(gy, (n, g, og, win.positions))
         cols = m.reshape(W.m_unfold(m, x, win), (n, g, k, win.positions))
         return m.reshape(m.sum(m.matmul(gy, m.transpose(cols, 2, 3)), 0), shape)
+    if on_pixel_rows(geo, c):
+        return _rows_weight_grad(x, gy, win)
     parts = _image_chunks(n, c, win, x.dtype.itemsize)
     unfold = W.Unfolder(x, win, parts[0].stop)
     dw = None

@@ -430,3 +430,17 @@ def fold(cols: np.ndarray, shape: tuple[int, ...], out_size: tuple[int, int],
     out = np.zeros(shape, dtype=cols.dtype)
     k.fold(_flat(cols), out.reshape(-1), *shape, *out_size, *window)
     return out
+
+
+# --- convolution on pixel rows (ops/_pixel_rows.py) ----------------------------------------------
+def rows_fold(cols: np.ndarray, xp: np.ndarray, out_size: tuple[int, int], window: tuple[int, ...]) -> bool:
+    """The window gradients ``cols`` (N * oh * ow, kh * kw * C) added onto the
+    C-contiguous padded channels-last ``xp`` (N, Hp, Wp, C) in place, tap by tap (the
+    adjoint of the windows' copy in ops/_pixel_rows.py); False (nothing added) when the
+    compiled kernels are not in use or do not apply."""
+    k = compiled()
+    if k is None or xp.ndim != 4 or not _fits(xp) or not xp.flags.c_contiguous or cols.dtype != xp.dtype:
+        return False
+    n, hp, wp, c = xp.shape
+    k.rows_fold(_flat(cols), xp.reshape(-1), n, c, hp, wp, *out_size, *window)
+    return True

@@ -1147,6 +1147,26 @@ def fold(cols, out, n, c, h, w, oh, ow, kh, kw, sh, sw, dh, dw, pt, pl):  # type
                         o += ow
 
 
+# --- convolution's window gradients on pixel rows (ops/_pixel_rows.py) ---------------------------
+# The numpy fold adds each tap's window gradients with one strided slice addition over
+# (images, oh, ow, C), whose innermost runs are one pixel's ``C`` channels: numpy's
+# iterator takes a call per run (16 floats on a 16-channel layer). This loop adds the same
+# runs in the same order (tap by tap), so both give the same bits.
+@_jit((A32, A32, _N, _N, _N, _N, _N, _N, *_WIN), (A64, A64, _N, _N, _N, _N, _N, _N, *_WIN))
+def rows_fold(cols, xp, n, c, hp, wp, oh, ow, kh, kw, sh, sw, dh, dw, pt, pl):  # type: ignore[no-untyped-def]
+    """``xp`` (N, Hp, Wp, C), flat, += the window gradients ``cols`` (N, oh, ow, kh, kw, C),
+    flat, tap by tap (``pt``, ``pl`` unused: ``xp`` is padded)."""
+    for a in range(kh):
+        for b in range(kw):
+            for img in range(n):
+                for i in range(oh):
+                    for j in range(ow):
+                        src = ((((img * oh + i) * ow + j) * kh + a) * kw + b) * c
+                        dst = ((img * hp + i * sh + a * dh) * wp + j * sw + b * dw) * c
+                        for ch in range(c):
+                            xp[_U(dst + ch)] += cols[_U(src + ch)]
+
+
 # Note [Parallel kernels give the serial bits]: each parallel form cuts its arrays into one
 # contiguous part per thread (elements, or whole rows) and runs the serial kernel on each
 # part, so every element, and every row's reductions (softmax's max and sum, layer_norm's

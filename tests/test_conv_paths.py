@@ -1,0 +1,192 @@
+"""Convolution's two layouts (Note [Convolution on pixel rows] in ops/conv.py): the
+geometries that run on pixel rows and those handed back to channels first, each against
+PyTorch (float64) and the two layouts against each other (float32); gradcheck on pixel
+rows; the compiled fold and the numpy one give the same bits."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import asyncgrad as ag
+import asyncgrad.nn.functional as F
+from asyncgrad.autograd import gradcheck
+from asyncgrad.ops import _pixel_rows as ops_rows
+from asyncgrad.ops import conv as ops_conv
+
+pytestmark = pytest.mark.filterwarnings("ignore:Using padding='same'")  # (PyTorch's own)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _torch_on_one_thread():
+    try:
+        import torch
+    except ImportError:
+        yield
+        return
+    prev = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(prev)
+
+
+def _runs_on_rows(x_shape: tuple[int, ...], w_shape: tuple[int, ...], kw: dict[str, Any]) -> bool:
+    """Whether conv2d's kernels for these arguments run on pixel rows (the geometry the
+    op records)."""
+    x = ag.tensor(np.zeros(x_shape), requires_grad=True)
+    y = F.conv2d(x, ag.tensor(np.zeros(w_shape)), **kw)
+    return ops_conv.on_pixel_rows(y.grad_fn.params["geo"], x_shape[1])
+
+
+# (x shape, weight shape, arguments): each takes pixel rows (strided, narrow images, or
+# 32 channels and more on wide rows)
+ON_ROWS = [
+    ((2, 3, 7, 6), (5, 3, 3, 3), {"stride": 2, "padding": 1}),
+    ((2, 3, 7, 8), (4, 3, 3, 2), {"stride": (2, 3), "padding": (2, 0), "dilation": (1, 2)}),
+    ((3, 2, 5, 4), (3, 2, 3, 3), {"padding": 1}),  # (a 4-wide plane: not on wide rows)
+    ((2, 2, 6, 5), (3, 2, 3, 3), {"padding": "same", "dilation": 2}),
+    ((2, 32, 5, 9), (3, 32, 3, 3), {"padding": 1}),  # wide rows, 32 channels
+    ((2, 32, 6, 9), (4, 32, 2, 3), {"padding": (0, 2)}),
+    ((2, 3, 9, 9), (2, 3, 3, 3), {"stride": 3}),  # windows that do not overlap
+]
+# handed back to channels first
+OFF_ROWS = [
+    ((2, 4, 5, 13), (4, 4, 3, 3), {"padding": 1}),  # wide rows, few channels
+    ((2, 4, 6, 6), (4, 2, 3, 3), {"stride": 2, "padding": 1, "groups": 2}),
+    ((2, 32, 6, 6), (4, 32, 1, 1), {"stride": 2}),  # a 1 x 1 kernel
+]
+
+
+def _rand(shape: tuple[int, ...], seed: int, dtype: Any = np.float64) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+
+
+def _ours(x: np.ndarray, w: np.ndarray, b: np.ndarray, kw: dict[str, Any], transposed: bool) -> list[np.ndarray]:
+    """Output and the three gradients (for a fixed output gradient) of conv2d, or of
+    conv_transpose2d with the same weight read as (C_in, C_out/groups, kh, kw)."""
+    xa, wa, ba = (ag.from_numpy(a.copy()).requires_grad_() for a in (x, w, b))
+    fn = F.conv_transpose2d if transposed else F.conv2d
+    y = fn(xa, wa, ba, **kw)
+    g = _rand(y.shape, 9, x.dtype)
+    grads = ag.grad_sync(y, [xa, wa, ba], ag.from_numpy(g))
+    return [y.numpy(), *(t.numpy() for t in grads)]
+
+
+def _theirs(x: np.ndarray, w: np.ndarray, b: np.ndarray, kw: dict[str, Any], transposed: bool) -> list[np.ndarray]:
+    torch = pytest.importorskip("torch")
+    xt, wt, bt = (torch.from_numpy(a.copy()).requires_grad_() for a in (x, w, b))
+    fn = torch.nn.functional.conv_transpose2d if transposed else torch.nn.functional.conv2d
+    y = fn(xt, wt, bt, **kw)
+    g = torch.from_numpy(_rand(tuple(y.shape), 9, x.dtype))
+    grads = torch.autograd.grad(y, [xt, wt, bt], g)
+    return [y.detach().numpy(), *(t.numpy() for t in grads)]
+
+
+def _arrays(x_shape: tuple[int, ...], w_shape: tuple[int, ...], dtype: Any, transposed: bool = False,
+            groups: int = 1) -> tuple[np.ndarray, ...]:
+    out_channels = w_shape[0]
+    if transposed:  # the weight of the transposed convolution from x's channels
+        w_shape = (x_shape[1], out_channels // groups, *w_shape[2:])
+    return _rand(x_shape, 0, dtype), _rand(w_shape, 1, dtype), _rand((out_channels,), 2, dtype)
+
+
+@pytest.mark.parametrize("case", ON_ROWS + OFF_ROWS, ids=str)
+def test_the_decision_is_the_notes(case: tuple[Any, ...]) -> None:
+    x_shape, w_shape, kw = case
+    assert _runs_on_rows(x_shape, w_shape, kw) == (case in ON_ROWS)
+
+
+@pytest.mark.parametrize("transposed", [False, True], ids=["conv2d", "conv_transpose2d"])
+@pytest.mark.parametrize("case", ON_ROWS + OFF_ROWS, ids=str)
+def test_values_and_gradients_match_torch(case: tuple[Any, ...], transposed: bool) -> None:
+    x_shape, w_shape, kw = case
+    if transposed and kw.get("padding") == "same":
+        pytest.skip("conv_transpose2d takes no padding='same' (as PyTorch's)")
+    x, w, b = _arrays(x_shape, w_shape, np.float64, transposed, kw.get("groups", 1))
+    for a, t in zip(_ours(x, w, b, kw, transposed), _theirs(x, w, b, kw, transposed)):
+        np.testing.assert_allclose(a, t, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("transposed", [False, True], ids=["conv2d", "conv_transpose2d"])
+@pytest.mark.parametrize("case", ON_ROWS, ids=str)
+def test_both_layouts_agree_in_float32(monkeypatch: pytest.MonkeyPatch, case: tuple[Any, ...],
+                                       transposed: bool) -> None:
+    x_shape, w_shape, kw = case
+    if transposed and kw.get("padding") == "same":
+        pytest.skip("conv_transpose2d takes no padding='same'")
+    x, w, b = _arrays(x_shape, w_shape, np.float32, transposed)
+    rows = _ours(x, w, b, kw, transposed)
+    monkeypatch.setattr(ops_conv, "PIXEL_ROWS", False)
+    first = _ours(x, w, b, kw, transposed)
+    for r, f in zip(rows, first):
+        assert r.dtype == np.float32
+        np.testing.assert_allclose(r, f, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows_per_part", [1, 40, 10**6], ids=["an image a part", "some images a part", "one part"])
+def test_batches_cut_into_parts_match_torch(monkeypatch: pytest.MonkeyPatch, rows_per_part: int) -> None:
+    """Parts of one image (whose weight gradient multiplies the gradient's planes as they
+    are), of several, and the whole batch in one: the same values."""
+    monkeypatch.setattr(ops_rows, "ROWS_PER_PART", rows_per_part)
+    for x_shape, w_shape, kw in (ON_ROWS[0], ON_ROWS[4]):
+        x, w, b = _arrays((5, *x_shape[1:]), w_shape, np.float64)
+        assert _runs_on_rows(x.shape, w.shape, kw)
+        for a, t in zip(_ours(x, w, b, kw, False), _theirs(x, w, b, kw, False)):
+            np.testing.assert_allclose(a, t, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("fn, shapes", [
+    (lambda x, w, b: F.conv2d(x, w, b, stride=2, padding=1), ((2, 2, 5, 4), (3, 2, 3, 3), (3,))),
+    (lambda x, w, b: F.conv2d(x, w, b, padding=(1, 0), dilation=(1, 2)), ((1, 2, 4, 5), (2, 2, 2, 2), (2,))),
+    (lambda x, w, b: F.conv_transpose2d(x, w, b, stride=2, padding=1, output_padding=1),
+     ((1, 3, 3, 2), (3, 2, 3, 3), (2,))),
+], ids=["strided", "dilated narrow", "transposed strided"])
+def test_gradcheck_on_pixel_rows(fn: Any, shapes: tuple[tuple[int, ...], ...]) -> None:
+    inputs = tuple(ag.tensor(_rand(s, i), requires_grad=True) for i, s in enumerate(shapes))
+    assert gradcheck(fn, inputs)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_compiled_fold_gives_the_numpy_bits(on_path: Any, dtype: Any) -> None:
+    """The input's gradient of strided windows (folded back tap by tap) on the compiled
+    kernels and on numpy: the same bits."""
+    x_shape, w_shape, kw = ON_ROWS[1]
+    x, w, b = _arrays(x_shape, w_shape, dtype)
+    wt, bt = _arrays(x_shape, w_shape, dtype, transposed=True)[1:]
+
+    def both() -> list[np.ndarray]:
+        return _ours(x, w, b, kw, False) + _ours(x, wt, bt, kw, True)
+
+    on_path("numpy")
+    plain = both()
+    on_path("compiled")
+    fast = both()
+    for p, f in zip(plain, fast):
+        np.testing.assert_array_equal(f, p)
+
+
+@pytest.mark.parametrize("transposed", [False, True], ids=["conv2d", "conv_transpose2d"])
+@pytest.mark.parametrize("case", [ON_ROWS[0], ON_ROWS[4], *OFF_ROWS], ids=str)
+def test_an_empty_batch_matches_torch(case: tuple[Any, ...], transposed: bool) -> None:
+    """An empty batch, on either layout: empty outputs, zero weight and bias gradients."""
+    x_shape, w_shape, kw = case
+    x, w, b = _arrays((0, *x_shape[1:]), w_shape, np.float64, transposed, kw.get("groups", 1))
+    for a, t in zip(_ours(x, w, b, kw, transposed), _theirs(x, w, b, kw, transposed)):
+        assert a.shape == t.shape
+        np.testing.assert_array_equal(a, t)
+
+
+def test_a_broadcast_gradient_on_pixel_rows() -> None:
+    """An output gradient that is a broadcast view (zero strides)."""
+    torch = pytest.importorskip("torch")
+    x, w = _rand((2, 32, 6, 6), 0), _rand((3, 32, 3, 3), 1)
+    xa, wa = ag.tensor(x, requires_grad=True), ag.tensor(w, requires_grad=True)
+    y = F.conv2d(xa, wa, stride=2)
+    g = np.broadcast_to(_rand((1, 3, 1, 1), 2), y.shape)
+    ours = ag.grad_sync(y, [xa, wa], ag.tensor(g))
+    xt, wt = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+    theirs = torch.autograd.grad(torch.nn.functional.conv2d(xt, wt, stride=2), [xt, wt], torch.tensor(g.copy()))
+    for a, t in zip(ours, theirs):
+        np.testing.assert_allclose(a.numpy(), t.numpy(), rtol=1e-10, atol=1e-10)
