@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ...ops._spec import OpSpec
-from . import FREED_MESSAGE, HookedSavedTensor, Node
+from . import FREED_MESSAGE, NO_EDGE, HookedSavedTensor, Node
 from .validate import validate_one
 
 
@@ -86,8 +86,22 @@ class OpNode(Node):
         return out
 
     def apply(self, grads: list[Any], m: Any) -> list[Any]:
-        g = grads[0]
+        return self._apply_over(self.next_edges, grads, m)
+
+    def apply_needed(self, grads: list[Any], m: Any, needed: Any) -> list[Any]:
+        """``apply`` computing only the gradients of edges whose node is in ``needed`` (a
+        pruned backward's dependencies: ``grad()``, ``inputs=``), None for the others,
+        as PyTorch's ``task_should_compute_output``: a saliency map's ``grad(loss, x)``
+        computes no weight gradient."""
         edges = self.next_edges
+        if all(child is None or child in needed for child, _ in edges):
+            return self._apply_over(edges, grads, m)
+        return self._apply_over(tuple(e if e[0] in needed else NO_EDGE for e in edges), grads, m)
+
+    def _apply_over(self, edges: tuple[Any, ...], grads: list[Any], m: Any) -> list[Any]:
+        """The gradients for ``edges`` (the node's, or some of them cut: ``apply_needed``):
+        None where an edge leads nowhere."""
+        g = grads[0]
         if g is None:  # a built-in node passes None on (PyTorch: undefined grads)
             return [None] * len(edges)
         args, params = self.rule_args(m)

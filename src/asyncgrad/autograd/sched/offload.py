@@ -28,8 +28,8 @@ import anyio
 import anyio.abc
 
 from ... import _context
-from ..task.step import (async_kernel_for, finish, fresh_leaf_edges, kernel_for, own_leaf_edges, resolved_kernel,
-                      run_kernel)
+from ..task.step import (async_kernel_for, finish, fresh_leaf_edges, kernel_for, own_leaf_edges, pruned,
+                      resolved_kernel, run_kernel)
 from ..graph import Node
 from ..task.graph_task import GraphTask
 from ..task.input_buffer import InputBuffer, ReadyInputs, combine, inputs_of, value
@@ -37,7 +37,8 @@ from .placement import ChainPlan, Policy
 from ..graph.record import OpNode
 from ..graph.saved import SavedTensor
 from .loop import loop_scheduler, node_done
-from ..task.split_node import apply_edges, is_leaf_edge, route_edges, routes_early, split_groups, unpack
+from ..task.split_node import (apply_edges, is_leaf_edge, needed_edges, route_edges, routes_early, split_groups,
+                               unpack)
 from ..runtime.threads import boxed_call, current_owner, threadsafe_caller
 from ..runtime.workers import submit
 from .wakeup import Wakeup
@@ -79,7 +80,7 @@ class WorkerKernels:
                 if plan is not None:
                     self._start_chain(run, plan)
                     return
-            groups = split_groups(node, policy.splits(task, node))
+            groups = split_groups(node, policy.splits(task, node), needed_edges(task, node))
             if groups is not None:
                 self._start_parts(run, groups, blas)
             else:
@@ -91,7 +92,7 @@ class WorkerKernels:
 
     def _start_kernel(self, run: _NodeRun, blas: bool) -> None:
         task, node, inputs = self.task, run.node, run.inputs
-        kernel = kernel_for(task, True)
+        kernel = pruned(task, node, kernel_for(task, True))
         fn: Callable[..., Any] = kernel
         args: tuple[Any, ...] = (node, inputs, task.math)
         if isinstance(inputs, InputBuffer):  # add up the deferred sums on the worker too

@@ -53,17 +53,18 @@ from .input_buffer import ReadyInputs, inputs_of
 from ..graph.record import OpNode
 
 
-def split_groups(node: Node, splits: bool) -> list[list[int]] | None:
+def split_groups(node: Node, splits: bool, needed: frozenset[int] | None = None) -> list[list[int]] | None:
     """The edges of a split node, grouped into its kernels, the input gradients (edges
     to nodes that are not leaves) first (Note [Input gradient first]); None: one
     kernel. ``splits``: placement's decision (Policy.splits), one kernel per gradient (a product's
-    leaves together: Note [One kernel for a product's leaves])."""
+    leaves together: Note [One kernel for a product's leaves]). ``needed``: in a pruned
+    backward, the edges whose gradients it takes (``needed_edges``), the others not computed."""
     if type(node) is not OpNode or node.spec.variadic:
         return None
     inner: list[int] = []
     leaves: list[int] = []
     for i, (child, _) in enumerate(node.next_edges):
-        if child is not None:
+        if child is not None and (needed is None or i in needed):
             (leaves if child.sequence_nr == ACCUMULATE_GRAD_SEQUENCE_NR else inner).append(i)
     if not splits or len(inner) + len(leaves) < 2:
         return None
@@ -72,6 +73,15 @@ def split_groups(node: Node, splits: bool) -> list[list[int]] | None:
         # (Note [One kernel for a product's leaves])
         return [[i] for i in inner] + [leaves]
     return [[i] for i in inner + leaves]
+
+
+def needed_edges(task: GraphTask, node: Node) -> frozenset[int] | None:
+    """In a pruned backward (``grad()``, ``inputs=``), the edges of ``node`` that lead to a
+    node it still needs (step.pruned's test); None in any other backward."""
+    if task.exec_info is None:
+        return None
+    deps = task.dependencies
+    return frozenset(i for i, (child, _) in enumerate(node.next_edges) if child is not None and child in deps)
 
 
 def is_leaf_edge(node: Node, i: int) -> bool:

@@ -20,7 +20,6 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-
 from ...backend import Array, xp
 from ... import _context
 from ..graph import ACCUMULATE_GRAD_SEQUENCE_NR, AccumulateGrad, Node
@@ -70,6 +69,18 @@ def async_kernel_for(task: GraphTask) -> AsyncKernel:
         return run_async_kernel
     wrapped: AsyncKernel = task.profiler.wrap_async_kernel(run_async_kernel, task)
     return wrapped
+
+
+def pruned(task: GraphTask, node: Node, kernel: Kernel) -> Kernel:
+    """``kernel``, or in a pruned backward (``grad()``, ``inputs=``) for a built-in node
+    the kernel that computes only the gradients its needed edges take
+    (``OpNode.apply_needed``). On the loop: the needed nodes are read here."""
+    if task.exec_info is None or type(node) is not OpNode or kernel is not run_kernel \
+            or _anomaly_mode.get() is not None:
+        return kernel
+    deps = task.dependencies
+    needed = frozenset(child for child, _ in node.next_edges if child is not None and child in deps)
+    return lambda n, inputs, m: validate_outputs(n, n.apply_needed(inputs, m, needed))  # type: ignore[attr-defined]
 
 
 def resolved_kernel(kernel: Kernel, node: Node, inputs: ReadyInputs, math: Any) -> list[Any]:
@@ -301,7 +312,7 @@ def run_node(task: GraphTask, node: Node, ready: ReadyInputs, kernel: Kernel = r
     inputs = prepare(task, node, ready)
     if inputs is None:
         return False
-    finish(task, node, inputs, kernel(node, inputs, task.math))
+    finish(task, node, inputs, pruned(task, node, kernel)(node, inputs, task.math))
     return True
 
 
