@@ -22,13 +22,12 @@ floats, a fraction of a millisecond) still goes to a worker when another node of
 backward is ready at that moment: the two can run at once, on a worker and on the loop,
 and the worker chain (below) takes the nodes that only it feeds along on the same hop,
 so a branch of such nodes pays the hop's fixed cost once (in a chain a mid-size node
-counts as heavy). With nothing else ready the
-node runs inline, where it finishes sooner than a hop would. Only on an engine left at
-its default threshold (``inline_threshold=None``: an explicit one is a hard rule, every
-node below it inline, as API.md section 5 words it), with two workers or more, while
-other processes leave two cores (``BLAS.free_cores``); a
-graph with such a node is never run as a flat schedule (Note [The flat schedule] in
-task/schedule.py), which runs every node inline.
+counts as heavy). With nothing else ready the node runs inline, where it finishes
+sooner than a hop would. Only on an engine left at its default threshold
+(``inline_threshold=None``: an explicit one is a hard rule, every node below it inline,
+as API.md section 5 words it), with two workers or more, while other processes leave
+two cores (``BLAS.free_cores``); a graph with such a node is never run as a flat
+schedule (Note [The flat schedule] in task/schedule.py), which runs every node inline.
 
 Note [Worker chains]: a large node takes the nodes that only it feeds along on the same
 worker hop, since a hop costs as much as a heavy elementwise kernel. ``plan_chain``
@@ -131,6 +130,7 @@ def decide(task: GraphTask, node: Node, queued: int = 0) -> Place:
     if work >= task.mid_work and len(task.ready) > queued and BLAS.free_cores >= 2:
         return WORKER
     return INLINE
+
 
 MID_WORK = 262_144  # elements of work: a mid-size node (Note [Mid-size nodes hop beside another])
 MAX_LIGHT_RUN = 4  # light nodes in a row inside a worker chain (Note [Worker chains])
