@@ -15,21 +15,9 @@ import asyncgrad.nn.functional as F
 from asyncgrad.autograd import gradcheck
 from asyncgrad.ops import _pixel_rows as ops_rows
 from asyncgrad.ops import conv as ops_conv
+from test_conv import _torch_on_one_thread  # noqa: F401  (the fixture applies here)
 
 pytestmark = pytest.mark.filterwarnings("ignore:Using padding='same'")  # (PyTorch's own)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _torch_on_one_thread():
-    try:
-        import torch
-    except ImportError:
-        yield
-        return
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(prev)
 
 
 def _runs_on_rows(x_shape: tuple[int, ...], w_shape: tuple[int, ...], kw: dict[str, Any]) -> bool:

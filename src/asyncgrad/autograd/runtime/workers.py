@@ -24,9 +24,9 @@ lets the loop wait behind them. Two means keep the loop served:
 
 Note [A new worker is started elsewhere]: ``threading.Thread.start()`` returns only once
 the new thread has run, so the submitting thread (the event loop, at a backward's first
-offloaded kernel) would wait until the OS schedules the new thread and it gets the GIL:
-while the kernels' loader imports numba that was 140 ms at a first backward
-(``python -m bench.first_backward --profile``). So ``submit_at`` hands ``start()`` to a
+offloaded kernel) would wait until the OS schedules the new thread and it gets the GIL,
+a long stall while the kernels' loader imports numba (``python -m bench.first_backward
+--profile`` shows it). So ``submit_at`` hands ``start()`` to a
 bare ``_thread`` thread that does only that (it runs no code that would register it
 with ``threading``) and returns; the worker itself is a named, registered daemon
 ``Thread``. Its job is already assigned, so it runs as soon as the worker does.

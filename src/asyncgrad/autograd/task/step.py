@@ -312,7 +312,9 @@ def run_node(task: GraphTask, node: Node, ready: ReadyInputs, kernel: Kernel = r
     inputs = prepare(task, node, ready)
     if inputs is None:
         return False
-    finish(task, node, inputs, pruned(task, node, kernel)(node, inputs, task.math))
+    if task.exec_info is not None:  # (a pruned backward: ``pruned``)
+        kernel = pruned(task, node, kernel)
+    finish(task, node, inputs, kernel(node, inputs, task.math))
     return True
 
 
