@@ -123,11 +123,11 @@ def call_rules(calls: list[tuple[Any, Any, tuple[Any, ...], dict[str, Any] | Non
         rule(m, g, *args, **params) if params else rule(m, g, *args)
 
 
-def _timed(fn: Callable[[], Any]) -> float:
+def _timed(fn: Callable[..., Any], *args: Any) -> float:
     gc.disable()
     try:
         t = time.perf_counter()
-        fn()
+        fn(*args)
         return time.perf_counter() - t
     finally:
         gc.enable()
@@ -147,10 +147,10 @@ async def measure(rounds: int, n: int) -> dict[str, float]:
         for part in times:
             if part == "numpy":
                 _, saved = numpy_forward(x0, c0, n)
-                times[part].append(_timed(lambda: numpy_backward(saved, c0, n, 16)))
+                times[part].append(_timed(numpy_backward, saved, c0, n, 16))
             elif part == "HIPS autograd":
                 vjp, ans = autograd_forward(x0, c0, n)
-                times[part].append(_timed(lambda: vjp(np.ones_like(ans))))
+                times[part].append(_timed(vjp, np.ones_like(ans)))
             elif part == "engine":
                 loss = ag_forward(x0, c0, n)
                 gc.disable()
@@ -161,10 +161,9 @@ async def measure(rounds: int, n: int) -> dict[str, float]:
             else:
                 loss = ag_forward(x0, c0, n)
                 if part == "rules":
-                    calls = rule_calls(loss)
-                    times[part].append(_timed(lambda: call_rules(calls)))
+                    times[part].append(_timed(call_rules, rule_calls(loss)))
                 else:
-                    times[part].append(_timed(lambda: (walk if part == "walk" else least_loop)(loss)))
+                    times[part].append(_timed(walk if part == "walk" else least_loop, loss))
     return {k: statistics.median(v) / n * 1e6 for k, v in times.items()}
 
 

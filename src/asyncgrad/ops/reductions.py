@@ -126,9 +126,9 @@ SMALL_EXPANDED_GRAD = 65_536
 
 def _sum_all_rule(m, g, ans, x, *, dim, keepdim, shape):  # type: ignore[no-untyped-def]
     """``g`` at every position of the input: a read-only zero-stride view of it, as
-    PyTorch's ``expand``; below SMALL_EXPANDED_GRAD elements a new array (writeable, as
-    mean's), the same values."""
-    if m.tensor_mode or math.prod(shape) >= SMALL_EXPANDED_GRAD:
+    PyTorch's ``expand``; a numpy one below SMALL_EXPANDED_GRAD elements a new array
+    (writeable, as mean's), the same values."""
+    if m.tensor_mode or type(g) is not np.ndarray or math.prod(shape) >= SMALL_EXPANDED_GRAD:
         return m.broadcast_to(g, shape)
     out = np.empty(shape, dtype=g.dtype)
     out[...] = g
