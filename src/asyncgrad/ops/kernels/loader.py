@@ -237,8 +237,8 @@ def _at_low_cpu_priority() -> Iterator[None]:
 def _preload_llvm() -> None:
     """Note [LLVM's library loads without the GIL]: importing numba loads llvmlite's
     LLVM, a shared library of ~170 MB, with ``ctypes.CDLL``, whose ``dlopen`` holds the
-    GIL from start to end: the event loop waits for it, ~10 ms from the page cache and
-    far longer when the file must be read from disk. A ``dlopen`` called through ctypes
+    GIL from start to end: the event loop waits for all of it, reading the file from
+    disk included (docs/guides/kernels.md). A ``dlopen`` called through ctypes
     as a foreign function releases the GIL meanwhile, so the loader opens the library
     that way first; llvmlite's own ``dlopen`` then finds it loaded and returns at once.
     It is opened as llvmlite opens it (``RTLD_LOCAL``: its symbols stay its own), and only
@@ -254,16 +254,17 @@ def _preload_llvm() -> None:
         return
     if spec is None or not spec.submodule_search_locations:
         return
-    for folder in spec.submodule_search_locations:
-        for path in sorted(Path(folder, "binding").glob("libllvmlite*")):
-            try:
-                dlopen = ctypes.CDLL(None).dlopen
-            except (OSError, AttributeError):
-                return
-            dlopen.argtypes = (ctypes.c_char_p, ctypes.c_int)
-            dlopen.restype = ctypes.c_void_p
-            dlopen(os.fsencode(path), os.RTLD_NOW | os.RTLD_LOCAL)
-            return
+    paths = [path for folder in spec.submodule_search_locations
+             for path in sorted(Path(folder, "binding").glob("libllvmlite*"))]
+    if not paths:
+        return
+    try:
+        dlopen = ctypes.CDLL(None).dlopen
+    except (OSError, AttributeError):
+        return
+    dlopen.argtypes = (ctypes.c_char_p, ctypes.c_int)
+    dlopen.restype = ctypes.c_void_p
+    dlopen(os.fsencode(paths[0]), os.RTLD_NOW | os.RTLD_LOCAL)
 
 
 def _load() -> None:
