@@ -196,6 +196,24 @@ NODE_BUDGET = "\n".join([
     "a loop in Python takes more than half the best peer's time; a compiled core loop would not.",
 ]) + "\n"
 
+# bench.first_backward, in a fresh virtualenv with ``pip install .`` only (numpy, anyio,
+# threadpoolctl) and in the development one (numba too), 2026-12-02 07:02 UTC, load average 1.5
+FIRST_BACKWARD = "\n".join([
+    "## The first backward of a process",
+    "",
+    "How late a 1 ms asyncio ticker fires during a process's first `await ag.backward` (a 512 x 512 float32 "
+    "product and tanh; the graph built before the ticker starts), against the second one: `env -u "
+    "OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python -m bench.first_backward --runs 5`, five fresh processes "
+    "each (2026-12-02 07:02 UTC, load average 1.5). With numba installed (the `fast` extra), the first "
+    "backward starts the compiled kernels' loader, whose import shares the GIL with the loop "
+    "([kernels](guides/kernels.md)).",
+    "",
+    "| install | first backward: worst lag ms | second backward: worst lag ms |",
+    "|---|---|---|",
+    "| `pip install .` | 2.1, 2.3, 2.9, 4.0, 4.6 | 0.9, 1.0, 1.4, 2.4, 2.5 |",
+    "| with numba (`fast` extra) | 12.4, 12.4, 12.7, 20.2, 22.1 | 1.3, 2.1, 2.1, 2.4, 2.5 |",
+]) + "\n"
+
 RUNNING = """\
 ## How to run it
 
@@ -394,7 +412,7 @@ def render(payload: dict[str, Any], figures: str | None = "img") -> str:
     parts += [*contents, ""]
     for w in workloads:
         parts += [render_workload(w, figures), ""]
-    parts += [NOTES_FIGURES, REDESIGN, NODE_BUDGET, RUNNING]
+    parts += [NOTES_FIGURES, REDESIGN, NODE_BUDGET, FIRST_BACKWARD, RUNNING]
     return "\n".join(parts).rstrip() + "\n"
 
 
