@@ -96,6 +96,12 @@ class BlasThreads:
         return self._cap
 
     @property
+    def others_idle(self) -> bool:
+        """Whether other processes were last seen leaving every core free (False until
+        sampled, and while sampling is off: Note [Other processes' load])."""
+        return self.load.others_idle()
+
+    @property
     def per_call(self) -> int:
         return 1 if self._single else min(self._default, self._cap)
 

@@ -91,6 +91,11 @@ class OtherLoad:
         self._loads = [*self._loads[-1:], others]
         return True
 
+    def others_idle(self) -> bool:
+        """Whether the last two samples found every core free of others' work (as
+        ``free_cores``); False before the first sample and while sampling is off."""
+        return self.enabled and bool(self._loads) and max(self._loads) <= 0.3
+
     def free_cores(self) -> int:
         """The cores left free by the larger of the last two samples (at least 1): a core
         counts as taken from about a third of a core's worth of others' work."""

@@ -83,6 +83,28 @@ run inline, whether the runner may complete it, and how long its nodes may keep 
 (a slice ends at the earliest ``yield_interval`` of the calls it ran). Changing an
 engine's ``inline_threshold`` applies to its later calls.
 
+Note [Niced only while the cores are free]: with the loop's thread at the same priority
+as the kernels (a worker and BLAS's helper threads on every core), a woken loop waits
+behind them for a time slice. A worker thread at a lowered priority (niceness) gives a
+waking loop its core at once, at the same speed, on a machine the process has to itself;
+but next to other busy processes a niced kernel gets a small share of a core it shares
+with them, and the backward takes several times as long. So by default
+(``Engine(worker_nice=None)``) ``worker_niceness`` runs a backward call's kernels on the
+pool niced by ``QUIET_NICE`` only while other processes were last seen leaving every core
+free (``BLAS.others_idle``: Note [Other processes' load] in runtime/cpu_load.py), and on
+the pool at the process's priority otherwise: before the first sample, while sampling is
+off, and from the first backward after another process got busy. The invariant: a
+kernel runs niced only when nothing but this process competes for the cores, so the
+niceness shifts the cores between the engine's own threads (toward the loop) and never
+hands them to another process. A thread's niceness cannot be raised back without
+privileges, so the two are separate pools (``shared_pool``), and the choice is made as
+each call starts (``WorkerKernels``' executor, the commit's offload), when the load is
+sampled. An explicit ``worker_nice=n`` runs every kernel at niceness ``n`` (0: never
+niced). BLAS's own helper threads (OpenBLAS starts them when it loads) keep the process's
+priority; while they work (BLAS multi-threaded: one backward alone on free cores) the
+worker thread beside them is niced, so the loop still finds a core it may take.
+``python -m bench.worker_nice [--busy]`` measures the three settings side by side.
+
 BLAS's threads per call and the slots BLAS kernels share are runtime/blas.py's (Note
 [BLAS threads] there).
 """
@@ -132,6 +154,16 @@ def decide(task: GraphTask, node: Node, queued: int = 0) -> Place:
     return INLINE
 
 
+def worker_niceness(worker_nice: int | None) -> int:
+    """THE decision of the niceness an engine's kernels run at (Note [Niced only while
+    the cores are free]): ``worker_nice`` when the engine fixed it, else ``QUIET_NICE``
+    while other processes leave every core free, else 0."""
+    if worker_nice is not None:
+        return worker_nice
+    return QUIET_NICE if BLAS.others_idle else 0
+
+
+QUIET_NICE = 10  # the kernels' niceness while no other process is busy (Note [Niced only while the cores are free])
 MID_WORK = 262_144  # elements of work: a mid-size node (Note [Mid-size nodes hop beside another])
 MAX_LIGHT_RUN = 4  # light nodes in a row inside a worker chain (Note [Worker chains])
 LIGHT_UNITS = 4  # what a light node counts in that run; a node whose rule costs nothing counts 1
