@@ -1,7 +1,9 @@
-"""The worker threads' niceness (Note [Niced only while the cores are free] in
+"""The worker threads' niceness (Note [Niced kernels on the cores others leave] in
 sched/placement.py): 10 MLP backwards (4 layers, batch 256, width 1024) under a 1 ms ticker on
 the loop, with ``Engine(worker_nice=n)`` for each n (``auto``: the default, None), and the
-idle loop (the ticker alone) in the same rounds; interleaved rounds, medians. With
+idle loop (the ticker alone) in the same rounds; interleaved rounds, medians, and the
+time the loop's thread waited, runnable, for a CPU during the backwards (the part of its
+lag the OS scheduler caused; Linux). With
 ``--busy``, next to one other process that spins on a core the whole time. The header
 gives the cores' worth of CPU that other processes (the spinner included) kept busy.
 
@@ -81,13 +83,14 @@ def main(argv: list[str] | None = None) -> None:
     print(f"# {time.strftime('%H:%M UTC', time.gmtime())}, load {os.getloadavg()[0]:.2f}, others kept {others} "
           f"cores busy{' (one busy process added)' if args.busy else ''}; "
           f"python -m bench.worker_nice --rounds {args.rounds}{' --busy' if args.busy else ''}")
-    print("| worker_nice | 10 backwards ms | p99 lag ms | max lag ms |")
-    print("|---|---:|---:|---:|")
+    print("| worker_nice | 10 backwards ms | p99 lag ms | max lag ms | loop waited for a CPU ms |")
+    print("|---|---:|---:|---:|---:|")
     for n, sessions in results.items():
         def med(key: str, sessions: list[dict[str, float]] = sessions) -> float:
             return statistics.median(s[key] for s in sessions)
         name = n if n == IDLE else ("None (auto)" if n == "auto" else n)
-        print(f"| {name} | {med('elapsed_ms'):.1f} | {med('p99_lag_ms'):.2f} | {med('max_lag_ms'):.2f} |")
+        waited = "" if n == IDLE else f"{med('runqueue_ms'):.1f}"
+        print(f"| {name} | {med('elapsed_ms'):.1f} | {med('p99_lag_ms'):.2f} | {med('max_lag_ms'):.2f} | {waited} |")
 
 
 if __name__ == "__main__":

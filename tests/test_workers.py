@@ -122,7 +122,7 @@ def test_worker_threads_run_at_lowered_priority(nice):
 @pytest.mark.parametrize("nice", [None, 5])
 async def test_engine_kernels_run_on_its_threads_niced_only_when_asked(nice):
     """Default, with other processes' load not sampled (as in the suite): the process's
-    priority (Note [Niced only while the cores are free] in sched/placement.py)."""
+    priority (Note [Niced kernels on the cores others leave] in sched/placement.py)."""
     prev = get_engine()
     engine = Engine(inline_threshold=0) if nice is None else Engine(inline_threshold=0, worker_nice=nice)
     set_engine(engine)

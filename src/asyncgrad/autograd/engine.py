@@ -55,7 +55,7 @@ from .task.call import (
 from .task.graph_task import GraphTask, TaskPolicy
 from .sched.offload import WorkerKernels, run_async_node
 from .runtime.blas import BLAS
-from .sched.placement import ASYNC, MID_WORK, Policy, worker_niceness
+from .sched.placement import ASYNC, MID_WORK, Policy, worker_pool
 from .sched.admission import grant_admission_pass
 from .sched.loop import LoopScheduler, loop_scheduler
 from .task.statistics import EngineStatistics
@@ -75,8 +75,8 @@ class Engine:
     """Runs backward passes. ``max_workers`` bounds the engine's kernel threads,
     ``inline_threshold`` (elements) decides which nodes run inline, ``executor``
     replaces the engine's own worker threads with any ``concurrent.futures.Executor``,
-    ``worker_nice`` fixes those threads' niceness (default None: lowered only while no
-    other process keeps a core busy, Note [Niced only while the cores are free] in
+    ``worker_nice`` fixes those threads' niceness (default None: lowered on the cores no
+    other process keeps busy, Note [Niced kernels on the cores others leave] in
     sched/placement.py; 0: never lowered), ``yield_interval``
     is the longest the loop goes without a turn (Note [One runner per loop] in
     sched/loop.py)."""
@@ -106,7 +106,8 @@ class Engine:
         # (an explicit threshold is a hard rule: Note [Mid-size nodes hop beside another])
         mid = MID_WORK if inline_threshold is None and self.max_workers >= 2 else math.inf
         self.task_policy = TaskPolicy(threshold, yield_interval, self.flat_schedule, mid)
-        self._pools: dict[int, WorkerPool] = {}  # by niceness (Note [Niced only while the cores are free])
+        # by (threads, niceness) (Note [Niced kernels on the cores others leave] in sched/placement.py)
+        self._pools: dict[tuple[int, int], WorkerPool] = {}
         self._lock = threading.Lock()  # guards the counters below (any thread reads statistics)
         self._started = self._succeeded = self._failed = self._cancelled = 0
         self._nodes_inline = self._nodes_offloaded = self._thread_hops = 0
@@ -337,19 +338,18 @@ class Engine:
         return await run_in_executor(self.worker_executor(), fn, args, priority)
 
     def worker_executor(self) -> Executor:
-        """Where kernels run now: the ``executor`` given, else the engine's worker threads
-        at the niceness ``worker_niceness`` chooses (Note [Niced only while the cores are
-        free] in sched/placement.py)."""
+        """Where kernels run now: the ``executor`` given, else the engine's worker threads,
+        as many and at the niceness ``worker_pool`` chooses (Note [Niced kernels on the
+        cores others leave] in sched/placement.py)."""
         if self.executor is not None:
             return self.executor
-        nice = worker_niceness(self.worker_nice)
-        return self._pools.get(nice) or self._start_pool(nice)
+        setting = worker_pool(self.max_workers, self.worker_nice)
+        return self._pools.get(setting) or self._start_pool(setting)
 
-    def _start_pool(self, nice: int) -> WorkerPool:
-        """The worker threads at niceness ``nice``: a pool of ``max_workers`` threads
-        shared by every event loop and thread that uses the engine (and by engines with
-        the same settings)."""
-        pool = self._pools[nice] = shared_pool(self.max_workers, nice)
+    def _start_pool(self, setting: tuple[int, int]) -> WorkerPool:
+        """The worker threads for ``(threads, niceness)``: a pool shared by every event
+        loop and thread that uses the engine (and by engines with the same settings)."""
+        pool = self._pools[setting] = shared_pool(*setting)
         return pool
 
     def _warm(self) -> None:

@@ -96,10 +96,11 @@ class BlasThreads:
         return self._cap
 
     @property
-    def others_idle(self) -> bool:
-        """Whether other processes were last seen leaving every core free (False until
-        sampled, and while sampling is off: Note [Other processes' load])."""
-        return self.load.others_idle()
+    def spare_cores(self) -> int:
+        """The cores other processes were last seen leaving wholly free: 0 when they
+        take them all, and until sampled or while sampling is off (Note [Other
+        processes' load] in runtime/cpu_load.py)."""
+        return self.load.spare_cores()
 
     @property
     def per_call(self) -> int:

@@ -83,27 +83,31 @@ run inline, whether the runner may complete it, and how long its nodes may keep 
 (a slice ends at the earliest ``yield_interval`` of the calls it ran). Changing an
 engine's ``inline_threshold`` applies to its later calls.
 
-Note [Niced only while the cores are free]: with the loop's thread at the same priority
-as the kernels (a worker and BLAS's helper threads on every core), a woken loop waits
-behind them for a time slice. A worker thread at a lowered priority (niceness) gives a
-waking loop its core at once, at the same speed, on a machine the process has to itself;
-but next to other busy processes a niced kernel gets a small share of a core it shares
-with them, and the backward takes several times as long. So by default
-(``Engine(worker_nice=None)``) ``worker_niceness`` runs a backward call's kernels on the
-pool niced by ``QUIET_NICE`` only while other processes were last seen leaving every core
-free (``BLAS.others_idle``: Note [Other processes' load] in runtime/cpu_load.py), and on
-the pool at the process's priority otherwise: before the first sample, while sampling is
-off, and from the first backward after another process got busy. The invariant: a
-kernel runs niced only when nothing but this process competes for the cores, so the
-niceness shifts the cores between the engine's own threads (toward the loop) and never
-hands them to another process. A thread's niceness cannot be raised back without
-privileges, so the two are separate pools (``shared_pool``), and the choice is made as
-each call starts (``WorkerKernels``' executor, the commit's offload), when the load is
-sampled. An explicit ``worker_nice=n`` runs every kernel at niceness ``n`` (0: never
-niced). BLAS's own helper threads (OpenBLAS starts them when it loads) keep the process's
-priority; while they work (BLAS multi-threaded: one backward alone on free cores) the
-worker thread beside them is niced, so the loop still finds a core it may take.
-``python -m bench.worker_nice [--busy]`` measures the three settings side by side.
+Note [Niced kernels on the cores others leave]: with the loop's thread at the same
+priority as the kernels (a worker and BLAS's helper threads on every core), a woken loop
+waits behind them for a time slice. A worker thread at a lowered priority (niceness)
+gives a waking loop its core at once, at the same speed, while the cores it runs on are
+this process's alone; but a niced kernel on a core another busy process also wants gets
+a small share of it, and the backward takes several times as long. So by default
+(``Engine(worker_nice=None)``) ``worker_pool`` sends a backward call's kernels to a pool
+niced by ``QUIET_NICE`` with as many threads as the cores other processes were last seen
+leaving wholly free (``BLAS.spare_cores``: Note [Other processes' load] in
+runtime/cpu_load.py), at most ``max_workers``: two on an idle 2-core machine, one beside
+one busy process, which then keeps its own core while the loop preempts the kernels on
+the other. When other processes take every core, and while nothing is known (before the
+first sample, sampling off), the kernels run on ``max_workers`` threads at the process's
+priority, sharing the cores fairly. The invariant: niced kernels never run on more
+threads than there are cores no other process wants, so niceness moves CPU time between
+this process's own threads (toward the loop) and never hands a core to another process.
+BLAS's threads follow the same samples (``BLAS.free_cores``), and BLAS's own helper
+threads (OpenBLAS starts them when it loads) keep the process's priority; they work
+only while BLAS is multi-threaded, which needs two free cores, and the worker beside
+them is then niced, so the loop still finds a core it may take. A thread's niceness
+cannot be raised back without privileges, so each (threads, niceness) is a pool of its
+own (``shared_pool``), chosen as each call starts (``WorkerKernels``' executor, the
+commit's offload), when the load is sampled. An explicit ``worker_nice=n`` runs every
+kernel at niceness ``n`` on ``max_workers`` threads (0: never niced). ``python -m
+bench.worker_nice [--busy]`` measures the settings side by side.
 
 BLAS's threads per call and the slots BLAS kernels share are runtime/blas.py's (Note
 [BLAS threads] there).
@@ -154,16 +158,21 @@ def decide(task: GraphTask, node: Node, queued: int = 0) -> Place:
     return INLINE
 
 
-def worker_niceness(worker_nice: int | None) -> int:
-    """THE decision of the niceness an engine's kernels run at (Note [Niced only while
-    the cores are free]): ``worker_nice`` when the engine fixed it, else ``QUIET_NICE``
-    while other processes leave every core free, else 0."""
+def worker_pool(max_workers: int, worker_nice: int | None) -> tuple[int, int]:
+    """THE decision of the (threads, niceness) of the pool a backward call's kernels run
+    on (Note [Niced kernels on the cores others leave]): ``worker_nice`` on
+    ``max_workers`` threads when the engine fixed it; else ``QUIET_NICE`` on the cores
+    other processes leave wholly free, or the process's priority on ``max_workers``
+    threads when they leave none (or nothing is known)."""
     if worker_nice is not None:
-        return worker_nice
-    return QUIET_NICE if BLAS.others_idle else 0
+        return max_workers, worker_nice
+    spare = BLAS.spare_cores
+    if spare == 0:
+        return max_workers, 0
+    return min(max_workers, spare), QUIET_NICE
 
 
-QUIET_NICE = 10  # the kernels' niceness while no other process is busy (Note [Niced only while the cores are free])
+QUIET_NICE = 10  # kernels' niceness on cores no other process wants (Note [Niced kernels on the cores others leave])
 MID_WORK = 262_144  # elements of work: a mid-size node (Note [Mid-size nodes hop beside another])
 MAX_LIGHT_RUN = 4  # light nodes in a row inside a worker chain (Note [Worker chains])
 LIGHT_UNITS = 4  # what a light node counts in that run; a node whose rule costs nothing counts 1
