@@ -1,10 +1,10 @@
 """Note [Niced kernels on the cores others leave] (autograd/sched/placement.py): by
-default a backward call's kernels run niced on as many threads as the cores other
-processes were last seen leaving wholly free, and on ``max_workers`` threads at the
-process's priority when they leave none (and before the first sample, and while
-sampling is off); an explicit ``worker_nice`` fixes the niceness. Other processes' load
-is simulated (injected samples); the tests check which pool, threads and niceness the
-kernels ran on, and that gradients are the reference executor's either way."""
+default a backward call's kernels run niced on the engine's ``max_workers`` threads
+while other processes were last seen leaving at least that many cores wholly free, and
+at the process's priority otherwise (and before the first sample, and while sampling is
+off); an explicit ``worker_nice`` fixes the niceness. Other processes' load is simulated
+(injected samples); the tests check which pool and niceness the kernels ran on, and that
+gradients are the reference executor's either way."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from asyncgrad.autograd import Engine
 from asyncgrad.autograd.runtime.blas import BLAS, BlasThreads
 from asyncgrad.autograd.runtime.cpu_load import INTERVAL, OtherLoad
 from asyncgrad.autograd.runtime.workers import shared_pool
-from asyncgrad.autograd.sched.placement import QUIET_NICE, worker_pool
+from asyncgrad.autograd.sched.placement import QUIET_NICE, worker_niceness
 from asyncgrad.autograd.tools.reference import ReferenceEngine
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread niceness is Linux's")
@@ -42,29 +42,20 @@ class FakeMachine:
                          cpus={0, 1}, enabled=enabled)
 
 
-def test_the_pool_follows_the_cores_the_samples_leave_free(monkeypatch):
+def test_kernels_are_niced_only_while_the_samples_leave_a_core_per_worker(monkeypatch):
     m = FakeMachine()
     monkeypatch.setattr(BLAS, "load", m.load())
-    chosen = [worker_pool(2, None)]  # no sample yet: nothing known
+    chosen = [(worker_niceness(1, None), worker_niceness(2, None))]  # no sample yet: nothing known
     BLAS.load.sample()  # a baseline only
-    chosen.append(worker_pool(2, None))
+    chosen.append((worker_niceness(1, None), worker_niceness(2, None)))
     for others in (0.0, 0.0, 1.0, 1.0, 1.6, 0.0, 0.0, 0.2):
         m.advance(others)
         BLAS.load.sample()
-        chosen.append(worker_pool(2, None))
-    # (the larger of the last two samples counts; a fifth of a core's worth is no load)
+        chosen.append((worker_niceness(1, None), worker_niceness(2, None)))
+    # (the larger of the last two samples counts; a fifth of a core's worth is no load):
+    # one busy core leaves a core for one worker, not for two
     n = QUIET_NICE
-    assert chosen == [(2, 0), (2, 0), (2, n), (2, n), (1, n), (1, n), (2, 0), (2, 0), (2, n), (2, n)]
-
-
-def test_never_more_niced_threads_than_max_workers(monkeypatch):
-    m = FakeMachine()
-    monkeypatch.setattr(BLAS, "load", m.load())
-    BLAS.load.sample()
-    m.advance(0.0)
-    BLAS.load.sample()
-    assert [worker_pool(1, None), worker_pool(2, None), worker_pool(8, None)] == [(1, QUIET_NICE), (2, QUIET_NICE),
-                                                                                (2, QUIET_NICE)]
+    assert chosen == [(0, 0), (0, 0), (n, n), (n, n), (n, 0), (n, 0), (0, 0), (0, 0), (n, n), (n, n)]
 
 
 def test_an_explicit_niceness_is_kept_whatever_the_load(monkeypatch):
@@ -74,7 +65,7 @@ def test_an_explicit_niceness_is_kept_whatever_the_load(monkeypatch):
     for others in (0.0, 1.0, 2.0):
         m.advance(others)
         BLAS.load.sample()
-        assert [worker_pool(2, 0), worker_pool(2, 5), worker_pool(3, QUIET_NICE)] == [(2, 0), (2, 5), (3, QUIET_NICE)]
+        assert [worker_niceness(2, 0), worker_niceness(2, 5), worker_niceness(1, QUIET_NICE)] == [0, 5, QUIET_NICE]
 
 
 def test_never_niced_while_sampling_is_off(monkeypatch):
@@ -83,7 +74,7 @@ def test_never_niced_while_sampling_is_off(monkeypatch):
     for _ in range(3):
         m.advance(0.0)
         BLAS.load.sample()
-    assert BLAS.spare_cores == 0 and worker_pool(2, None) == (2, 0)
+    assert BLAS.spare_cores == 0 and worker_niceness(1, None) == 0
 
 
 def _kernel_threads_and_grads(engine: Engine, backend: str) -> tuple[list[tuple[str, int]], list[np.ndarray]]:
@@ -114,10 +105,10 @@ def test_a_backwards_kernels_run_on_the_pool_the_load_chooses(backend, spare, mo
     base = os.getpriority(os.PRIO_PROCESS, 0)
     engine = Engine(max_workers=2, inline_threshold=0)
     seen, grads = _kernel_threads_and_grads(engine, backend)
-    want = min(19, base + QUIET_NICE) if spare else base
+    niced = spare >= 2  # a core for each of the two workers
+    want = min(19, base + QUIET_NICE) if niced else base
     assert seen and all(name.startswith("asyncgrad-worker") and nice == want for name, nice in seen)
-    pool = shared_pool(spare, QUIET_NICE) if spare else shared_pool(2, 0)
-    assert engine.worker_executor() is pool and pool.max_workers == (spare or 2)
+    assert engine.worker_executor() is shared_pool(2, QUIET_NICE if niced else 0)
     assert os.getpriority(os.PRIO_PROCESS, 0) == base  # the loop's thread keeps its own
     _, reference = _kernel_threads_and_grads(ReferenceEngine(), backend)
     for got, expected in zip(grads, reference):
@@ -129,9 +120,9 @@ def test_the_pool_follows_the_load_from_one_backward_to_the_next(monkeypatch, re
     state = {"spare": 2}
     monkeypatch.setattr(BlasThreads, "spare_cores", property(lambda self: state["spare"]))
     base = os.getpriority(os.PRIO_PROCESS, 0)
-    engine = Engine(inline_threshold=0)
+    engine = Engine(max_workers=2, inline_threshold=0)
     niceness = []
-    for spare in (2, 0, 1):
+    for spare in (2, 1, 2):
         state["spare"] = spare
         seen, _ = _kernel_threads_and_grads(engine, "asyncio")
         niceness.append({nice for _, nice in seen})

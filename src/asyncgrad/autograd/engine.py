@@ -55,7 +55,7 @@ from .task.call import (
 from .task.graph_task import GraphTask, TaskPolicy
 from .sched.offload import WorkerKernels, run_async_node
 from .runtime.blas import BLAS
-from .sched.placement import ASYNC, MID_WORK, Policy, worker_pool
+from .sched.placement import ASYNC, MID_WORK, Policy, worker_niceness
 from .sched.admission import grant_admission_pass
 from .sched.loop import LoopScheduler, loop_scheduler
 from .task.statistics import EngineStatistics
@@ -106,8 +106,8 @@ class Engine:
         # (an explicit threshold is a hard rule: Note [Mid-size nodes hop beside another])
         mid = MID_WORK if inline_threshold is None and self.max_workers >= 2 else math.inf
         self.task_policy = TaskPolicy(threshold, yield_interval, self.flat_schedule, mid)
-        # by (threads, niceness) (Note [Niced kernels on the cores others leave] in sched/placement.py)
-        self._pools: dict[tuple[int, int], WorkerPool] = {}
+        # by niceness (Note [Niced kernels on the cores others leave] in sched/placement.py)
+        self._pools: dict[int, WorkerPool] = {}
         self._lock = threading.Lock()  # guards the counters below (any thread reads statistics)
         self._started = self._succeeded = self._failed = self._cancelled = 0
         self._nodes_inline = self._nodes_offloaded = self._thread_hops = 0
@@ -338,18 +338,19 @@ class Engine:
         return await run_in_executor(self.worker_executor(), fn, args, priority)
 
     def worker_executor(self) -> Executor:
-        """Where kernels run now: the ``executor`` given, else the engine's worker threads,
-        as many and at the niceness ``worker_pool`` chooses (Note [Niced kernels on the
-        cores others leave] in sched/placement.py)."""
+        """Where kernels run now: the ``executor`` given, else the engine's worker threads
+        at the niceness ``worker_niceness`` chooses (Note [Niced kernels on the cores
+        others leave] in sched/placement.py)."""
         if self.executor is not None:
             return self.executor
-        setting = worker_pool(self.max_workers, self.worker_nice)
-        return self._pools.get(setting) or self._start_pool(setting)
+        nice = worker_niceness(self.max_workers, self.worker_nice)
+        return self._pools.get(nice) or self._start_pool(nice)
 
-    def _start_pool(self, setting: tuple[int, int]) -> WorkerPool:
-        """The worker threads for ``(threads, niceness)``: a pool shared by every event
-        loop and thread that uses the engine (and by engines with the same settings)."""
-        pool = self._pools[setting] = shared_pool(*setting)
+    def _start_pool(self, nice: int) -> WorkerPool:
+        """The worker threads at niceness ``nice``: a pool of ``max_workers`` threads
+        shared by every event loop and thread that uses the engine (and by engines with
+        the same settings)."""
+        pool = self._pools[nice] = shared_pool(self.max_workers, nice)
         return pool
 
     def _warm(self) -> None:

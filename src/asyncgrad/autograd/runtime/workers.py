@@ -7,14 +7,13 @@ lets the loop wait behind them. Two means keep the loop served:
 
 * the workers can run at a lowered priority, niceness ``nice`` (Linux: each thread has
   its own), so a woken loop thread gets a core at once. By default a backward call's
-  kernels run niced on as many threads as the cores no other process keeps busy, where
-  it costs no speed, and at the process's priority when other processes take every
-  core, where a niced kernel would get a small share of a core it shares with them
-  (Note [Niced kernels on the cores others leave] in sched/placement.py decides;
-  ``Engine(worker_nice=n)`` fixes it). A thread's niceness cannot be raised back
-  without privileges, which is why these threads are the engine's own and not anyio's,
-  which the application shares, and why each setting has a pool of its own
-  (``shared_pool``);
+  kernels run niced while other processes leave a core for each worker thread, where it
+  costs no speed, and at the process's priority otherwise, where a niced kernel would
+  get a small share of a core it shares with them (Note [Niced kernels on the cores
+  others leave] in sched/placement.py decides; ``Engine(worker_nice=n)`` fixes it). A
+  thread's niceness cannot be raised back without privileges, which is why these
+  threads are the engine's own and not anyio's, which the application shares, and why
+  each niceness has a pool of its own (``shared_pool``);
 * the thread that finished the last kernel takes the next one: a worker goes back on a
   stack of idle threads *before* its result wakes the loop, and the loop's next kernel
   goes to the top of that stack. When kernels come one after another, one thread then
@@ -36,11 +35,11 @@ priority order with aging, as the loop's runner serves backward calls (``submit_
 Note [Task order] in runtime/task_order.py): a higher-priority call's kernels start first, and
 a lower one's still start after a bounded number of later submissions.
 
-Engines share one pool per (threads, niceness) (``shared_pool``): each thread has its
-own malloc arena, and a fresh thread's arena page-faults every array it hands out, so
-new threads per engine would make an engine created after others slower on large
-kernels. Idle threads exit after ``idle_timeout`` seconds, so a process that stops using
-the engine holds no threads.
+Engines with the same ``max_workers`` share one pool per niceness (``shared_pool``):
+each thread has its own malloc arena, and a fresh thread's arena page-faults every array
+it hands out, so new threads per engine would make an engine created after others
+slower on large kernels. Idle threads exit after ``idle_timeout`` seconds, so a process
+that stops using the engine holds no threads.
 """
 
 from __future__ import annotations
