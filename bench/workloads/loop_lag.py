@@ -209,6 +209,11 @@ def run(impls: list[str], rounds: int | None = None, backwards: int = 10, layers
 
     asyncio.run(main())
     res.notes.append(BLAS.describe())
+    woken = res.row(f"idle loop, woken {WAKES_PER_S}/s")
+    if woken is not None:
+        res.notes.append(f"a loop woken {WAKES_PER_S} times a second from another thread, with no work, has a p99 lag "
+                         f"of {woken['p99_lag_ms']:.2f} ms here: Python's epoll sleeps in whole milliseconds, rounded "
+                         f"up, the floor for the p99 target of any loop that receives results from threads")
     res.seconds = time.perf_counter() - t_start
     row = res.row("asyncgrad (awaited)")
     if row is not None:
