@@ -148,3 +148,18 @@ def test_an_engine_with_a_fixed_niceness_ignores_the_load(monkeypatch, restore_e
 def test_a_bad_niceness_is_refused(bad, error, message):
     with pytest.raises(error, match=message):
         Engine(worker_nice=bad)
+
+
+def test_the_load_is_sampled_with_blas_fixed_too():
+    """``Engine(blas_threads=n)`` stops BLAS adapting, not the niceness's samples."""
+    m = FakeMachine()
+    blas = BlasThreads(2)
+    blas.load = m.load()
+    blas.fix(1)
+    spare = []
+    for others in (0.0, 0.0, 1.0):
+        m.advance(others)
+        blas.backward_started()
+        blas.backward_ended()
+        spare.append(blas.spare_cores)
+    assert spare == [0, 2, 1] and blas.per_call == 1  # (the first call only takes a baseline)

@@ -188,8 +188,12 @@ class BlasThreads:
             self._backwards += 1
             if self._backwards > 1:
                 self._overlap_at = self.clock()
+            # (at most every cpu_load.INTERVAL: ~20 us then); sampled with BLAS fixed too,
+            # for the worker threads' niceness (Note [Niced kernels on the cores others
+            # leave] in sched/placement.py)
+            sampled = self.load.sample()
             if self._libs and not self._fixed:  # (else nothing to adapt)
-                if self.load.sample():  # (at most every cpu_load.INTERVAL: ~20 us then)
+                if sampled:
                     self._cap = self.load.free_cores()
                 self._adapt()
 
