@@ -4,7 +4,8 @@ three ways, beside PyTorch's manual-attention step, interleaved rounds, medians:
     python -m bench.engine_configs [--rounds 9]
 
 Shows how much of the transformer step is the engine's scheduling (large nodes hop to
-worker threads, at the process's priority unless ``worker_nice`` is set) rather than the kernels.
+worker threads, niced only while no other process is busy unless ``worker_nice`` fixes it)
+rather than the kernels.
 """
 
 from __future__ import annotations

@@ -121,7 +121,8 @@ def test_worker_threads_run_at_lowered_priority(nice):
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread niceness is Linux's")
 @pytest.mark.parametrize("nice", [None, 5])
 async def test_engine_kernels_run_on_its_threads_niced_only_when_asked(nice):
-    """Default: the process's priority (Note [Worker threads yield the CPU to the loop])."""
+    """Default, with other processes' load not sampled (as in the suite): the process's
+    priority (Note [Niced kernels on the cores others leave] in sched/placement.py)."""
     prev = get_engine()
     engine = Engine(inline_threshold=0) if nice is None else Engine(inline_threshold=0, worker_nice=nice)
     set_engine(engine)

@@ -55,7 +55,7 @@ from .task.call import (
 from .task.graph_task import GraphTask, TaskPolicy
 from .sched.offload import WorkerKernels, run_async_node
 from .runtime.blas import BLAS
-from .sched.placement import ASYNC, MID_WORK, Policy
+from .sched.placement import ASYNC, MID_WORK, Policy, worker_niceness
 from .sched.admission import grant_admission_pass
 from .sched.loop import LoopScheduler, loop_scheduler
 from .task.statistics import EngineStatistics
@@ -69,15 +69,15 @@ from .runtime.workers import WorkerPool, shared_pool
 REENTRANT_HANDOFF_DEPTH = 40
 DEFAULT_INLINE_THRESHOLD = 1_500_000  # Note [Inline or offload] in sched/placement.py
 YIELD_INTERVAL = 0.0005
-WORKER_NICE = 0  # Note [Worker threads yield the CPU to the loop] in runtime/workers.py: opt-in
 
 
 class Engine:
     """Runs backward passes. ``max_workers`` bounds the engine's kernel threads,
     ``inline_threshold`` (elements) decides which nodes run inline, ``executor``
     replaces the engine's own worker threads with any ``concurrent.futures.Executor``,
-    ``worker_nice`` lowers those threads' scheduling priority (default 0: not at all;
-    Note [Worker threads yield the CPU to the loop] in runtime/workers.py), ``yield_interval``
+    ``worker_nice`` fixes those threads' niceness (default None: lowered on the cores no
+    other process keeps busy, Note [Niced kernels on the cores others leave] in
+    sched/placement.py; 0: never lowered), ``yield_interval``
     is the longest the loop goes without a turn (Note [One runner per loop] in
     sched/loop.py)."""
 
@@ -88,9 +88,13 @@ class Engine:
     def __init__(self, *, max_workers: int | None = None, inline_threshold: int | None = None,
                  executor: Executor | None = None, yield_interval: float = YIELD_INTERVAL,
                  blas_threads: int | None = None, tune_malloc: bool = True,
-                 worker_nice: int = WORKER_NICE) -> None:
+                 worker_nice: int | None = None) -> None:
         if max_workers is not None and max_workers < 1:
             raise ValueError(f"max_workers must be at least 1, got {max_workers}")
+        if worker_nice is not None and type(worker_nice) is not int:
+            raise TypeError(f"worker_nice must be None or an int, got {type(worker_nice).__name__}")
+        if worker_nice is not None and not 0 <= worker_nice <= 19:
+            raise ValueError(f"worker_nice must be from 0 to 19, got {worker_nice}")
         self.max_workers = max_workers or os.cpu_count() or 1
         threshold = DEFAULT_INLINE_THRESHOLD if inline_threshold is None else inline_threshold
         self.executor = executor
@@ -102,7 +106,8 @@ class Engine:
         # (an explicit threshold is a hard rule: Note [Mid-size nodes hop beside another])
         mid = MID_WORK if inline_threshold is None and self.max_workers >= 2 else math.inf
         self.task_policy = TaskPolicy(threshold, yield_interval, self.flat_schedule, mid)
-        self._pool: WorkerPool | None = None
+        # by niceness (Note [Niced kernels on the cores others leave] in sched/placement.py)
+        self._pools: dict[int, WorkerPool] = {}
         self._lock = threading.Lock()  # guards the counters below (any thread reads statistics)
         self._started = self._succeeded = self._failed = self._cancelled = 0
         self._nodes_inline = self._nodes_offloaded = self._thread_hops = 0
@@ -333,20 +338,26 @@ class Engine:
         return await run_in_executor(self.worker_executor(), fn, args, priority)
 
     def worker_executor(self) -> Executor:
-        """Where kernels run: the ``executor`` given, else the engine's worker threads."""
-        return self.executor or self._pool or self._start_pool()
+        """Where kernels run now: the ``executor`` given, else the engine's worker threads
+        at the niceness ``worker_niceness`` chooses (Note [Niced kernels on the cores
+        others leave] in sched/placement.py)."""
+        if self.executor is not None:
+            return self.executor
+        nice = worker_niceness(self.max_workers, self.worker_nice)
+        return self._pools.get(nice) or self._start_pool(nice)
 
-    def _start_pool(self) -> WorkerPool:
-        """The worker threads: a pool of ``max_workers`` threads shared by every event
-        loop and thread that uses the engine (and by engines with the same settings)."""
-        self._pool = shared_pool(self.max_workers, self.worker_nice)
-        return self._pool
+    def _start_pool(self, nice: int) -> WorkerPool:
+        """The worker threads at niceness ``nice``: a pool of ``max_workers`` threads
+        shared by every event loop and thread that uses the engine (and by engines with
+        the same settings)."""
+        pool = self._pools[nice] = shared_pool(self.max_workers, nice)
+        return pool
 
     def _warm(self) -> None:
         """On the set-up thread: start a first worker thread (Note [No one-time stall]);
         not waited for (a busy pool runs it when a thread is free)."""
         if self.executor is None:
-            (self._pool or self._start_pool()).submit(int)
+            self.worker_executor().submit(int)
 
     # --- bookkeeping ----------------------------------------------------------------------
     def _begin(self, task: GraphTask) -> GraphTask | None:

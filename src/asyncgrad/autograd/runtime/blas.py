@@ -96,6 +96,13 @@ class BlasThreads:
         return self._cap
 
     @property
+    def spare_cores(self) -> int:
+        """The cores other processes were last seen leaving wholly free: 0 when they
+        take them all, and until sampled or while sampling is off (Note [Other
+        processes' load] in runtime/cpu_load.py)."""
+        return self.load.spare_cores()
+
+    @property
     def per_call(self) -> int:
         return 1 if self._single else min(self._default, self._cap)
 
@@ -181,8 +188,12 @@ class BlasThreads:
             self._backwards += 1
             if self._backwards > 1:
                 self._overlap_at = self.clock()
+            # (at most every cpu_load.INTERVAL: ~20 us then); sampled with BLAS fixed too,
+            # for the worker threads' niceness (Note [Niced kernels on the cores others
+            # leave] in sched/placement.py)
+            sampled = self.load.sample()
             if self._libs and not self._fixed:  # (else nothing to adapt)
-                if self.load.sample():  # (at most every cpu_load.INTERVAL: ~20 us then)
+                if sampled:
                     self._cap = self.load.free_cores()
                 self._adapt()
 

@@ -91,10 +91,21 @@ class OtherLoad:
         self._loads = [*self._loads[-1:], others]
         return True
 
+    def spare_cores(self) -> int:
+        """The cores the larger of the last two samples leaves wholly free of others'
+        work (as ``free_cores``, but 0 when they take them all), and 0 while nothing is
+        known: before the first sample and while sampling is off."""
+        if not self.enabled or not self._loads:
+            return 0
+        return max(0, len(self.cpus) - self._taken())
+
     def free_cores(self) -> int:
         """The cores left free by the larger of the last two samples (at least 1): a core
         counts as taken from about a third of a core's worth of others' work."""
         if not self._loads:
             return len(self.cpus)
-        taken = math.ceil(max(self._loads) - 0.3) if max(self._loads) > 0.3 else 0
-        return max(1, len(self.cpus) - taken)
+        return max(1, len(self.cpus) - self._taken())
+
+    def _taken(self) -> int:
+        most = max(self._loads)
+        return math.ceil(most - 0.3) if most > 0.3 else 0

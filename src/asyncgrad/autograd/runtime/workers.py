@@ -6,15 +6,14 @@ adds threads of its own, so with the loop's thread at the same priority the OS s
 lets the loop wait behind them. Two means keep the loop served:
 
 * the workers can run at a lowered priority, niceness ``nice`` (Linux: each thread has
-  its own), so a woken loop thread gets a core at once. It is opt-in
-  (``Engine(worker_nice=10)``), not the default: next to one other busy process the
-  niced kernels get a small share of the core they share with it, the backward takes
-  several times as long, and even the loop's worst lag grows (it waits for its
-  kernels); on a machine the service has to itself it shortens the loop's p99 lag
-  during large backwards at the same speed (``python -m bench.worker_nice [--busy]``). A
-  service that owns its machine and cares about loop lag sets it; the default does not
-  starve. A thread's niceness cannot be raised back without privileges, which is why
-  these threads are the engine's own and not anyio's, which the application shares;
+  its own), so a woken loop thread gets a core at once. By default a backward call's
+  kernels run niced while other processes leave a core for each worker thread, where it
+  costs no speed, and at the process's priority otherwise, where a niced kernel would
+  get a small share of a core it shares with them (Note [Niced kernels on the cores
+  others leave] in sched/placement.py decides; ``Engine(worker_nice=n)`` fixes it). A
+  thread's niceness cannot be raised back without privileges, which is why these
+  threads are the engine's own and not anyio's, which the application shares, and why
+  each niceness has a pool of its own (``shared_pool``);
 * the thread that finished the last kernel takes the next one: a worker goes back on a
   stack of idle threads *before* its result wakes the loop, and the loop's next kernel
   goes to the top of that stack. When kernels come one after another, one thread then
@@ -36,11 +35,11 @@ priority order with aging, as the loop's runner serves backward calls (``submit_
 Note [Task order] in runtime/task_order.py): a higher-priority call's kernels start first, and
 a lower one's still start after a bounded number of later submissions.
 
-Engines with the same ``max_workers`` and ``worker_nice`` share one pool
-(``shared_pool``): each thread has its own malloc arena, and a fresh thread's arena
-page-faults every array it hands out, so new threads per engine would make an engine
-created after others slower on large kernels. Idle threads exit after ``idle_timeout``
-seconds, so a process that stops using the engine holds no threads.
+Engines with the same ``max_workers`` share one pool per niceness (``shared_pool``):
+each thread has its own malloc arena, and a fresh thread's arena page-faults every array
+it hands out, so new threads per engine would make an engine created after others
+slower on large kernels. Idle threads exit after ``idle_timeout`` seconds, so a process
+that stops using the engine holds no threads.
 """
 
 from __future__ import annotations

@@ -83,6 +83,32 @@ run inline, whether the runner may complete it, and how long its nodes may keep 
 (a slice ends at the earliest ``yield_interval`` of the calls it ran). Changing an
 engine's ``inline_threshold`` applies to its later calls.
 
+Note [Niced kernels on the cores others leave]: with the loop's thread at the same
+priority as the kernels (a worker and BLAS's helper threads on every core), a woken loop
+waits behind them for a time slice. A worker thread at a lowered priority (niceness)
+gives a waking loop its core at once, at the same speed, while the cores it runs on are
+this process's alone; but a niced kernel on a core another busy process also wants gets
+a small share of it, and the backward takes several times as long. So by default
+(``Engine(worker_nice=None)``) ``worker_niceness`` runs a backward call's kernels on the
+engine's ``max_workers`` threads niced by ``QUIET_NICE`` while other processes were last
+seen leaving at least that many cores wholly free (``BLAS.spare_cores``: Note [Other
+processes' load] in runtime/cpu_load.py), and at the process's priority otherwise, and
+while nothing is known (before the first sample, sampling off). The invariant: niced
+kernels never run on more threads than there are cores no other process wants, so
+niceness moves CPU time between this process's own threads (toward the loop) and never
+hands a core to another process. Running fewer, niced threads beside a busy process
+would keep that invariant too, and shortens the loop's lag there, but a graph with
+parallel branches then loses the share of the busy core it gets at equal priority
+(docs/benchmarks.md, "Figures behind the Notes"), so the number of threads never
+depends on the niceness. BLAS's own helper threads (OpenBLAS starts them when it loads)
+keep the process's priority; they work only while BLAS is multi-threaded, and the
+worker beside them is then niced on a quiet machine, so the loop still finds a core it
+may take. A thread's niceness cannot be raised back without privileges, so each
+niceness is a pool of its own (``shared_pool``), chosen as each call starts
+(``WorkerKernels``' executor, the commit's offload), when the load is sampled. An
+explicit ``worker_nice=n`` runs every kernel at niceness ``n`` (0: never niced).
+``python -m bench.worker_nice [--busy]`` measures the settings side by side.
+
 BLAS's threads per call and the slots BLAS kernels share are runtime/blas.py's (Note
 [BLAS threads] there).
 """
@@ -132,6 +158,18 @@ def decide(task: GraphTask, node: Node, queued: int = 0) -> Place:
     return INLINE
 
 
+def worker_niceness(max_workers: int, worker_nice: int | None) -> int:
+    """THE decision of the niceness a backward call's kernels run at on the engine's
+    ``max_workers`` threads (Note [Niced kernels on the cores others leave]):
+    ``worker_nice`` when the engine fixed it; else ``QUIET_NICE`` while other processes
+    leave at least ``max_workers`` cores wholly free, and 0 otherwise or while nothing
+    is known."""
+    if worker_nice is not None:
+        return worker_nice
+    return QUIET_NICE if BLAS.spare_cores >= max_workers else 0
+
+
+QUIET_NICE = 10  # kernels' niceness on cores no other process wants (Note [Niced kernels on the cores others leave])
 MID_WORK = 262_144  # elements of work: a mid-size node (Note [Mid-size nodes hop beside another])
 MAX_LIGHT_RUN = 4  # light nodes in a row inside a worker chain (Note [Worker chains])
 LIGHT_UNITS = 4  # what a light node counts in that run; a node whose rule costs nothing counts 1
