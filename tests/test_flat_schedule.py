@@ -18,6 +18,8 @@ import pytest
 import asyncgrad as ag
 from asyncgrad.autograd import Engine
 from asyncgrad.autograd.task import graph_task as graph_task_module
+from asyncgrad.autograd.sched import inline as inline_module
+from asyncgrad.autograd.task.schedule import CLOCK_AFTER_WORK
 from asyncgrad.autograd.tools.reference import ReferenceEngine
 from conftest import DynamicEngine
 
@@ -275,6 +277,36 @@ def test_a_long_flat_backward_gives_the_loop_turns(backend, schedules, restore_e
     assert schedules == [True]
     assert len(seen) > 5  # the loop ran the other task between slices
     np.testing.assert_allclose(x.grad.numpy(), np.full(8, 1.001 ** 400), rtol=1e-12)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("size, expected", [(8, [8, 8, 8, 8, 8, 1]), (CLOCK_AFTER_WORK, [2] + [1] * 39)])
+def test_the_clock_is_read_every_8_nodes_and_after_each_heavy_one(backend, size, expected, schedules,
+                                                                  monkeypatch, restore_engine):
+    """yield_interval=0: a slice of the core loop ends at its first clock check. It is
+    read every 8 nodes, and in a schedule with a node of CLOCK_AFTER_WORK elements or
+    more after each such node as well."""
+    ag.autograd.set_engine(Engine(yield_interval=0.0))
+    slices: list[int] = []
+    real = inline_module.run_flat
+
+    def counted(task: Any, deadline: float) -> bool:
+        pos = task.schedule.pos
+        try:
+            return real(task, deadline)
+        finally:
+            slices.append(task.schedule.pos - pos)
+
+    monkeypatch.setattr(inline_module, "run_flat", counted)
+    x = _leaf(np.random.default_rng(11), size)
+    y = x
+    for _ in range(40):
+        y = y * 1.001
+    anyio.run(ag.backward, y.sum(), backend=backend)
+    assert schedules == [True]
+    # 41 nodes, the sum (light) then 40 products: heavy ones end a slice each
+    assert slices == expected
+    np.testing.assert_allclose(x.grad.numpy(), np.full(size, 1.001 ** 40), rtol=1e-12)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

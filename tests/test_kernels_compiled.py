@@ -437,3 +437,33 @@ def test_starting_the_loader_does_not_wait_for_its_thread_to_run() -> None:
     """)
     assert res.returncode == 0, res.stderr
     assert res.stdout.split("\n")[0] == "True ['asyncgrad-kernels-loader']"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads Linux's /proc/self/maps")
+def test_the_loader_opens_llvms_library_before_numba_imports_it() -> None:
+    """Note [LLVM's library loads without the GIL]: the loader opens llvmlite's LLVM with a
+    foreign ``dlopen`` (the GIL released) before the import, without importing llvmlite's
+    bindings; llvmlite's own ``ctypes.CDLL`` of it (which holds the GIL) then finds the
+    library loaded, and the kernels load."""
+    res = _python("""
+        import ctypes, sys
+        from asyncgrad.ops.kernels import loader
+
+        def mapped():
+            with open("/proc/self/maps") as maps:
+                return any("libllvmlite" in line for line in maps)
+
+        print(mapped())
+        loader._preload_llvm()
+        print(mapped(), "llvmlite.binding" in sys.modules)
+        seen = []
+        real = ctypes.CDLL.__init__
+        def init(self, name, *args, **kwargs):
+            if name is not None and "libllvmlite" in str(name):
+                seen.append(mapped())
+            real(self, name, *args, **kwargs)
+        ctypes.CDLL.__init__ = init
+        print(loader.wait(300), seen)
+    """)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split("\n")[:3] == ["False", "True False", "True [True]"]

@@ -10,7 +10,7 @@ import pytest
 import asyncgrad as ag
 from asyncgrad.ops import reductions
 
-SHAPE = (300, 400)  # 120_000 elements: above SMALL_MEAN_GRAD, where the view applies
+SHAPE = (300, 400)  # 120_000 elements: above SMALL_EXPANDED_GRAD, where the view applies
 
 
 @pytest.fixture(autouse=True)
@@ -79,7 +79,7 @@ async def test_float64_values_through_the_view(views, dim):
     through the view is checked against the closed form of d/db mean((b c)^2), and
     gradcheck against finite differences for the same function."""
     rng = np.random.default_rng(3)
-    # broadcast to 260 x 260 = 67_600 elements (above SMALL_MEAN_GRAD) by the product
+    # broadcast to 260 x 260 = 67_600 elements (above SMALL_EXPANDED_GRAD) by the product
     b0, c0 = rng.standard_normal((260, 1)), rng.standard_normal((1, 260))
     b = ag.tensor(b0, requires_grad=True)
     c = ag.tensor(c0, requires_grad=True)

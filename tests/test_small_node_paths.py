@@ -68,7 +68,7 @@ def _old_mean_rule(g: np.ndarray, dim, keepdim: bool, shape: tuple[int, ...]) ->
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("dim, keepdim", [(None, False), ((0,), False), ((1,), True), ((0, 2), False),
                                           ((2,), False), ((), False)])
-@pytest.mark.parametrize("shape", [(4, 6, 3), (64, 32, 33)])  # a small gradient, and one past SMALL_MEAN_GRAD
+@pytest.mark.parametrize("shape", [(4, 6, 3), (64, 32, 33)])  # a small gradient, and one past SMALL_EXPANDED_GRAD
 def test_mean_backward_rule_equals_the_old_rule_and_is_a_fresh_array(dtype, dim, keepdim, shape) -> None:
     x = np.random.default_rng(1).standard_normal(shape).astype(dtype)
     out_shape = np.mean(x, axis=dim, keepdims=keepdim).shape
@@ -76,6 +76,23 @@ def test_mean_backward_rule_equals_the_old_rule_and_is_a_fresh_array(dtype, dim,
     ours = reductions._mean_rule(ARRAY_MATH, g, None, x, dim=dim, keepdim=keepdim, shape=shape)
     assert _same_bits(ours, _old_mean_rule(g, dim, keepdim, shape))
     assert ours.flags.c_contiguous and ours.flags.writeable and ours.base is None
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(), (16,), (4, 6, 3), (64, 32, 33)])  # small ones, and one past SMALL_EXPANDED_GRAD
+def test_sum_backward_rule_is_the_expanded_gradient_copied_out_when_small(dtype, shape) -> None:
+    x = np.random.default_rng(1).standard_normal(shape).astype(dtype)
+    g = np.asarray(np.random.default_rng(2).standard_normal() * 7).astype(dtype)
+    ours = reductions.sum_all.vjps[0](ARRAY_MATH, g, None, x, dim=None, keepdim=False, shape=shape)
+    assert ours.shape == shape and ours.dtype == dtype
+    assert _same_bits(np.array(ours), np.full(shape, g))
+    if x.size < reductions.SMALL_EXPANDED_GRAD:  # a new array: the engine may make it .grad as it is
+        assert ours.flags.c_contiguous and ours.flags.writeable and ours.base is None
+    else:  # PyTorch's expand: a view, no write pass over the input's shape
+        assert not ours.flags.writeable and ours.strides == (0,) * len(shape)
+    t = ag.from_numpy(x).requires_grad_()
+    ag.backward_sync(t.sum() * ag.from_numpy(g))
+    assert _same_bits(t.grad.numpy(), np.full(shape, g))
 
 
 @pytest.mark.parametrize("dim", [None, 1, (0, 2)])

@@ -118,14 +118,27 @@ def _extreme_dim_rule(m, g, ans, x, *, dim, keepdim, aux):  # type: ignore[no-un
     return g * aux
 
 
+# elements: below this, a sum's or mean's gradient over the whole input is copied out into
+# a new array rather than made a zero-stride view by np.broadcast_to, whose Python-level
+# bookkeeping (~2 us) costs more than the copy
+SMALL_EXPANDED_GRAD = 65_536
+
+
+def _sum_all_rule(m, g, ans, x, *, dim, keepdim, shape):  # type: ignore[no-untyped-def]
+    """``g`` at every position of the input: a read-only zero-stride view of it, as
+    PyTorch's ``expand``; a numpy one below SMALL_EXPANDED_GRAD elements a new array
+    (writeable, as mean's), the same values."""
+    if m.tensor_mode or type(g) is not np.ndarray or math.prod(shape) >= SMALL_EXPANDED_GRAD:
+        return m.broadcast_to(g, shape)
+    out = np.empty(shape, dtype=g.dtype)
+    out[...] = g
+    return out
+
+
 # name ---------- node name ------- forward ---------- derivative ------------------------
 sum = defop("SumBackward1", _sum,
             lambda m, g, ans, x, *, dim, keepdim, shape: _expand_back(m, g, dim, keepdim, shape))
-sum_all = defop("SumBackward0", _sum,
-                lambda m, g, ans, x, *, dim, keepdim, shape: m.broadcast_to(g, shape))
-
-
-SMALL_MEAN_GRAD = 65_536  # elements: below this, mean's gradient takes the path without np.broadcast_to
+sum_all = defop("SumBackward0", _sum, _sum_all_rule)
 
 
 def _mean_rule(m, g, ans, x, *, dim, keepdim, shape):  # type: ignore[no-untyped-def]
@@ -136,14 +149,14 @@ def _mean_rule(m, g, ans, x, *, dim, keepdim, shape):  # type: ignore[no-untyped
     shape, and copied out: one write pass (about 0.04 ms there), the same bits (each
     element is ``g / n`` either way). The result is a fresh, writeable array, as
     PyTorch's: a custom Function or hook may write into it, which a zero-stride view
-    (sum's gradient) refuses. Under ``create_graph`` the rule stays as PyTorch's. (The
+    (a large sum's gradient) refuses. Under ``create_graph`` the rule stays as PyTorch's. (The
     engine's fused step may take ``_mean_view_rule``'s view instead, for a child that
     only reads it: Note [Mean's gradient as a view] in autograd/task/step.py.)"""
     n = _count(shape, dim)
     if m.tensor_mode:
         return _expand_back(m, g, dim, keepdim, shape) / n
     q = np.true_divide(g, n)
-    if n * q.size >= SMALL_MEAN_GRAD:
+    if n * q.size >= SMALL_EXPANDED_GRAD:
         return np.array(_expand_back(m, q, dim, keepdim, shape), order="C")
     # a small gradient (a loss's mean): copied out into a new C-ordered array without
     # np.broadcast_to's Python-level view, ~5 us of a small mean's ~12 us backward
@@ -160,7 +173,7 @@ def _mean_view_rule(m, g, ans, x, *, dim, keepdim, shape):  # type: ignore[no-un
     built-in child that reads it and keeps nothing (Note [Mean's gradient as a view] in
     autograd/task/step.py). A small gradient takes ``_mean_rule``'s own path."""
     n = _count(shape, dim)
-    if n * g.size < SMALL_MEAN_GRAD:
+    if n * g.size < SMALL_EXPANDED_GRAD:
         return _mean_rule(m, g, ans, x, dim=dim, keepdim=keepdim, shape=shape)
     return _expand_back(m, np.true_divide(g, n), dim, keepdim, shape)
 

@@ -14,9 +14,8 @@ from ..graph.saved import SavedTensor
 from ..graph.validate import fix_gradient
 from ..task.graph_task import GraphTask
 from ..task.input_buffer import PendingSum, combine
+from ..task.schedule import CLOCK_AFTER_WORK
 from ..task.step import doubled, own_fresh_outputs, own_if_fresh, run_kernel, stage_plain
-
-CLOCK_AFTER_WORK = 16_384  # elements: a node this large costs far more than reading the clock
 
 
 def run_flat(task: GraphTask, deadline: float) -> bool:
@@ -34,6 +33,7 @@ def run_flat(task: GraphTask, deadline: float) -> bool:
     executed = task.executed
     array = xp.array_type  # (read once: Note [One array backend] in backend.py)
     acc_nr = ACCUMULATE_GRAD_SEQUENCE_NR
+    heavy = schedule.heavy  # (else no node needs the clock after it)
     node: Node | None = None
     start = pos
     try:
@@ -108,7 +108,10 @@ def run_flat(task: GraphTask, deadline: float) -> bool:
                 if (saved or spec.saves_params) and not keep:
                     executed.append(node)
             # the clock every 8 nodes, or after a node heavy enough to make it cheap
-            if (not (pos - start) & 7 or node.work >= CLOCK_AFTER_WORK) and clock() >= deadline:
+            if heavy:
+                if (not pos & 7 or node.work >= CLOCK_AFTER_WORK) and clock() >= deadline:
+                    break
+            elif not pos & 7 and clock() >= deadline:
                 break
         return pos < end
     except Exception as e:

@@ -17,7 +17,8 @@ from heapq import heappop
 
 from ..task.graph_task import GraphTask
 from ..task.step import prepare_elsewhere, step_for
-from .flat import CLOCK_AFTER_WORK, run_flat
+from ..task.schedule import CLOCK_AFTER_WORK
+from .flat import run_flat
 from .placement import INLINE, decide
 
 

@@ -50,19 +50,25 @@ if TYPE_CHECKING:
     from .graph_task import GraphTask
 
 _sequence_nr = attrgetter("sequence_nr")
+# elements of work: the core loops read the clock every few nodes, and after a node this
+# heavy too (it costs far more than reading the clock)
+CLOCK_AFTER_WORK = 16_384
 
 
 class FlatSchedule:
     """A plain backward's nodes in the order they run, and each node's gradient slot."""
 
-    __slots__ = ("order", "index", "slots", "pending", "pos")
+    __slots__ = ("order", "index", "slots", "pending", "pos", "heavy")
 
-    def __init__(self, order: list[Node], index: dict[Node, int], pending: list[int]) -> None:
+    def __init__(self, order: list[Node], index: dict[Node, int], pending: list[int], heavy: bool) -> None:
         self.order = order  # every node but the leaves, highest sequence_nr first
         self.index = index  # node -> its slot
         self.slots: list[Any] = [None] * len(pending)  # each node's gradient so far
         self.pending = pending  # the edges each node has yet to hear from
         self.pos = 0  # the next node of ``order`` to run
+        # some node's work is at least CLOCK_AFTER_WORK: the core loop reads the clock
+        # after each such node, not only every few nodes
+        self.heavy = heavy
 
     def left(self) -> int:
         """Nodes (not leaves) yet to run."""
@@ -99,16 +105,24 @@ def walk_flat(task: GraphTask, root: Node, buf: list[Any], stack: list[Node],
     order: list[Node] = [root]
     acc_nr = ACCUMULATE_GRAD_SEQUENCE_NR
     starts = START_HOOKS  # (Note [Backward start hooks]: looked up as the dynamic walk does)
-    walked = 0
+    most = 0  # the largest work of a node walked
+    countdown = step
     while stack:
         node = stack.pop()
-        walked += 1
-        if not walked % step:
+        countdown -= 1
+        if not countdown:
+            countdown = step
             yield
         # ``fits``, written out (per node of every small backward)
-        if node is not root and not (node._hooks is None and (
-                node.work < threshold if type(node) is OpNode  # type: ignore[attr-defined]
-                else node.sequence_nr == acc_nr and not node.variable._hooks)):  # type: ignore[attr-defined]
+        if type(node) is OpNode:
+            work = node.work  # type: ignore[attr-defined]
+            fit = node._hooks is None and work < threshold or node is root
+            if work > most:
+                most = work
+        else:
+            fit = node is root or node._hooks is None and node.sequence_nr == acc_nr \
+                and not node.variable._hooks  # type: ignore[attr-defined]
+        if not fit:
             stack.append(node)
             deps = task.dependencies
             for n, i in index.items():
@@ -130,6 +144,6 @@ def walk_flat(task: GraphTask, root: Node, buf: list[Any], stack: list[Node],
             if starts and id(child) in starts:
                 task.starting.append(child)
     order.sort(key=_sequence_nr, reverse=True)
-    schedule = FlatSchedule(order, index, pending)
+    schedule = FlatSchedule(order, index, pending, most >= CLOCK_AFTER_WORK)
     schedule.slots[0] = first
     return schedule

@@ -38,6 +38,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from types import ModuleType
 
 MODES = ("auto", "numpy", "compiled")
@@ -233,9 +234,43 @@ def _at_low_cpu_priority() -> Iterator[None]:
                 pass
 
 
+def _preload_llvm() -> None:
+    """Note [LLVM's library loads without the GIL]: importing numba loads llvmlite's
+    LLVM, a shared library of ~170 MB, with ``ctypes.CDLL``, whose ``dlopen`` holds the
+    GIL from start to end: the event loop waits for all of it, reading the file from
+    disk included (docs/guides/kernels.md). A ``dlopen`` called through ctypes
+    as a foreign function releases the GIL meanwhile, so the loader opens the library
+    that way first; llvmlite's own ``dlopen`` then finds it loaded and returns at once.
+    It is opened as llvmlite opens it (``RTLD_LOCAL``: its symbols stay its own), and only
+    on POSIX systems; elsewhere, or when anything is missing, the import does it as before."""
+    if os.name != "posix":
+        return
+    import ctypes
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("llvmlite")
+    except (ImportError, ValueError):
+        return
+    if spec is None or not spec.submodule_search_locations:
+        return
+    paths = [path for folder in spec.submodule_search_locations
+             for path in sorted(Path(folder, "binding").glob("libllvmlite*"))]
+    if not paths:
+        return
+    try:
+        dlopen = ctypes.CDLL(None).dlopen
+    except (OSError, AttributeError):
+        return
+    dlopen.argtypes = (ctypes.c_char_p, ctypes.c_int)
+    dlopen.restype = ctypes.c_void_p
+    dlopen(os.fsencode(paths[0]), os.RTLD_NOW | os.RTLD_LOCAL)
+
+
 def _load() -> None:
     try:
         with _at_low_cpu_priority(), _sharing_the_gil_finely():
+            _preload_llvm()
             _import_kernels()
     finally:  # after both are restored: wait() returns to a process as it was
         _done.set()
