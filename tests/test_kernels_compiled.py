@@ -83,6 +83,21 @@ def test_elementwise_compiled_equals_numpy_path_on_tricky_values(on_path, name: 
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_relu_compiled_is_numpys_maximum_bit_for_bit(on_path, dtype: type) -> None:
+    """The compiled ReLU forward gives numpy's ``maximum(x, 0)`` exactly: NaN passes
+    (payload too), -0 and negatives give +0, infinities and tiny values as they are."""
+    x = _input(dtype, (64, 128))
+    ints = np.int32 if dtype == np.float32 else np.int64
+    x.reshape(-1)[len(TRICKY)] = np.array(-1, ints).view(dtype)  # a NaN with a payload and its sign set
+    on_path("compiled")
+    fast = _fast.relu(x)
+    assert fast is not None and fast.dtype == np.dtype(dtype)  # (the compiled path was taken)
+    np.testing.assert_array_equal(fast.view(ints), np.maximum(x, 0).view(ints))
+    y = ag.from_numpy(x.copy()).relu().numpy()
+    np.testing.assert_array_equal(y.view(ints), np.maximum(x, 0).view(ints))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_gelu_compiled_keeps_signed_zero_infinities_and_nan(on_path, dtype: type) -> None:
     x = np.array([0.0, -0.0, math.inf, -math.inf, math.nan, 1e30, -1e30], dtype=dtype)
     on_path("compiled")

@@ -274,6 +274,42 @@ def test_a_call_cancelled_while_it_runs_is_waited_for_and_its_result_dropped(bac
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_on_cancel_runs_as_the_cancellation_arrives_so_a_running_call_can_see_it(backend):
+    """``on_cancel`` is called on the loop when the cancellation arrives, before the
+    await waits for the started call: the call reads what it set (the serving batcher's
+    pass commits nothing then), the await still returns after the call, cancelled."""
+    import anyio
+
+    pool = WorkerPool(1)
+    started, gate = threading.Event(), threading.Event()
+    stop: list[str] = []
+    events: list[str] = []
+
+    def kernel() -> str:
+        started.set()
+        gate.wait(5)
+        events.append(f"kernel saw {stop}")
+        return "result"
+
+    async def main() -> None:
+        got: list[str] = []
+        with anyio.CancelScope() as scope:
+            async def cancel_once_it_runs() -> None:
+                await anyio.to_thread.run_sync(started.wait)
+                threading.Timer(0.02, gate.set).start()  # (after the cancellation reached the await)
+                scope.cancel()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(cancel_once_it_runs)
+                got.append(await run_in_executor(pool, kernel, (), on_cancel=lambda: stop.append("stop")))
+        events.append("await returned")
+        assert scope.cancelled_caught and got == []
+
+    anyio.run(main, backend=backend)
+    assert events == ["kernel saw ['stop']", "await returned"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_a_call_cancelled_while_queued_never_runs_and_errors_come_back(backend):
     import anyio
 

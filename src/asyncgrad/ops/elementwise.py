@@ -137,6 +137,12 @@ where = defop("WhereBackward0", _where,
               lambda m, g, ans, c, a, b: _select_grad(m, c, g, True),
               lambda m, g, ans, c, a, b: _select_grad(m, c, g, False), save="x")
 
+def _relu(x: np.ndarray) -> np.ndarray:
+    # one compiled pass, when loaded (numpy's maximum is NaN-aware and slower)
+    out = fast.relu(x) if type(x) is np.ndarray else None
+    return np.maximum(x, 0) if out is None else out
+
+
 neg = defop("NegBackward0", np.negative, lambda m, g, ans, x: -g)
 abs_ = defop("AbsBackward0", np.abs, lambda m, g, ans, x: g * m.sign(x), save="x")
 exp = defop("ExpBackward0", quiet(np.exp, 1), lambda m, g, ans, x: g * ans, save="ans")
@@ -146,8 +152,7 @@ sin = defop("SinBackward0", np.sin, lambda m, g, ans, x: g * m.cos(x), save="x")
 cos = defop("CosBackward0", np.cos, lambda m, g, ans, x: -g * m.sin(x), save="x")
 tanh = defop("TanhBackward0", np.tanh, _tanh_rule, save="ans")
 sigmoid = defop("SigmoidBackward0", _sigmoid, _sigmoid_rule, save="ans")
-relu = defop("ReluBackward0", lambda x: np.maximum(x, 0),
-             lambda m, g, ans, x: m.threshold_backward(g, ans), save="ans")
+relu = defop("ReluBackward0", _relu, lambda m, g, ans, x: m.threshold_backward(g, ans), save="ans")
 erf = defop("ErfBackward0", _erf,
             lambda m, g, ans, x: g * _2_OVER_SQRT_PI * m.exp(-(x * x)), save="x")
 clamp = defop("ClampBackward1", _clamp, _clamp_rule, save="x")

@@ -27,11 +27,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import anyio
-import anyio.from_thread
+import anyio.to_thread
 import numpy as np
 
 from .. import autograd
 from ..autograd import api
+from ..autograd.engine import get_engine
+from ..autograd.runtime.threads import run_in_executor
 from ..creation import from_numpy
 from ..grad_mode import enable_grad
 from ..tensor import Tensor
@@ -187,8 +189,7 @@ class BatchedPass:
         try:
             if large and graph.walk.plain:
                 job = [graph]  # (handed over, as in _run_off_loop)
-                await anyio.to_thread.run_sync(contextvars.copy_context().run,
-                                               lambda: self._backward_here(job.pop()))
+                await self._on_worker(lambda closing: self._backward_here(job.pop(), closing), _priority(batch))
                 return graph.answers
             return await self._backward_on_loop(graph)
         finally:
@@ -204,18 +205,35 @@ class BatchedPass:
         box: list[Any] = [tensors]
         del tensors
 
-        def forward_and_backward() -> None:
+        def forward_and_backward(closing: list[bool]) -> None:
             tensors = box.pop()
             graph = self._graph(batch, seg, tensors, self._checked_losses(self.loss_fn(*tensors), seg.rows))
             if isinstance(graph, BatchGraph) and graph.walk.plain:
-                self._backward_here(graph)
+                self._backward_here(graph, closing)
                 box.append(graph.answers)
             else:
                 box.append(graph)
 
-        await anyio.to_thread.run_sync(contextvars.copy_context().run, forward_and_backward)
+        await self._on_worker(forward_and_backward, _priority(batch))
         out = box.pop()
         return out if isinstance(out, list) else await self._backward_on_loop(out)
+
+    @staticmethod
+    async def _on_worker(fn: Callable[[list[bool]], None], priority: int) -> None:
+        """Note [One hop per batch]: ``fn(closing)`` on one of the engine's worker
+        threads, queued at the batch's priority among the engine's kernels, in a copy of
+        this context (grad mode, the recording). The engine's hop (threads.run_in_executor:
+        a bare future on asyncio, the thread that went idle last) costs the batch less
+        than anyio's (its checkpoint and limiter before the call, its queue and
+        thread-local state on the way); the batch makes one such hop each way, on its
+        critical path while every waiting client's loop is idle. ``closing`` gets an item
+        when the batcher's task is cancelled while ``fn`` runs (the batcher is closing):
+        ``fn`` reads it before its commit and commits nothing then; the cancellation goes
+        on once ``fn`` has returned."""
+        closing: list[bool] = []
+        engine = get_engine()
+        await run_in_executor(engine.worker_executor(), fn, (closing,), priority,
+                              on_cancel=lambda: closing.append(True))
 
     def _graph(self, batch: list[Request], seg: Segments, tensors: list[Tensor], row_losses: Tensor,
                recording: Recording | None = None) -> BatchGraph | list[GradientResult | None]:
@@ -309,7 +327,7 @@ class BatchedPass:
             raise Withdrawn
         return g.answers
 
-    def _backward_here(self, g: BatchGraph) -> None:
+    def _backward_here(self, g: BatchGraph, closing: list[bool]) -> None:
         """Note [Off-loop backward]: the backward of a batch large enough that its forward
         runs on a thread (``_large``; its backward costs more) over a plain graph
         (built-in nodes, no hook but the per-sample rules' own: no code of the user's runs
@@ -320,8 +338,8 @@ class BatchedPass:
         throughout. (A small batch's nodes run inline on the loop, no hop at all, as they
         would on the engine's own.) The same commit on success: a request withdrawn
         meanwhile (its flag, read before the commit) or the batcher's task cancelled
-        (``check_cancelled``) makes the pre-commit raise, so nothing is committed and the
-        others are rerun."""
+        (``closing``: Note [One hop per batch]) makes the pre-commit raise, so nothing is
+        committed and the others are rerun."""
         targets = g.inputs + g.params
         priority = _priority(g.batch)
         node = g.root.grad_fn
@@ -331,7 +349,8 @@ class BatchedPass:
             if self.accumulate and any(r.withdrawn for r in g.batch):
                 raise Withdrawn
             done = self._checked(g, grads)
-            anyio.from_thread.check_cancelled()  # (the batcher is closing: commit nothing)
+            if closing:  # (the batcher is closing: commit nothing)
+                raise Withdrawn
             self._answer(g, *done)  # (raises Withdrawn if a request was withdrawn meanwhile)
 
         if self.accumulate:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import math
 from collections.abc import Callable, Sequence
@@ -16,7 +17,7 @@ from ..tensor import Tensor
 from .batched_pass import BatchedPass
 from .isolation import serve_batch
 from .queue import RequestQueue
-from .requests import GradientResult, Request, Signature, batch_key
+from .requests import DoneEvent, FutureEvent, GradientResult, Request, Signature, batch_key
 from .statistics import BatcherStatistics, Counters
 
 
@@ -75,8 +76,8 @@ class GradientBatcher:
         self._seq = itertools.count()
         self._open = False
         self._task_group: anyio.abc.TaskGroup | None = None
-        self._wakeup: anyio.Event | None = None
-        self._new_event: Callable[[], anyio.Event] = anyio.Event
+        self._wakeup: DoneEvent | None = None
+        self._new_event: Callable[[], DoneEvent] = anyio.Event
         self._clock: Callable[[], float] = anyio.current_time
 
     @property
@@ -92,10 +93,11 @@ class GradientBatcher:
     async def __aenter__(self) -> GradientBatcher:
         if self._open or self._task_group is not None:
             raise RuntimeError("this GradientBatcher is already open")
-        self._wakeup = anyio.Event()
-        # one event per request: made by the running backend's Event class directly
-        # (``anyio.Event()`` looks the backend up on every call)
-        self._new_event = type(self._wakeup)
+        # one event per request: on asyncio one bare future (FutureEvent), else made by
+        # the running backend's Event class directly (``anyio.Event()`` looks the backend
+        # up on every call)
+        self._new_event = _request_event(type(anyio.Event()))
+        self._wakeup = self._new_event()
         self._clock = _backend_clock()
         self._task_group = anyio.create_task_group()
         await self._task_group.__aenter__()
@@ -186,6 +188,15 @@ class GradientBatcher:
             self._wakeup = self._new_event()
             with anyio.move_on_after(deadline - now):
                 await self._wakeup.wait()
+
+
+def _request_event(backend_event: Callable[[], DoneEvent]) -> Callable[[], DoneEvent]:
+    """What makes a request's done event on the running backend."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # (trio)
+        return backend_event
+    return lambda: FutureEvent(loop)
 
 
 def _backend_clock() -> Callable[[], float]:

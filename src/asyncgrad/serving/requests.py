@@ -5,12 +5,12 @@ Validation happens here, before a request joins a batch, so bad input fails alon
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-import anyio
 import numpy as np
 
 from ..tensor import Tensor
@@ -33,6 +33,34 @@ class GradientResult:
     rows: int
 
 
+class DoneEvent(Protocol):
+    """What a request's waiter waits on: anyio's Event, or a ``FutureEvent``."""
+
+    def set(self) -> None: ...
+
+    async def wait(self) -> Any: ...
+
+
+class FutureEvent:
+    """On asyncio, a request's done event as one bare future: its waiter awaits the
+    future itself, where an anyio Event wraps an asyncio Event whose ``wait`` makes a
+    future of its own and whose ``set`` walks a list of them (every request makes one,
+    waits on it and is woken by it, on the loop, with the whole batch waiting behind).
+    A waiter cancelled meanwhile cancels the future; ``set`` is then a no-op."""
+
+    __slots__ = ("_future",)
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._future: asyncio.Future[None] = loop.create_future()
+
+    def set(self) -> None:
+        if not self._future.done():
+            self._future.set_result(None)
+
+    async def wait(self) -> None:
+        await self._future
+
+
 @dataclass(eq=False, slots=True)
 class Request:
     """A request in the batcher. ``state`` goes waiting -> running -> done; a request
@@ -45,7 +73,7 @@ class Request:
     arrived: float  # anyio.current_time() at submit
     rows: int
     key: tuple[Any, ...]  # the batch it may join: trailing shapes and dtypes
-    done: anyio.Event
+    done: DoneEvent
     state: str = "waiting"
     withdrawn: bool = False
     result: GradientResult | None = None

@@ -104,12 +104,13 @@ def redeliver_cancellation(cancelled: BaseException) -> None:
 
 
 async def run_in_executor(executor: Executor, fn: Callable[..., Any], args: tuple[Any, ...],
-                          priority: int = 0) -> Any:
+                          priority: int = 0, on_cancel: Callable[[], object] | None = None) -> Any:
     """Run ``fn`` on ``executor`` in a copy of this context (the worker thread is the
     owner of what runs there), queued by ``priority`` on the engine's own threads.
     Cancellation: a call that has not started is withdrawn;
     one that has is waited for (a thread cannot be interrupted), then the cancellation
-    goes on.
+    goes on. ``on_cancel`` is called on the loop as the cancellation arrives, before
+    that wait: a call that has started can read what it set and stop early.
 
     The result comes back in a one-item list that is emptied here: the executor's
     future, and the worker thread's frame until it next runs, keep only the empty list.
@@ -129,13 +130,15 @@ async def run_in_executor(executor: Executor, fn: Callable[..., Any], args: tupl
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:  # trio
-        return await _run_in_executor_anyio(executor, fn, args, ctx, priority)
+        return await _run_in_executor_anyio(executor, fn, args, ctx, priority, on_cancel)
     arrival = _Arrival(loop)
     future = submit(executor, priority, ctx.run, boxed_call, fn, *args)
     future.add_done_callback(arrival.from_worker)
     try:
         await arrival.waiter
     except asyncio.CancelledError:
+        if on_cancel is not None:
+            on_cancel()
         if not future.cancel() and not future.done():
             # started: wait for its end (the loop thread ran every earlier arrival,
             # so a kernel that ended before this point shows as done above)
@@ -165,7 +168,8 @@ class _Arrival:
 
 
 async def _run_in_executor_anyio(executor: Executor, fn: Callable[..., Any], args: tuple[Any, ...],
-                                 ctx: contextvars.Context, priority: int) -> Any:
+                                 ctx: contextvars.Context, priority: int,
+                                 on_cancel: Callable[[], object] | None) -> Any:
     done = anyio.Event()
     call_soon, _ = threadsafe_caller()
     future = submit(executor, priority, ctx.run, boxed_call, fn, *args)
@@ -173,6 +177,8 @@ async def _run_in_executor_anyio(executor: Executor, fn: Callable[..., Any], arg
     try:
         await done.wait()
     except anyio.get_cancelled_exc_class():
+        if on_cancel is not None:
+            on_cancel()
         if not future.cancel():
             with anyio.CancelScope(shield=True):
                 await done.wait()

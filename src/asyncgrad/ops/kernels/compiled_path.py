@@ -141,6 +141,11 @@ def tanh_backward(g: np.ndarray, ans: np.ndarray) -> np.ndarray | None:
     return _binary("tanh_backward", g, ans)
 
 
+def relu(x: np.ndarray) -> np.ndarray | None:
+    """``np.maximum(x, 0)``, bit for bit (NaN passes, -0 gives +0)."""
+    return _unary("relu", x)
+
+
 def threshold_backward(g: np.ndarray, ans: np.ndarray) -> np.ndarray | None:
     """``g`` where ``ans > 0``, else +0 (relu's derivative), bit for bit the numpy rule."""
     return _binary("threshold_backward", g, ans)

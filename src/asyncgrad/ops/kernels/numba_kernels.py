@@ -645,6 +645,16 @@ def add_rows(out, rows, g):  # type: ignore[no-untyped-def]
 
 
 # --- masks -------------------------------------------------------------------------------------
+@_jit((A32, A32), (A64, A64))
+def relu(x, out):  # type: ignore[no-untyped-def]
+    """``out = maximum(x, 0)`` bit for bit as numpy's: ``x`` where ``x > 0`` or ``x`` is
+    NaN (its bits pass), else +0 (also for -0). One select per element, where numpy's
+    NaN-propagating ``maximum`` does more per element."""
+    for i in range(x.size):
+        v = x[i]
+        out[i] = v if v > _c(v, 0.0) or v != v else _c(v, 0.0)
+
+
 @_jit((A32, A32, A32), (A64, A64, A64))
 def threshold_backward(g, ans, out):  # type: ignore[no-untyped-def]
     """``out = g`` where ``ans > 0``, else +0 (relu's derivative): a select, so ``g``'s
