@@ -60,6 +60,12 @@ def _sigmoid_rule(m, g, ans, x):  # type: ignore[no-untyped-def]
     return d
 
 
+def _relu(x: np.ndarray) -> np.ndarray:
+    # one compiled pass, when loaded (numpy's maximum is NaN-aware and slower)
+    out = fast.relu(x) if type(x) is np.ndarray else None
+    return np.maximum(x, 0) if out is None else out
+
+
 def _tanh_rule(m, g, ans, x):  # type: ignore[no-untyped-def]
     d = None if m.tensor_mode else fast.tanh_backward(g, ans)
     return g * (1.0 - ans * ans) if d is None else d
@@ -136,12 +142,6 @@ where = defop("WhereBackward0", _where,
               None,
               lambda m, g, ans, c, a, b: _select_grad(m, c, g, True),
               lambda m, g, ans, c, a, b: _select_grad(m, c, g, False), save="x")
-
-def _relu(x: np.ndarray) -> np.ndarray:
-    # one compiled pass, when loaded (numpy's maximum is NaN-aware and slower)
-    out = fast.relu(x) if type(x) is np.ndarray else None
-    return np.maximum(x, 0) if out is None else out
-
 
 neg = defop("NegBackward0", np.negative, lambda m, g, ans, x: -g)
 abs_ = defop("AbsBackward0", np.abs, lambda m, g, ans, x: g * m.sign(x), save="x")
