@@ -2,6 +2,7 @@
 hand-written numpy floor computes the same loss, saliency and parameter gradients as
 one backward per request."""
 
+import math
 import sys
 from pathlib import Path
 
@@ -15,16 +16,23 @@ from bench.workloads import serving as workload  # noqa: E402
 
 
 def test_the_serving_workload_runs_tiny():
-    r = run_workload("serving", ["asyncgrad", "numpy"], rounds=1, clients=3, requests=2, layers=2, rows=2, width=4)
+    r = run_workload("serving", ["asyncgrad", "numpy"], rounds=1, clients=3, requests=2, layers=2, rows=2, width=4,
+                     memory=False)
     assert [row["impl"] for row in r.rows] == [
         "asyncgrad: one await ag.grad per request", "asyncgrad: GradientBatcher",
         "asyncgrad: GradientBatcher, per-request param grads", "numpy per request (on the loop)",
         "numpy per request (on the loop, 1 BLAS thread)"]
     for row in r.rows:
         assert row["requests_per_s"] > 0 and row["p99_latency_ms"] >= row["p50_latency_ms"] > 0
-        assert row["peak_rss_mb"] > 0
+        assert row["peak_rss_mb"] > 0 and "rss_growth_mb" not in row  # (memory=False: no fresh processes)
     assert r.row("asyncgrad: GradientBatcher")["batch_ms"] > 0
     assert "batcher/one ag.grad per request" in r.ratios and "batcher/numpy per request (the faster floor)" in r.ratios
+
+
+def test_a_ways_memory_is_measured_in_a_fresh_process():
+    growth = workload.measure_memory("asyncgrad: GradientBatcher", clients=3, requests=2, layers=2, rows=2, width=4)
+    assert math.isfinite(growth) and growth > -1.0  # MB: the session's peak over the RSS before it
+    assert math.isnan(workload.measure_memory("no such way", clients=1, requests=1, layers=1, rows=1, width=2))
 
 
 def test_the_numpy_floor_equals_one_backward_per_request():

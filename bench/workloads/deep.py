@@ -29,7 +29,7 @@ import numpy as np
 
 from ..common import About
 from ..common import (BLAS, ASYNCGRAD, AUTOGRAD, NUMPY, TORCH, Case, Column, Result, Target, measure_cases,
-                      median, rss_bytes)
+                      median, rss_bytes, trim_heap)
 from . import chain
 
 DEFAULT_ROUNDS = 3
@@ -76,21 +76,6 @@ def backward_sync(impl: str, graph: Any, n: int, size: int) -> None:
         chain.numpy_backward(graph[1], chain._inputs(size, SPREAD)[1], n, size)
 
 
-def _trim_heap() -> None:
-    """Give malloc's free memory back to the OS (glibc's ``malloc_trim``; elsewhere
-    nothing), so the graph's allocations show in RSS: freed memory left by the warm-up
-    and the kernels' loader (tens of MB) was reused by the graph, and RSS once grew by 16
-    B/node where tracemalloc counted 462."""
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    try:
-        ctypes.CDLL(name).malloc_trim(0)
-    except (OSError, AttributeError, TypeError):
-        pass
-
-
 def memory_child(impl: str, n: int, size: int) -> dict[str, float]:
     """Run in a fresh process: graph memory per node by RSS and by tracemalloc."""
     g = build(impl, 1000, size)  # warm-up: imports, caches, first allocations
@@ -102,7 +87,7 @@ def memory_child(impl: str, n: int, size: int) -> dict[str, float]:
         kernels.wait()
     gc.collect()
     gc.disable()
-    _trim_heap()
+    trim_heap()
     before = rss_bytes()
     g = build(impl, n, size)
     after = rss_bytes()

@@ -10,14 +10,25 @@ and backward per request on the loop (the floor of one pass per request); PyTorc
 request through ``asyncio.to_thread``, and PyTorch with the requests of one loop turn
 batched by hand into one pass on a thread. Requests/s over all clients, p50/p99 latency
 of a request (submit to answer), the p99 lag of a 1 ms ticker on the same loop, and the
-peak RSS during the session.
+peak growth of the resident memory while one session runs, measured in a fresh process
+per way (``python -m bench.workloads.serving --memory WAY``), after a warm-up session:
+the graphs and arrays each way keeps in flight (one graph per request waiting for its
+backward, or a batcher's running and filling batches). In the timed process every way's
+RSS is the whole run's, whatever ran before it.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
+import gc
+import json
+import math
+import subprocess
+import sys
 import time
+from pathlib import Path
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -25,7 +36,7 @@ import numpy as np
 
 from .. import nets
 from ..common import ASYNCGRAD, BLAS, NUMPY, SETTLE, TORCH, About, Column, Result, Target, median, percentile, \
-    rss_bytes, ticked
+    rss_bytes, ticked, trim_heap
 
 DEFAULT_ROUNDS = 3
 CLASSES = 10
@@ -38,7 +49,8 @@ ABOUT = About(
              "loop between them (32 rows x 128 "
              "features, a 4-layer MLP with per-row cross-entropy); each request wants its loss, its saliency and "
              "its parameter gradient. Requests per second over all clients, the p50/p99 latency of one request, "
-             "the p99 lag of a 1 ms timer on the same loop, and the peak RSS while the session ran.",
+             "the p99 lag of a 1 ms timer on the same loop, and how much a fresh process's resident memory grows at "
+             "most while one session of that way runs (the work it keeps in flight).",
     reading="Higher requests/s, lower latency and lag are better. \"numpy per request\" is the floor of one pass "
             "per request (no autograd, blocking the loop), with BLAS's own threads and with one (a product of "
             "32 rows gains nothing from a second thread, and on a busy machine waits for it). The batcher "
@@ -240,11 +252,59 @@ def _row(name: str, sessions: list[dict[str, Any]], **extra: Any) -> dict[str, A
     return {"impl": name, **{k: median([s[k] for s in sessions]) for k in keys}, **extra, "sessions": sessions}
 
 
-def run(impls: list[str], rounds: int | None = None, clients: int = 32, requests: int = 10, layers: int = 4,
-        rows: int = 32, width: int = 128) -> Result:
-    rounds = rounds or DEFAULT_ROUNDS
+def _setup(clients: int, layers: int, rows: int, width: int) -> tuple[list[np.ndarray], list[tuple[np.ndarray,
+                                                                                                  np.ndarray]]]:
+    """The MLP's parameters and each client's request."""
     params = _head(nets.make_params(layers, width), width)
-    inputs = [(nets.make_input(rows, width, seed=100 + i), _labels(rows, 200 + i)) for i in range(clients)]
+    return params, [(nets.make_input(rows, width, seed=100 + i), _labels(rows, 200 + i)) for i in range(clients)]
+
+
+def _impl_of(way: str) -> str:
+    return next(impl for impl in (ASYNCGRAD, TORCH, NUMPY) if way.startswith(impl))
+
+
+def memory_child(way: str, clients: int, requests: int, layers: int, rows: int, width: int) -> float:
+    """Run in a fresh process: the most its resident memory (MB) grows while one session of
+    ``way`` runs, after a warm-up session (imports, the kernels, first allocations)."""
+
+    async def main() -> float:
+        params, inputs = _setup(clients, layers, rows, width)
+        (_, serve, batcher), = [m for m in _modes([_impl_of(way)], params, clients * rows) if m[0] == way]
+        if way.startswith(ASYNCGRAD):
+            from asyncgrad.ops import kernels
+
+            kernels.wait()
+        async with _opened([batcher] if batcher is not None else []):
+            with BLAS.limited(1) if way == ONE_BLAS_THREAD else contextlib.nullcontext():
+                await session(serve, inputs, 2)
+                _zero_grads(batcher)
+                gc.collect()
+                trim_heap()
+                before = rss_bytes()
+                s = await session(serve, inputs, requests)
+        return s["peak_rss_mb"] - before / 2**20
+
+    return asyncio.run(main())
+
+
+def measure_memory(way: str, clients: int, requests: int, layers: int, rows: int, width: int) -> float:
+    """``memory_child`` in a fresh process (NaN, with the reason on stderr, if it fails)."""
+    root = Path(__file__).resolve().parents[2]
+    cmd = [sys.executable, "-m", "bench.workloads.serving", "--memory", way, "--clients", str(clients),
+           "--requests", str(requests), "--layers", str(layers), "--rows", str(rows), "--width", str(width)]
+    try:
+        out = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=300, check=True)
+        return float(json.loads(out.stdout.strip().splitlines()[-1]))
+    except (subprocess.SubprocessError, ValueError, IndexError) as e:
+        detail = getattr(e, "stderr", "") or ""
+        print(f"serving: memory child for {way!r} failed: {e} {detail[-500:]}", file=sys.stderr)
+        return math.nan
+
+
+def run(impls: list[str], rounds: int | None = None, clients: int = 32, requests: int = 10, layers: int = 4,
+        rows: int = 32, width: int = 128, memory: bool = True) -> Result:
+    rounds = rounds or DEFAULT_ROUNDS
+    params, inputs = _setup(clients, layers, rows, width)
     res = Result(
         "serving", f"{clients} clients x {requests} requests of {rows} rows, MLP {layers} layers width {width} "
                    f"-> {CLASSES} classes, per-row cross-entropy; loss, saliency and parameter gradient per request",
@@ -254,7 +314,7 @@ def run(impls: list[str], rounds: int | None = None, clients: int = 32, requests
          Column("p50_latency_ms", "p50 latency ms", "{:.2f}"),
          Column("p99_latency_ms", "p99 latency ms", "{:.2f}"),
          Column("p99_lag_ms", "loop p99 lag ms", "{:.2f}"),
-         Column("peak_rss_mb", "peak RSS MB", "{:,.0f}"),
+         Column("rss_growth_mb", "RSS growth MB", "{:,.1f}"),
          Column("batch_ms", "ms per batch", "{:.2f}")],
     )
     t_start = time.perf_counter()
@@ -295,6 +355,8 @@ def run(impls: list[str], rounds: int | None = None, clients: int = 32, requests
                     _zero_grads(cm)
             for name, sessions in by_mode.items():
                 extra = {"batch_ms": median([s["batch_ms"] for s in sessions])} if "batch_ms" in sessions[0] else {}
+                if memory:
+                    extra["rss_growth_mb"] = measure_memory(name, clients, requests, layers, rows, width)
                 res.rows.append(_row(name, sessions, **extra))
 
     asyncio.run(main())
@@ -346,3 +408,19 @@ def _zero_grads(batcher: Any) -> None:
     if batcher is not None:
         for p in batcher.params:
             p.grad = None
+
+
+def _main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--memory", required=True, metavar="WAY")
+    p.add_argument("--clients", type=int, default=32)
+    p.add_argument("--requests", type=int, default=10)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--rows", type=int, default=32)
+    p.add_argument("--width", type=int, default=128)
+    a = p.parse_args()
+    print(json.dumps(memory_child(a.memory, a.clients, a.requests, a.layers, a.rows, a.width)))
+
+
+if __name__ == "__main__":
+    _main()
