@@ -88,15 +88,15 @@ class OpNode(Node):
     def apply(self, grads: list[Any], m: Any) -> list[Any]:
         return self._apply_over(self.next_edges, grads, m)
 
-    def apply_needed(self, grads: list[Any], m: Any, needed: Any) -> list[Any]:
-        """``apply`` computing only the gradients of edges whose node is in ``needed`` (a
-        pruned backward's dependencies: ``grad()``, ``inputs=``), None for the others,
-        as PyTorch's ``task_should_compute_output``: a saliency map's ``grad(loss, x)``
-        computes no weight gradient."""
+    def apply_needed(self, grads: list[Any], m: Any, needed: frozenset[int]) -> list[Any]:
+        """``apply`` computing only the gradients of the edges numbered in ``needed`` (a
+        pruned backward's: ``grad()``, ``inputs=``), None for the others, as PyTorch's
+        ``task_should_compute_output``: a saliency map's ``grad(loss, x)`` computes no
+        weight gradient."""
         edges = self.next_edges
-        if all(child is None or child in needed for child, _ in edges):
+        if all(e[0] is None or i in needed for i, e in enumerate(edges)):
             return self._apply_over(edges, grads, m)
-        return self._apply_over(tuple(e if e[0] in needed else NO_EDGE for e in edges), grads, m)
+        return self._apply_over(tuple(e if i in needed else NO_EDGE for i, e in enumerate(edges)), grads, m)
 
     def _apply_over(self, edges: tuple[Any, ...], grads: list[Any], m: Any) -> list[Any]:
         """The gradients for ``edges`` (the node's, or some of them cut: ``apply_needed``):

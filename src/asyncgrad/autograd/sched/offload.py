@@ -28,8 +28,8 @@ import anyio
 import anyio.abc
 
 from ... import _context
-from ..task.step import (async_kernel_for, finish, fresh_leaf_edges, kernel_for, own_leaf_edges, pruned,
-                      resolved_kernel, run_kernel)
+from ..task.step import (async_kernel_for, finish, fresh_leaf_edges, kernel_for, needed_edges, own_leaf_edges,
+                      pruned, resolved_kernel, run_kernel)
 from ..graph import Node
 from ..task.graph_task import GraphTask
 from ..task.input_buffer import InputBuffer, ReadyInputs, combine, inputs_of, value
@@ -37,8 +37,7 @@ from .placement import ChainPlan, Policy
 from ..graph.record import OpNode
 from ..graph.saved import SavedTensor
 from .loop import loop_scheduler, node_done
-from ..task.split_node import (apply_edges, is_leaf_edge, needed_edges, route_edges, routes_early, split_groups,
-                               unpack)
+from ..task.split_node import apply_edges, is_leaf_edge, route_edges, routes_early, split_groups, unpack
 from ..runtime.threads import boxed_call, current_owner, threadsafe_caller
 from ..runtime.workers import submit
 from .wakeup import Wakeup

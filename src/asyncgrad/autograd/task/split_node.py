@@ -58,7 +58,7 @@ def split_groups(node: Node, splits: bool, needed: frozenset[int] | None = None)
     to nodes that are not leaves) first (Note [Input gradient first]); None: one
     kernel. ``splits``: placement's decision (Policy.splits), one kernel per gradient (a product's
     leaves together: Note [One kernel for a product's leaves]). ``needed``: in a pruned
-    backward, the edges whose gradients it takes (``needed_edges``), the others not computed."""
+    backward, the edges whose gradients it takes (``step.needed_edges``), the others not computed."""
     if type(node) is not OpNode or node.spec.variadic:
         return None
     inner: list[int] = []
@@ -73,15 +73,6 @@ def split_groups(node: Node, splits: bool, needed: frozenset[int] | None = None)
         # (Note [One kernel for a product's leaves])
         return [[i] for i in inner] + [leaves]
     return [[i] for i in inner + leaves]
-
-
-def needed_edges(task: GraphTask, node: Node) -> frozenset[int] | None:
-    """In a pruned backward (``grad()``, ``inputs=``), the edges of ``node`` that lead to a
-    node it still needs (step.pruned's test); None in any other backward."""
-    if task.exec_info is None:
-        return None
-    deps = task.dependencies
-    return frozenset(i for i, (child, _) in enumerate(node.next_edges) if child is not None and child in deps)
 
 
 def is_leaf_edge(node: Node, i: int) -> bool:

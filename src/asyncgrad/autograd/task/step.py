@@ -71,15 +71,23 @@ def async_kernel_for(task: GraphTask) -> AsyncKernel:
     return wrapped
 
 
+def needed_edges(task: GraphTask, node: Node) -> frozenset[int] | None:
+    """In a pruned backward (``grad()``, ``inputs=``), the edges of ``node`` that lead to a
+    node it still needs (PyTorch's ``task_should_compute_output``); None in any other
+    backward. On the loop: the task's dependencies are read here."""
+    if task.exec_info is None:
+        return None
+    deps = task.dependencies
+    return frozenset(i for i, (child, _) in enumerate(node.next_edges) if child is not None and child in deps)
+
+
 def pruned(task: GraphTask, node: Node, kernel: Kernel) -> Kernel:
-    """``kernel``, or in a pruned backward (``grad()``, ``inputs=``) for a built-in node
-    the kernel that computes only the gradients its needed edges take
-    (``OpNode.apply_needed``). On the loop: the needed nodes are read here."""
+    """``kernel``, or in a pruned backward for a built-in node the kernel that computes
+    only the gradients of its ``needed_edges`` (``OpNode.apply_needed``)."""
     if task.exec_info is None or type(node) is not OpNode or kernel is not run_kernel \
             or _anomaly_mode.get() is not None:
         return kernel
-    deps = task.dependencies
-    needed = frozenset(child for child, _ in node.next_edges if child is not None and child in deps)
+    needed = needed_edges(task, node)
     return lambda n, inputs, m: validate_outputs(n, n.apply_needed(inputs, m, needed))  # type: ignore[attr-defined]
 
 
