@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 from concurrent.futures import wait
+from typing import Any
 
 import numpy as np
 import pytest
@@ -238,12 +239,35 @@ def test_blas_kernels_from_several_loops_share_one_bound():
 
 
 # --- the hop to a worker and back (threads.run_in_executor) ---------------------------------
+def _cancel_once_it_runs(backend: str, pool: WorkerPool, kernel: Any, started: threading.Event,
+                         events: list[str], after_cancel: Any = None, **kwargs: Any) -> None:
+    """Await ``run_in_executor(pool, kernel, (), **kwargs)`` and cancel the await once
+    ``started`` is set (then ``after_cancel()``); the await must end cancelled, without a
+    result, and then "await returned" joins ``events``."""
+    import anyio
+
+    async def main() -> None:
+        got: list[str] = []
+        with anyio.CancelScope() as scope:
+            async def cancel() -> None:
+                await anyio.to_thread.run_sync(started.wait)
+                scope.cancel()
+                if after_cancel is not None:
+                    after_cancel()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(cancel)
+                got.append(await run_in_executor(pool, kernel, (), **kwargs))
+        events.append("await returned")
+        assert scope.cancelled_caught and got == []
+
+    anyio.run(main, backend=backend)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_call_cancelled_while_it_runs_is_waited_for_and_its_result_dropped(backend):
     """A thread cannot be interrupted: the await returns only after the call ended, and
     the cancellation goes on (the result is not returned)."""
-    import anyio
-
     pool = WorkerPool(1)
     started, gate = threading.Event(), threading.Event()
     events: list[str] = []
@@ -254,21 +278,8 @@ def test_a_call_cancelled_while_it_runs_is_waited_for_and_its_result_dropped(bac
         events.append("kernel ended")
         return "result"
 
-    async def main() -> None:
-        got: list[str] = []
-        with anyio.CancelScope() as scope:
-            async def cancel_once_it_runs() -> None:
-                await anyio.to_thread.run_sync(started.wait)
-                scope.cancel()
-                gate.set()  # (after the cancel: the await must wait for the kernel)
-
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(cancel_once_it_runs)
-                got.append(await run_in_executor(pool, kernel, ()))
-        events.append("await returned")
-        assert scope.cancelled_caught and got == []
-
-    anyio.run(main, backend=backend)
+    # (the gate opens after the cancel: the await must wait for the kernel)
+    _cancel_once_it_runs(backend, pool, kernel, started, events, after_cancel=gate.set)
     assert events == ["kernel ended", "await returned"]
     assert pool.threads == 1  # the one worker, idle again (no thread leaked)
 
@@ -278,8 +289,6 @@ def test_on_cancel_runs_as_the_cancellation_arrives_so_a_running_call_can_see_it
     """``on_cancel`` is called on the loop when the cancellation arrives, before the
     await waits for the started call: the call reads what it set (the serving batcher's
     pass commits nothing then), the await still returns after the call, cancelled."""
-    import anyio
-
     pool = WorkerPool(1)
     started, gate = threading.Event(), threading.Event()
     stop: list[str] = []
@@ -287,25 +296,15 @@ def test_on_cancel_runs_as_the_cancellation_arrives_so_a_running_call_can_see_it
 
     def kernel() -> str:
         started.set()
-        gate.wait(5)
+        gate.wait(5)  # (opened by on_cancel alone)
         events.append(f"kernel saw {stop}")
         return "result"
 
-    async def main() -> None:
-        got: list[str] = []
-        with anyio.CancelScope() as scope:
-            async def cancel_once_it_runs() -> None:
-                await anyio.to_thread.run_sync(started.wait)
-                threading.Timer(0.02, gate.set).start()  # (after the cancellation reached the await)
-                scope.cancel()
+    def on_cancel() -> None:
+        stop.append("stop")
+        gate.set()
 
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(cancel_once_it_runs)
-                got.append(await run_in_executor(pool, kernel, (), on_cancel=lambda: stop.append("stop")))
-        events.append("await returned")
-        assert scope.cancelled_caught and got == []
-
-    anyio.run(main, backend=backend)
+    _cancel_once_it_runs(backend, pool, kernel, started, events, on_cancel=on_cancel)
     assert events == ["kernel saw ['stop']", "await returned"]
 
 
