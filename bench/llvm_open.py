@@ -5,7 +5,7 @@ way in a fresh process, in turn:
 * ``ctypes.CDLL(path)``, as llvmlite's import does: ``dlopen`` with the GIL held;
 * a foreign ``dlopen`` through ctypes, as the loader does first: the GIL released.
 
-    python -m bench.llvm_open [--rounds 3]
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python -m bench.llvm_open [--rounds 3]
 
 The library is read from the page cache after the first round; a cold one (after a
 reboot, or evicted) takes longer to open, and the held GIL as long.

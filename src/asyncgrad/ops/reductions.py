@@ -120,7 +120,7 @@ def _extreme_dim_rule(m, g, ans, x, *, dim, keepdim, aux):  # type: ignore[no-un
 
 # elements: below this, a sum's or mean's gradient over the whole input is copied out into
 # a new array rather than made a zero-stride view by np.broadcast_to, whose Python-level
-# bookkeeping (~2 us) costs more than the copy
+# bookkeeping costs more than the copy (docs/benchmarks.md, "Figures behind the Notes")
 SMALL_EXPANDED_GRAD = 65_536
 
 
