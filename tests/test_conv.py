@@ -157,6 +157,27 @@ def test_batches_cut_into_image_chunks_match_torch(monkeypatch: pytest.MonkeyPat
     assert_matches_torch(lambda *a: F.conv_transpose2d(*a, **kw), lambda *a: TF.conv_transpose2d(*a, **kw), arrays)
 
 
+def test_image_chunks_are_sized_from_the_cores_l2_as_linux_reports_it(tmp_path: Any) -> None:
+    """Note [Convolution by image chunks]: half the L2 (the level-2 data or unified entry,
+    not the instruction cache or L3), clamped to 256 kB..4 MB; 1 MB where unknown."""
+    from asyncgrad.ops import conv as ops_conv
+
+    for entry, (level, kind, size) in enumerate([("1", "Data", "48K"), ("1", "Instruction", "32K"),
+                                                 ("2", "Unified", "2048K"), ("3", "Unified", "480M")]):
+        d = tmp_path / f"index{entry}"
+        d.mkdir()
+        for name, value in (("level", level), ("type", kind), ("size", size)):
+            (d / name).write_text(value + "\n")
+    assert ops_conv.core_cache_bytes(str(tmp_path)) == 2048 << 10
+    assert ops_conv.core_cache_bytes(str(tmp_path / "absent")) is None
+    (tmp_path / "index2" / "size").write_text("garbled\n")
+    assert ops_conv.core_cache_bytes(str(tmp_path)) is None
+    assert ops_conv.chunk_bytes(2048 << 10) == 1 << 20
+    assert ops_conv.chunk_bytes(256 << 10) == 256 << 10
+    assert ops_conv.chunk_bytes(64 << 20) == 4 << 20
+    assert ops_conv.chunk_bytes(None) == 1 << 20
+
+
 @pytest.mark.parametrize("kw", [{"padding": 2}, {"padding": (1, 3)}, {"padding": 1, "dilation": (1, 2)}], ids=str)
 def test_stride_one_padding_beyond_the_kernel_matches_torch(kw: dict[str, Any]) -> None:
     """Stride 1 with more padding than the kernel's reach (Note [A stride-1 adjoint is a

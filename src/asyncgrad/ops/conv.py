@@ -23,6 +23,7 @@ ops/_windows.py), so a gradient of a gradient is exact to any order.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -165,12 +166,38 @@ def conv(m: Any, x: Any, w: Any, geo: ConvGeometry) -> Any:
 # whole batch (16 images of 16 x 32 x 32: 9.4 MB) the windows are written to memory and
 # read back by the product from memory. Cut into chunks of whole images whose windows
 # take at most ``CHUNK_BYTES``, each chunk's windows are still in cache when its product
-# reads them: in a core's own cache (L2, 1 MB and more on the CPUs we run on), not only
-# in the shared L3, which the service's other work evicts between two calls. The
-# weight's gradient adds up the chunks' products (in chunk order); each element of the
-# forward and of the input's gradient comes from one chunk alone, so both are the same
-# sums as over the whole batch.
-CHUNK_BYTES = 1 << 20
+# reads them: in a core's own cache (half its L2, so the weights and the product's output
+# fit beside them), not only in the shared L3, which the service's other work evicts
+# between two calls. The weight's gradient adds up the chunks' products (in chunk order);
+# each element of the forward and of the input's gradient comes from one chunk alone, so
+# both are the same sums as over the whole batch.
+def core_cache_bytes(cpu_dir: str = "/sys/devices/system/cpu/cpu0/cache") -> int | None:
+    """The size of one core's L2 cache as Linux reports it (``cpu_dir``), or None where
+    it does not."""
+    try:
+        for entry in sorted(os.listdir(cpu_dir)):
+            base = os.path.join(cpu_dir, entry)
+            with open(os.path.join(base, "level")) as f:
+                level = f.read().strip()
+            with open(os.path.join(base, "type")) as f:
+                kind = f.read().strip()
+            if level == "2" and kind in ("Unified", "Data"):
+                with open(os.path.join(base, "size")) as f:
+                    size = f.read().strip()
+                scale = {"K": 1 << 10, "M": 1 << 20}.get(size[-1:].upper(), 1)
+                return int(size.rstrip("KkMm")) * scale
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def chunk_bytes(l2: int | None) -> int:
+    """``CHUNK_BYTES`` for a core whose L2 holds ``l2`` bytes: half of it, between 256 kB
+    and 4 MB; 1 MB where the size is unknown."""
+    return 1 << 20 if l2 is None else min(max(l2 // 2, 256 << 10), 4 << 20)
+
+
+CHUNK_BYTES = chunk_bytes(core_cache_bytes())
 
 
 def _image_chunks(n: int, c: int, win: W.Window, itemsize: int) -> list[slice]:
