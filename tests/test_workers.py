@@ -366,3 +366,13 @@ def test_a_worker_that_cannot_start_fails_its_job(monkeypatch):
     with pytest.raises(RuntimeError, match="can't start new thread"):
         future.result(10)
     assert pool.threads == 0
+
+
+def test_outside_asyncio_without_trio_the_error_names_both(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No asyncio loop running and trio not installed: a RuntimeError that says asyncgrad
+    needs asyncio or trio, not trio's ModuleNotFoundError."""
+    from asyncgrad.autograd.runtime import threads
+
+    monkeypatch.setitem(sys.modules, "trio", None)  # (import trio raises ImportError)
+    with pytest.raises(RuntimeError, match="asyncgrad runs on asyncio or trio: no asyncio event loop is running"):
+        threads.threadsafe_caller()

@@ -79,7 +79,11 @@ def threadsafe_caller() -> tuple[Callable[..., object], asyncio.AbstractEventLoo
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:
-        import trio  # (here: trio is optional; not on asyncio)
+        try:
+            import trio  # (here: trio is optional; not on asyncio)
+        except ImportError:
+            raise RuntimeError("asyncgrad runs on asyncio or trio: no asyncio event loop is running "
+                               "and trio is not installed") from None
 
         run_sync_soon: Callable[..., object] = trio.lowlevel.current_trio_token().run_sync_soon
         return run_sync_soon, None
