@@ -250,12 +250,13 @@ def test_a_node_to_offload_hands_the_walk_to_the_dynamic_engine(schedules, resto
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_long_flat_backward_gives_the_loop_turns(backend, schedules, restore_engine):
     """yield_interval=0: every clock check ends the slice, so another task runs while a
-    long flat backward is in progress, and the statistics show its progress."""
+    long flat backward is in progress, and the statistics show its progress. (2,000
+    products: fused runs of RUN_MAX_NODES, the clock read after each: Note [Fused runs].)"""
     ag.autograd.set_engine(Engine(yield_interval=0.0))
     x = _leaf(np.random.default_rng(9), 8)
     y = x
-    for _ in range(400):
-        y = y * 1.001
+    for _ in range(2000):
+        y = y * 1.0001
     loss = y.sum()
     seen: list[Any] = []
 
@@ -276,16 +277,18 @@ def test_a_long_flat_backward_gives_the_loop_turns(backend, schedules, restore_e
     anyio.run(main, backend=backend)
     assert schedules == [True]
     assert len(seen) > 5  # the loop ran the other task between slices
-    np.testing.assert_allclose(x.grad.numpy(), np.full(8, 1.001 ** 400), rtol=1e-12)
+    np.testing.assert_allclose(x.grad.numpy(), np.full(8, 1.0001 ** 2000), rtol=1e-12)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("size, expected", [(8, [8, 8, 8, 8, 8, 1]), (CLOCK_AFTER_WORK, [2] + [1] * 39)])
+@pytest.mark.parametrize("size, expected", [(2048, [8, 8, 8, 8, 8, 1]), (CLOCK_AFTER_WORK, [2] + [1] * 39),
+                                            (8, [41])])
 def test_the_clock_is_read_every_8_nodes_and_after_each_heavy_one(backend, size, expected, schedules,
                                                                   monkeypatch, restore_engine):
     """yield_interval=0: a slice of the core loop ends at its first clock check. It is
     read every 8 nodes, and in a schedule with a node of CLOCK_AFTER_WORK elements or
-    more after each such node as well."""
+    more after each such node as well, and after each fused run (Note [Fused runs]: 8
+    floats, the sum then one run of 40 products; 2,048 floats are too many for a run)."""
     ag.autograd.set_engine(Engine(yield_interval=0.0))
     slices: list[int] = []
     real = inline_module.run_flat
@@ -304,7 +307,7 @@ def test_the_clock_is_read_every_8_nodes_and_after_each_heavy_one(backend, size,
         y = y * 1.001
     anyio.run(ag.backward, y.sum(), backend=backend)
     assert schedules == [True]
-    # 41 nodes, the sum (light) then 40 products: heavy ones end a slice each
+    # 41 nodes, the sum (light) then 40 products: heavy ones end a slice each, a run too
     assert slices == expected
     np.testing.assert_allclose(x.grad.numpy(), np.full(size, 1.001 ** 40), rtol=1e-12)
 
@@ -316,7 +319,7 @@ def test_a_flat_backward_cancelled_between_slices_changes_nothing(backend, resto
 
     def loss() -> ag.Tensor:
         y = x
-        for _ in range(400):
+        for _ in range(2000):  # (4,000 nodes: fused runs of RUN_MAX_NODES, many slices)
             y = (y * 1.001).sin()
         return y.sum()
 

@@ -37,6 +37,32 @@ from collections.abc import Callable
 Rule = Callable[..., Any]
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class GradFactor:
+    """Note [Gradient factors]: an input's rule written as a product. In a plain backward
+    (the numpy ``m``) of a node of at most ``FACTOR_MAX_ELEMENTS`` elements, the rule's
+    result is ``g * factor`` bit for bit, one rounding, where ``factor`` is ``fn(m, *values)``
+    of the rule arguments at positions ``reads`` (0 ``ans``, 1 ``x``, 2 ``y``), or that one
+    value itself when ``fn`` is None; reading nothing, the rule returns ``g`` itself. ``fn``
+    is elementwise, so it gives each node's factor from the values of many nodes stacked:
+    the flat schedule computes a run of such nodes with a few calls (Note [Fused runs] in
+    autograd/sched/runs.py). tests/test_fused_runs.py checks every declared factor
+    against its rule, bit for bit. ``own`` says the values read are the node's own input
+    or output of a unary op, so they have the gradient's shape and dtype by construction
+    (the run checks the others)."""
+
+    reads: tuple[int, ...]
+    fn: Callable[..., Any] | None = None
+    own: bool = False
+
+
+#: a rule that returns the gradient itself (``add``'s, ``clone``'s)
+IDENTITY = GradFactor(())
+# the size up to which the declared factors hold: below ``compiled_path.ELEMENTWISE_MIN``,
+# where no compiled kernel replaces a rule's numpy expression
+FACTOR_MAX_ELEMENTS = 1024
+
+
 @dataclass(frozen=True, slots=True)
 class OpSpec:
     node_name: str
@@ -71,6 +97,8 @@ class OpSpec:
     # backward without retain_graph frees them with the saved values, so a second
     # backward through the node raises as in PyTorch
     saves_params: bool = False
+    # per input, the rule as a product (Note [Gradient factors]); () or None: none
+    factors: tuple[GradFactor | None, ...] = ()
 
     #: whether the engine's fused inline step handles this op (see GraphTask.run_inline)
     fusable: bool = field(init=False, default=True)
@@ -111,6 +139,7 @@ def defop(
     symmetric: bool = False,
     view_vjp: Rule | None = None,
     takes_views: bool = False,
+    factors: tuple[GradFactor | None, ...] = (),
 ) -> OpSpec:
     """Declare a primitive. ``save`` lists what backward needs: ``x``, ``y``, ``z`` name
     inputs 0, 1, 2 and ``ans`` names the output, e.g. ``save="x ans"``. ``x@1`` saves
@@ -126,4 +155,4 @@ def defop(
     return OpSpec(node_name, forward, tuple(vjps), save_inputs=tuple(positions),
                   save_ans="ans" in save.split(), save_when=tuple(when), has_aux=has_aux,
                   variadic=variadic, cost=cost, blas=blas, joint=joint, symmetric=symmetric,
-                  view_vjp=view_vjp, takes_views=takes_views)
+                  view_vjp=view_vjp, takes_views=takes_views, factors=factors)

@@ -16,7 +16,7 @@ import numpy as np
 
 from .kernels import compiled_path as fast
 from ._quiet import quiet
-from ._spec import defop
+from ._spec import FACTOR_MAX_ELEMENTS, IDENTITY, GradFactor, defop
 from .kernels.special import erf as _erf
 
 _2_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
@@ -84,20 +84,30 @@ def _clamp_rule(m, g, ans, x, *, lo, hi):  # type: ignore[no-untyped-def]
     return m.where(inside, g, 0.0)
 
 
+# Note [Gradient factors] in _spec.py: the rules below that are ``g * factor`` (the factor
+# forms hold where no compiled kernel runs, which the runs' size bound keeps)
+assert FACTOR_MAX_ELEMENTS < fast.ELEMENTWISE_MIN
+_TIMES_Y = GradFactor((2,))  # mul's input 0: g * y
+_TIMES_X = GradFactor((1,))  # mul's input 1: g * x
+_TIMES_ANS = GradFactor((0,), own=True)  # exp's: g * ans
+_COS_X = GradFactor((1,), lambda m, x: m.cos(x), own=True)  # sin's: g * cos(x)
+_TANH_SLOPE = GradFactor((0,), lambda m, ans: 1.0 - ans * ans, own=True)  # tanh's: g * (1 - ans^2)
+
 # name --------------- node name -------- forward ---------- saves -- derivative per input
 add = defop("AddBackward0", np.add,
             lambda m, g, ans, x, y: g,
-            lambda m, g, ans, x, y: g, cost=0.0)
+            lambda m, g, ans, x, y: g, cost=0.0, factors=(IDENTITY, IDENTITY))
 sub = defop("SubBackward0", np.subtract,
             lambda m, g, ans, x, y: g,
-            lambda m, g, ans, x, y: -g)
+            lambda m, g, ans, x, y: -g, factors=(IDENTITY, None))
 rsub = defop("RsubBackward1", np.subtract,  # ``scalar - tensor``, named as PyTorch's rsub
              None,
              lambda m, g, ans, x, y: -g)
 mul = defop("MulBackward0", np.multiply,
             lambda m, g, ans, x, y: g * y,
             lambda m, g, ans, x, y: g * x, save="x@1 y@0", symmetric=True,
-            takes_views=True)  # (Note [Mean's gradient as a view] in autograd/task/step.py)
+            takes_views=True,  # (Note [Mean's gradient as a view] in autograd/task/step.py)
+            factors=(_TIMES_Y, _TIMES_X))
 # Kernels that can divide by zero, overflow or leave their domain are ``quiet``: PyTorch
 # returns inf/nan there without a warning, numpy warns (see _quiet.py).
 div = defop("DivBackward0", quiet(np.true_divide, 2),
@@ -145,18 +155,19 @@ where = defop("WhereBackward0", _where,
 
 neg = defop("NegBackward0", np.negative, lambda m, g, ans, x: -g)
 abs_ = defop("AbsBackward0", np.abs, lambda m, g, ans, x: g * m.sign(x), save="x")
-exp = defop("ExpBackward0", quiet(np.exp, 1), lambda m, g, ans, x: g * ans, save="ans")
+exp = defop("ExpBackward0", quiet(np.exp, 1), lambda m, g, ans, x: g * ans, save="ans",
+            factors=(_TIMES_ANS,))
 log = defop("LogBackward0", quiet(np.log, 1), quiet(lambda m, g, ans, x: g / x), save="x")
 sqrt = defop("SqrtBackward0", quiet(np.sqrt, 1), quiet(lambda m, g, ans, x: g / (2.0 * ans)), save="ans")
-sin = defop("SinBackward0", np.sin, lambda m, g, ans, x: g * m.cos(x), save="x")
+sin = defop("SinBackward0", np.sin, lambda m, g, ans, x: g * m.cos(x), save="x", factors=(_COS_X,))
 cos = defop("CosBackward0", np.cos, lambda m, g, ans, x: -g * m.sin(x), save="x")
-tanh = defop("TanhBackward0", np.tanh, _tanh_rule, save="ans")
+tanh = defop("TanhBackward0", np.tanh, _tanh_rule, save="ans", factors=(_TANH_SLOPE,))
 sigmoid = defop("SigmoidBackward0", _sigmoid, _sigmoid_rule, save="ans")
 relu = defop("ReluBackward0", _relu, lambda m, g, ans, x: m.threshold_backward(g, ans), save="ans")
 erf = defop("ErfBackward0", _erf,
             lambda m, g, ans, x: g * _2_OVER_SQRT_PI * m.exp(-(x * x)), save="x")
 clamp = defop("ClampBackward1", _clamp, _clamp_rule, save="x")
-clone = defop("CloneBackward0", np.copy, lambda m, g, ans, x: g, cost=0.0)
+clone = defop("CloneBackward0", np.copy, lambda m, g, ans, x: g, cost=0.0, factors=(IDENTITY,))
 
 # Ops that only appear inside derivative rules under create_graph (PyTorch's names). Their
 # derivative with respect to the mask-defining input is zero, but depending on it keeps

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ...ops._spec import OpSpec
+from ...ops._spec import GradFactor, OpSpec
 from . import FREED_MESSAGE, NO_EDGE, HookedSavedTensor, Node
 from .validate import validate_one
 
@@ -25,10 +25,12 @@ class OpNode(Node):
     plain backward passes it to the rules as it is. ``checks`` holds the SavedTensors
     behind those arrays (with their position), for the version check and to rebuild
     Tensors under create_graph. ``()`` means nothing was saved; ``None`` that the saved
-    values were released.
+    values were released. ``factor`` is set when the node can be in a fused run of the
+    flat schedule (Note [Fused runs] in autograd/sched/runs.py): the factor of its one input
+    that needs a gradient.
     """
 
-    __slots__ = ("spec", "saved", "checks", "params", "input_shapes", "input_dtypes", "work")
+    __slots__ = ("spec", "saved", "checks", "params", "input_shapes", "input_dtypes", "work", "factor")
 
     def __init__(self, spec: OpSpec, edges: tuple[Any, ...], params: dict[str, Any] | None,
                  aux: Any, meta: tuple[tuple[Any, ...], tuple[Any, ...]], work: int) -> None:
@@ -41,6 +43,7 @@ class OpNode(Node):
         self.params = params if aux is None else {**(params or {}), "aux": aux}
         self.input_shapes, self.input_dtypes = meta
         self.work = work
+        self.factor: GradFactor | None = None
 
     def name(self) -> str:
         return self.spec.node_name

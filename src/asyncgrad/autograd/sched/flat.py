@@ -16,6 +16,8 @@ from ..task.graph_task import GraphTask
 from ..task.input_buffer import PendingSum, combine
 from ..task.schedule import CLOCK_AFTER_WORK
 from ..task.step import doubled, own_fresh_outputs, own_if_fresh, run_kernel, stage_plain
+from ...ops.factor_runs import error_modes
+from .runs import find_run, run_gradient
 
 
 def run_flat(task: GraphTask, deadline: float) -> bool:
@@ -36,6 +38,8 @@ def run_flat(task: GraphTask, deadline: float) -> bool:
     heavy = schedule.heavy  # (else no node needs the clock after it)
     node: Node | None = None
     start = pos
+    one_by_one = 0  # (no run starts before this position: Note [Fused runs])
+    modes: dict[str, Any] | None = None  # (the runs' numpy error modes, read at the first)
     try:
         while pos < end:
             node = order[pos]
@@ -56,6 +60,16 @@ def run_flat(task: GraphTask, deadline: float) -> bool:
                 fused = saved is not None and spec.fusable and (not checks or type(checks[0]) is SavedTensor)
             else:
                 fused = False
+            run = None
+            if fused and node.factor is not None and pos >= one_by_one:  # type: ignore[attr-defined]
+                run = find_run(node, g, order, pos, index, slots, pending)
+                if run is not None:
+                    if modes is None:
+                        modes = error_modes()
+                    gi = run_gradient(math, g, run, modes)
+                    if gi is None:  # numpy reported something: the run's nodes one by one
+                        one_by_one = pos + len(run.nodes) - 1
+                        run = None
             if not fused:
                 # ``run_kernel`` and ``finish`` (step.py), no hooks, no create_graph
                 buf = [] if type(node) is GraphRoot else [g]
@@ -71,6 +85,28 @@ def run_flat(task: GraphTask, deadline: float) -> bool:
                         pending[kc] -= 1
                         if child.sequence_nr == acc_nr and not pending[kc]:
                             _stage(task, child, slots, kc)
+            elif run is not None:
+                # a run of nodes as one step (Note [Fused runs] in sched/runs.py)
+                nodes = run.nodes
+                child = run.child
+                for member in nodes:
+                    pending[index[member]] = 0
+                    if not keep:
+                        executed.append(member)
+                pos += len(nodes) - 1
+                node = nodes[-1]
+                leaf = child.sequence_nr == acc_nr
+                if leaf and gi is not g:
+                    own_if_fresh(task, child, gi, (g,), None, ())
+                kc = index[child]
+                old = slots[kc]
+                slots[kc] = gi if old is None else combine(old, gi)
+                pending[kc] -= 1
+                if leaf and not pending[kc]:
+                    _stage(task, child, slots, kc)
+                if clock() >= deadline:
+                    break
+                continue
             else:  # the fused step (step.plain_step's, over slots)
                 for e in checks:
                     if e.version.value != e.saved_version:
