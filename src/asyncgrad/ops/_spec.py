@@ -41,23 +41,23 @@ Rule = Callable[..., Any]
 class GradFactor:
     """Note [Gradient factors]: an input's rule written as a product. In a plain backward
     (the numpy ``m``) of a node of at most ``FACTOR_MAX_ELEMENTS`` elements, the rule's
-    result is ``g * factor`` bit for bit, one rounding, where ``factor`` is ``fn(m, *values)``
-    of the rule arguments at positions ``reads`` (0 ``ans``, 1 ``x``, 2 ``y``), or that one
-    value itself when ``fn`` is None; reading nothing, the rule returns ``g`` itself. ``fn``
-    is elementwise, so it gives each node's factor from the values of many nodes stacked:
+    result is ``g * factor`` bit for bit, one rounding, where ``factor`` is ``fn(m, value)``
+    of the rule argument at position ``read`` (0 ``ans``, 1 ``x``, 2 ``y``), or that value
+    itself when ``fn`` is None; with no ``read``, the rule returns ``g`` itself. ``fn`` is
+    elementwise, so it gives each node's factor from the values of many nodes stacked:
     the flat schedule computes a run of such nodes with a few calls (Note [Fused runs] in
     autograd/sched/runs.py). tests/test_fused_runs.py checks every declared factor
-    against its rule, bit for bit. ``own`` says the values read are the node's own input
-    or output of a unary op, so they have the gradient's shape and dtype by construction
-    (the run checks the others)."""
+    against its rule, bit for bit. ``own`` says the value read is the node's own input
+    or output of a unary elementwise op, so it has the gradient's shape and dtype by
+    construction (the recording checks the others)."""
 
-    reads: tuple[int, ...]
+    read: int | None
     fn: Callable[..., Any] | None = None
     own: bool = False
 
 
 #: a rule that returns the gradient itself (``add``'s, ``clone``'s)
-IDENTITY = GradFactor(())
+IDENTITY = GradFactor(None)
 # the size up to which the declared factors hold: below ``compiled_path.ELEMENTWISE_MIN``,
 # where no compiled kernel replaces a rule's numpy expression
 FACTOR_MAX_ELEMENTS = 1024

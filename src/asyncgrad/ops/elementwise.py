@@ -87,11 +87,11 @@ def _clamp_rule(m, g, ans, x, *, lo, hi):  # type: ignore[no-untyped-def]
 # Note [Gradient factors] in _spec.py: the rules below that are ``g * factor`` (the factor
 # forms hold where no compiled kernel runs, which the runs' size bound keeps)
 assert FACTOR_MAX_ELEMENTS < fast.ELEMENTWISE_MIN
-_TIMES_Y = GradFactor((2,))  # mul's input 0: g * y
-_TIMES_X = GradFactor((1,))  # mul's input 1: g * x
-_TIMES_ANS = GradFactor((0,), own=True)  # exp's: g * ans
-_COS_X = GradFactor((1,), lambda m, x: m.cos(x), own=True)  # sin's: g * cos(x)
-_TANH_SLOPE = GradFactor((0,), lambda m, ans: 1.0 - ans * ans, own=True)  # tanh's: g * (1 - ans^2)
+_TIMES_Y = GradFactor(2)  # mul's input 0: g * y
+_TIMES_X = GradFactor(1)  # mul's input 1: g * x
+_TIMES_ANS = GradFactor(0, own=True)  # exp's: g * ans
+_COS_X = GradFactor(1, lambda m, x: m.cos(x), own=True)  # sin's: g * cos(x)
+_TANH_SLOPE = GradFactor(0, lambda m, ans: 1.0 - ans * ans, own=True)  # tanh's: g * (1 - ans^2)
 
 # name --------------- node name -------- forward ---------- saves -- derivative per input
 add = defop("AddBackward0", np.add,

@@ -10,8 +10,8 @@ import numpy as np
 
 from ._spec import GradFactor
 
-Groups = dict[GradFactor, tuple[list[int], list[list[Any]]]]
-
+# by factor: the rows it fills (numbered from 1) and the value it reads for each
+Groups = dict[GradFactor, tuple[list[int], list[Any]]]
 
 def _stacked(values: list[np.ndarray], like: np.ndarray) -> np.ndarray:
     """``values`` (arrays of ``like``'s shape, or 0-d, of its dtype) stacked on a new
@@ -36,10 +36,10 @@ def error_modes() -> dict[str, Any]:
 
 
 def run_product(math: Any, g: Any, rows: int, groups: Groups, modes: dict[str, Any]) -> Any:
-    """``g`` times the ``rows`` factors of a run, in row order: each factor's rows and
-    the values it reads are ``groups[factor]`` (``g`` itself when no rule multiplies).
-    None if ``g`` is not a numpy array, or numpy met a floating-point event on the way
-    that the caller's modes (``error_modes``) do not ignore."""
+    """``g`` times the ``rows`` factors of a run, in row order: ``groups[factor]`` holds
+    the rows that factor fills and the value it reads for each (``g`` itself for no
+    row). None if ``g`` is not a numpy array, or numpy met a floating-point event on the
+    way that the caller's modes (``error_modes``) do not ignore."""
     if not rows:
         return g
     if type(g) is not np.ndarray:
@@ -49,8 +49,8 @@ def run_product(math: Any, g: Any, rows: int, groups: Groups, modes: dict[str, A
     try:
         with np.errstate(**modes):
             for factor, (at, values) in groups.items():
-                stacked = [_stacked(v, g) for v in values]
-                products[at] = stacked[0] if factor.fn is None else factor.fn(math, *stacked)
+                stacked = _stacked(values, g)
+                products[at] = stacked if factor.fn is None else factor.fn(math, stacked)
             np.multiply.accumulate(products, axis=0, out=products)
     except FloatingPointError:
         return None

@@ -98,7 +98,7 @@ def _run_factor(factors: tuple[GradFactor | None, ...], edges: tuple[Any, ...],
                 meta: tuple[tuple[Any, ...], tuple[Any, ...]], saved: tuple[Any, ...], out: Any) -> GradFactor | None:
     """The factor of a node's one input that needs a gradient, if the node can be in a
     fused run (Note [Fused runs] in sched/runs.py): small, that input of the output's
-    shape and dtype, and so is every value the factor reads, or it is a 0-d array of that
+    shape and dtype, and so is the value the factor reads, or it is a 0-d array of that
     dtype; else None."""
     if type(out) is not np.ndarray or out.size > FACTOR_MAX_ELEMENTS:
         return None
@@ -115,8 +115,8 @@ def _run_factor(factors: tuple[GradFactor | None, ...], edges: tuple[Any, ...],
     dtype = out.dtype
     if meta[0][live] != shape or meta[1][live] != dtype:
         return None
-    for p in factor.reads:
-        a = saved[p]
+    if factor.read is not None:
+        a = saved[factor.read]
         if type(a) is not np.ndarray or (a.ndim and a.shape != shape) or a.dtype != dtype:
             return None  # (0-d: a Python number as the tensor's dtype, functional._binary's)
     return factor

@@ -47,8 +47,8 @@ RUN_MAX_NODES = 256
 
 class Run:
     """A run's nodes in order, the child its last node sends the gradient to, and its
-    factors' inputs: for each factor, the rows it fills (1, 2, ... in node order, over
-    the nodes with a row) and the values it reads, one list per value read."""
+    rows (one per node whose rule multiplies, numbered from 1 in node order), by
+    factor: the rows each factor fills and the values it reads for them."""
 
     __slots__ = ("nodes", "child", "rows", "groups")
 
@@ -77,32 +77,25 @@ def find_run(node: Any, g: Any, order: list[Any], pos: int, index: dict[Any, int
         saved = node.saved
         if factor is None or saved is None:
             break  # (released: its step raises)
-        fits = True
-        for e in node.checks:
-            if type(e) is not SavedTensor or e.version.value != e.saved_version:
-                fits = False  # (hooked: its step unpacks; modified: its step raises)
-        if not fits:
-            break
+        checks = node.checks
+        if checks:  # (hooked: its step unpacks; modified: its step raises)
+            e = checks[0]
+            if type(e) is not SavedTensor or e.version.value != e.saved_version or len(checks) > 1:
+                break
         edges = node.next_edges
         child = edges[0][0]
         if child is None:
             child = edges[1][0]
-        reads = factor.reads
-        args = saved
-        # it is: take its factor's values
+        # it is: its row
         nodes.append(node)
-        run.child = child
-        if reads:
+        read = factor.read
+        if read is not None:
             rows += 1
             group = groups.get(factor)
             if group is None:
-                groups[factor] = group = ([], [[] for _ in reads])
+                groups[factor] = group = ([], [])
             group[0].append(rows)
-            if len(reads) == 1:
-                group[1][0].append(args[reads[0]])
-            else:
-                for values, p in zip(group[1], reads):
-                    values.append(args[p])
+            group[1].append(saved[read])
         # and the next node, if the run can go on to it
         if pos >= end or order[pos] is not child:
             break
@@ -113,6 +106,7 @@ def find_run(node: Any, g: Any, order: list[Any], pos: int, index: dict[Any, int
         pos += 1
     if len(nodes) < RUN_MIN_NODES:
         return None
+    run.child = child
     run.rows = rows
     return run
 
