@@ -360,3 +360,29 @@ def test_saved_tensor_hooks_keep_nodes_out_of_runs(runs_made, restore_engine):
     flat = grad_and_unpacks(Engine)
     assert runs_made == [] and flat[1] == 10
     assert flat == grad_and_unpacks(DynamicEngine)
+
+
+def test_the_recording_gives_a_factor_only_to_nodes_a_run_can_take():
+    """Note [Fused runs]: the conditions that hold from the recording on."""
+    from asyncgrad.ops._spec import IDENTITY
+
+    x = _leaf(np.random.default_rng(8), (4, 5), np.float32)
+    w = _leaf(np.random.default_rng(9), (4, 5), np.float32)
+    c = ag.from_numpy(np.full((4, 5), 1.5, dtype=np.float32))
+    row = ag.from_numpy(np.full((5,), 1.5, dtype=np.float32))
+    big = _leaf(np.random.default_rng(10), (FACTOR_MAX_ELEMENTS + 1,), np.float32)
+    taken = {
+        "sin": x.sin(), "tanh": x.tanh(), "exp": x.exp(), "x * c": x * c, "c * x": c * x,
+        "x * 2": x * 2.0, "x + c": x + c, "x - c": x - c, "clone": x.clone(),
+    }
+    not_taken = {
+        "x * w (two gradients)": x * w, "x * row (broadcast value)": x * row,
+        "c - x (a negated gradient)": c - x, "x * float64 (a cast)": x * ag.from_numpy(np.ones((4, 5))),
+        "row + x (a broadcast input)": _leaf(np.random.default_rng(11), (5,), np.float32) + c,
+        "relu (no factor)": x.relu(), "too many elements": big.sin(),
+    }
+    for name, t in taken.items():
+        assert t.grad_fn.factor is not None, name
+    assert (x + c).grad_fn.factor is IDENTITY
+    for name, t in not_taken.items():
+        assert t.grad_fn.factor is None, name

@@ -37,7 +37,7 @@ import numpy as np
 
 from ... import _context
 from ...backend import xp
-from ...ops._spec import FACTOR_MAX_ELEMENTS, GradFactor, OpSpec
+from ...ops._spec import FACTOR_MAX_ELEMENTS, OpSpec
 from . import NO_EDGE, AccumulateGrad, HookedSavedTensor, SavedTensor, next_sequence_nr, save_for_backward
 from .op_node import MultiViewNode, OpNode
 from .registry import tensor_constructors
@@ -94,34 +94,6 @@ def _meta(key: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     return meta
 
 
-def _run_factor(factors: tuple[GradFactor | None, ...], edges: tuple[Any, ...],
-                meta: tuple[tuple[Any, ...], tuple[Any, ...]], saved: tuple[Any, ...], out: Any) -> GradFactor | None:
-    """The factor of a node's one input that needs a gradient, if the node can be in a
-    fused run (Note [Fused runs] in sched/runs.py): small, that input of the output's
-    shape and dtype, and so is the value the factor reads, or it is a 0-d array of that
-    dtype; else None."""
-    if type(out) is not np.ndarray or out.size > FACTOR_MAX_ELEMENTS:
-        return None
-    live = -1
-    for i, (child, _) in enumerate(edges):
-        if child is not None:
-            if live >= 0:
-                return None  # (two gradients to send)
-            live = i
-    factor = factors[live] if 0 <= live < len(factors) else None
-    if factor is None or factor.own:
-        return factor
-    shape = out.shape
-    dtype = out.dtype
-    if meta[0][live] != shape or meta[1][live] != dtype:
-        return None
-    if factor.read is not None:
-        a = saved[factor.read]
-        if type(a) is not np.ndarray or (a.ndim and a.shape != shape) or a.dtype != dtype:
-            return None  # (0-d: a Python number as the tensor's dtype, functional._binary's)
-    return factor
-
-
 def record(spec: OpSpec, inputs: tuple[Any, ...], out: np.ndarray, aux: Any = None,
            params: dict[str, Any] | None = None) -> Any:
     """Wrap ``out`` (already computed from ``inputs``) as a Tensor, recording a node when
@@ -153,12 +125,17 @@ def record(spec: OpSpec, inputs: tuple[Any, ...], out: np.ndarray, aux: Any = No
         d = t._data
         key1 = (d.shape, d.dtype)
         meta = _META_CACHE.get(key1) or _meta(key1)
+        live = 0  # (the input that needs a gradient, if only one does)
     else:
         edge_list: list[Any] = []
         key: list[Any] = []
         requires = False
+        live = -1
+        i = -1
         for t in inputs:
+            i += 1
             if type(t) is Tensor and t._requires_grad:
+                live = -1 if requires else i
                 requires = True
                 fn = t.grad_fn
                 if fn is None:  # (as above)
@@ -291,7 +268,24 @@ def record(spec: OpSpec, inputs: tuple[Any, ...], out: np.ndarray, aux: Any = No
         first = inputs[0]._data if type(inputs[0]) is Tensor else np.asarray(inputs[0])
         work += out.size * (first.shape[-1] if first.ndim else 1) // MULTIPLY_ADDS_PER_ELEMENT
     node.work = work if spec.cost == 1.0 else int(work * spec.cost)
-    node.factor = _run_factor(spec.factors, edges, meta, node.saved, out) if spec.factors else None
+    # the factor of the one input that needs a gradient, if the node can be in a fused run
+    # (Note [Fused runs] in sched/runs.py): a numpy array of at most FACTOR_MAX_ELEMENTS,
+    # that input of the output's shape and dtype (by construction for an ``own`` factor),
+    # and so is the value the factor reads, or it is 0-d (a Python number as the
+    # tensor's dtype, functional._binary's)
+    factors = spec.factors
+    factor = factors[live] if factors and live >= 0 and type(out) is np.ndarray \
+        and out.size <= FACTOR_MAX_ELEMENTS else None
+    if factor is not None and not factor.own:
+        shape = out.shape
+        dtype = out.dtype
+        if meta[0][live] != shape or meta[1][live] != dtype:
+            factor = None
+        elif factor.read is not None:
+            a = node.saved[factor.read]
+            if type(a) is not np.ndarray or (a.ndim and a.shape != shape) or a.dtype != dtype:
+                factor = None
+    node.factor = factor
     if _anomaly.get() is not None:
         from ..tools.anomaly_mode import record_forward_trace
 
