@@ -386,3 +386,10 @@ def test_the_recording_gives_a_factor_only_to_nodes_a_run_can_take():
     assert (x + c).grad_fn.factor is IDENTITY
     for name, t in not_taken.items():
         assert t.grad_fn.factor is None, name
+
+
+def test_an_op_declares_a_factor_or_none_for_each_input():
+    from asyncgrad.ops._spec import IDENTITY, defop
+
+    with pytest.raises(ValueError, match="AddLike: factors declares 1 inputs' rules as products, but the op has 2"):
+        defop("AddLike", np.add, lambda m, g, ans, x, y: g, lambda m, g, ans, x, y: g, factors=(IDENTITY,))

@@ -106,6 +106,9 @@ class OpSpec:
     no_args: tuple[None, ...] = field(init=False, default=())
 
     def __post_init__(self) -> None:
+        if self.factors and len(self.factors) != len(self.vjps):
+            raise ValueError(f"{self.node_name}: factors declares {len(self.factors)} inputs' rules as "
+                             f"products, but the op has {len(self.vjps)} inputs")
         if len(self.save_when) != len(self.save_inputs):  # built directly: always save
             object.__setattr__(self, "save_when", (None,) * len(self.save_inputs))
         object.__setattr__(self, "fusable",
