@@ -25,8 +25,9 @@ step.py), the same released nodes. The results, the staging order and the errors
 the dynamic engine's, bit for bit (tests/test_flat_schedule.py runs both and the
 reference executor). A chain of small elementwise nodes whose rules are products runs
 as one step there (Note [Fused runs] in sched/runs.py), bit for bit as well. The walk
-hands over to the dynamic engine at the first node it cannot run (a hook, a custom Function, a node to offload or a mid-size one that may
-hop: Note [Mid-size nodes hop beside another] in sched/placement.py), with the
+hands over to the dynamic engine at the first node it cannot run (a hook, a custom
+Function, a node to offload or a mid-size one that may hop: Note [Mid-size nodes hop
+beside another] in sched/placement.py), with the
 dependencies counted so far: no node is walked twice. It finds the nodes with start
 hooks as the dynamic walk does. An engine can turn the flat schedule off
 (``Engine.flat_schedule``; the reference executor does).
