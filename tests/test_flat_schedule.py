@@ -95,7 +95,7 @@ def views_and_indexing(rng: np.random.Generator, dtype: Any) -> tuple[ag.Tensor,
 GRAPHS = [chain, shared_uses, wide_mid, mlp, views_and_indexing]
 
 
-def _run(engine_type: type[Engine], build: Callable[..., Any], dtype: Any, backend: str,
+def _run(engine_type: type[Engine], build: Callable[..., Any], dtype: Any, backend: str = "asyncio",
          seed: int = 0) -> list[np.ndarray]:
     ag.autograd.set_engine(engine_type())
     loss, leaves = build(np.random.default_rng(seed), dtype)

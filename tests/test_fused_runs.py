@@ -23,6 +23,7 @@ from asyncgrad.autograd.tools.reference import ReferenceEngine
 from asyncgrad.ops._array_math import ArrayMath
 from asyncgrad.ops._spec import FACTOR_MAX_ELEMENTS, OpSpec
 from conftest import DynamicEngine
+from test_flat_schedule import _run
 
 ENGINES = {"flat": Engine, "dynamic": DynamicEngine, "reference": ReferenceEngine}
 DTYPES = [np.float32, np.float64]
@@ -174,14 +175,6 @@ def runs_made(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return made
 
 
-def _run(engine_type: type[Engine], build: Callable[..., Any], dtype: Any, backend: str = "asyncio",
-         seed: int = 0) -> list[np.ndarray]:
-    ag.autograd.set_engine(engine_type())
-    loss, leaves = build(np.random.default_rng(seed), dtype)
-    anyio.run(ag.backward, loss, backend=backend)
-    return [leaf.grad.numpy().copy() for leaf in leaves]
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("build", GRAPHS, ids=lambda f: f.__name__)
 def test_runs_give_the_one_by_one_steps_bits(build, dtype, runs_made, restore_engine):
@@ -238,7 +231,8 @@ def test_a_runs_leaf_gradient_is_its_own_array(runs_made, restore_engine):
     assert runs_made == [24]
     g = x.grad.numpy()
     assert g.base is None and g.flags.writeable and g.flags.owndata
-    want = _run(DynamicEngine, lambda rng, dt: ((_chain_of(x.detach().requires_grad_(), 12)), [x]), np.float64)
+    same = ag.from_numpy(x.detach().numpy().copy()).requires_grad_()  # (a leaf of its own)
+    want = _run(DynamicEngine, lambda rng, dt: (_chain_of(same, 12), [same]), np.float64)
     np.testing.assert_array_equal(g, want[0])
 
 

@@ -97,7 +97,7 @@ class OpSpec:
     # backward without retain_graph frees them with the saved values, so a second
     # backward through the node raises as in PyTorch
     saves_params: bool = False
-    # per input, the rule as a product (Note [Gradient factors]); () or None: none
+    # per input, its rule as a product or None (Note [Gradient factors]); (): none
     factors: tuple[GradFactor | None, ...] = ()
 
     #: whether the engine's fused inline step handles this op (see GraphTask.run_inline)

@@ -13,6 +13,7 @@ from ._spec import GradFactor
 # by factor: the rows it fills (numbered from 1) and the value it reads for each
 Groups = dict[GradFactor, tuple[list[int], list[Any]]]
 
+
 def _stacked(values: list[np.ndarray], like: np.ndarray) -> np.ndarray:
     """``values`` (arrays of ``like``'s shape, or 0-d, of its dtype) stacked on a new
     first axis; the one array, to broadcast, when they all are that array (a multiplier
@@ -25,7 +26,8 @@ def _stacked(values: list[np.ndarray], like: np.ndarray) -> np.ndarray:
     else:
         return first
     if len(shape) and all(v.shape == shape for v in values):
-        return np.concatenate(values).reshape((len(values),) + shape)  # (np.stack: 3x slower)
+        # (one C call: np.stack expands each array in Python first)
+        return np.concatenate(values).reshape((len(values),) + shape)
     return np.stack([np.broadcast_to(v, shape) for v in values])
 
 

@@ -23,9 +23,9 @@ the next.
 A run is nodes that follow each other in the schedule's order, each with one edge that
 needs a gradient, leading to the next (which hears from nobody else), of one shape and
 dtype, every value its factor reads an array of that dtype and shape, or 0-d (so no
-rule casts, or broadcasts but a number), saved values unmodified (a node whose version check fails ends
-the run before it, and raises in its own step as it would have), at most
-``FACTOR_MAX_ELEMENTS`` elements. It is at least ``RUN_MIN_NODES`` long (shorter, the
+rule casts, or broadcasts but a number), saved values unmodified (a node whose version
+check fails ends the run before it, and raises in its own step as it would have), at
+most ``FACTOR_MAX_ELEMENTS`` elements. It is at least ``RUN_MIN_NODES`` long (shorter, the
 stacking costs more than it saves) and at most ``RUN_MAX_NODES`` (the buffers stay
 small and the core loop reads the clock between runs). The stacked arithmetic ignores
 the floating-point events the caller's ``np.errstate`` ignores (an underflow, by
