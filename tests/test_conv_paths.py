@@ -184,10 +184,12 @@ def test_a_broadcast_gradient_on_pixel_rows() -> None:
 
 
 # --- shifted taps ----------------------------------------------------------------------------
-def _runs_shifted(x_shape: tuple[int, ...], w_shape: tuple[int, ...], kw: dict[str, Any]) -> bool:
+def _runs_shifted(x_shape: tuple[int, ...], w_shape: tuple[int, ...], kw: dict[str, Any],
+                  weight_grad: bool = True) -> bool:
+    """Whether conv2d's weight gradient (or its forward) for these arguments runs by shifted taps."""
     x = ag.tensor(np.zeros(x_shape), requires_grad=True)
     y = F.conv2d(x, ag.tensor(np.zeros(w_shape)), **kw)
-    return ops_conv.on_shifted_taps(y.grad_fn.params["geo"], x_shape[1])
+    return ops_conv.on_shifted_taps(y.grad_fn.params["geo"], x_shape[1], weight_grad=weight_grad)
 
 
 # 16 to 31 input channels, one group, a kernel of several taps, a quarter of junk at most
@@ -207,8 +209,10 @@ OFF_SHIFTED = [
 
 @pytest.mark.parametrize("case", ON_SHIFTED + OFF_SHIFTED, ids=str)
 def test_the_shifted_taps_decision_is_the_notes(case: tuple[Any, ...]) -> None:
+    """The weight gradient of each ON_SHIFTED case by shifted taps, its forward only with stride 1."""
     x_shape, w_shape, kw = case
     assert _runs_shifted(x_shape, w_shape, kw) == (case in ON_SHIFTED)
+    assert _runs_shifted(x_shape, w_shape, kw, weight_grad=False) == (case in ON_SHIFTED and "stride" not in kw)
 
 
 @pytest.mark.parametrize(("case", "transposed"), _with_transposed(ON_SHIFTED), ids=str)

@@ -69,11 +69,12 @@ class ConvGeometry:
 # same geometry and input channels. Grouped convolutions keep channels first (their
 # products are per group), as do the kernels under ``create_graph`` (through the math
 # namespace). Between ``SHIFT_CHANNELS`` and ``ROWS_CHANNELS`` input channels (one group,
-# several taps, little junk) the forward and the weight's gradient take neither: they
-# run by shifted taps, with no window copy at all (Note [Convolution by shifted taps] in
-# ops/_shifted_taps.py; a strided one by phases), and so does a stride-1 input gradient
-# (a convolution of as many channels as the output has); a strided input gradient keeps
-# pixel rows. These two functions are the one place that decides.
+# several taps, little junk) the weight's gradient takes neither: it runs by shifted
+# taps, with no window copy at all (Note [Convolution by shifted taps] in
+# ops/_shifted_taps.py; a strided one by phases), and so do a stride-1 forward and a
+# stride-1 input gradient (a convolution of as many channels as the output has); a
+# strided forward and a strided input gradient keep pixel rows. These two functions are
+# the one place that decides.
 PIXEL_ROWS = True  # (tests set it False to check the channels-first kernels on every geometry)
 ROWS_CHANNELS = 32
 
@@ -90,13 +91,15 @@ SHIFTED_TAPS = True  # (tests set it False to check the other layouts on these g
 SHIFT_CHANNELS = 16
 
 
-def on_shifted_taps(geo: ConvGeometry, channels: int) -> bool:
-    """Whether ``conv`` and ``conv_weight_grad`` of ``geo`` over an input of ``channels``
-    channels run by shifted taps (Note [Convolution by shifted taps] in
-    ops/_shifted_taps.py); this comes before :func:`on_pixel_rows`."""
+def on_shifted_taps(geo: ConvGeometry, channels: int, *, weight_grad: bool = False) -> bool:
+    """Whether ``conv`` (or, ``weight_grad``, ``conv_weight_grad``) of ``geo`` over an
+    input of ``channels`` channels runs by shifted taps (Note [Convolution by shifted
+    taps] in ops/_shifted_taps.py); this comes before :func:`on_pixel_rows`. A strided
+    forward keeps pixel rows: by phases it was faster in a loop but not reliably in the
+    ops benchmark, where the weight gradient by phases was (docs/guides/image_layers.md)."""
     win = geo.window
     return (SHIFTED_TAPS and geo.groups == 1 and win.taps > 1 and SHIFT_CHANNELS <= channels < ROWS_CHANNELS
-            and S.fits(win))
+            and S.fits(win) and (weight_grad or win.stride == (1, 1)))
 
 
 def _rows_weight(w: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -306,7 +309,7 @@ def conv_weight_grad(m: Any, x: Any, gy: Any, geo: ConvGeometry) -> Any:
         gy = m.reshape(gy, (n, g, og, win.positions))
         cols = m.reshape(W.m_unfold(m, x, win), (n, g, k, win.positions))
         return m.reshape(m.sum(m.matmul(gy, m.transpose(cols, 2, 3)), 0), shape)
-    if on_shifted_taps(geo, c):
+    if on_shifted_taps(geo, c, weight_grad=True):
         return S.weight_grad(x, gy, win)
     if on_pixel_rows(geo, c):
         return _rows_weight_grad(x, gy, win)
