@@ -1,7 +1,8 @@
 """Convolution's two layouts (Note [Convolution on pixel rows] in ops/conv.py): the
 geometries that run on pixel rows and those handed back to channels first, each against
 PyTorch (float64) and the two layouts against each other (float32); gradcheck on pixel
-rows; the compiled fold and the numpy one give the same bits."""
+rows; the compiled fold and the numpy one give the same bits. The same for the geometries
+that run by shifted taps (Note [Convolution by shifted taps] in ops/_shifted_taps.py)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ import pytest
 
 import asyncgrad as ag
 import asyncgrad.nn.functional as F
-from asyncgrad.autograd import gradcheck
+from asyncgrad.autograd import gradcheck, gradgradcheck
 from asyncgrad.ops import _pixel_rows as ops_rows
+from asyncgrad.ops import _shifted_taps as ops_shifted
 from asyncgrad.ops import conv as ops_conv
+from test_conv import CONV2D, CONV_T
 from test_conv import _torch_on_one_thread  # noqa: F401  (the fixture applies here)
 
 pytestmark = pytest.mark.filterwarnings("ignore:Using padding='same'")  # (PyTorch's own)
@@ -178,3 +181,104 @@ def test_a_broadcast_gradient_on_pixel_rows() -> None:
     theirs = torch.autograd.grad(torch.nn.functional.conv2d(xt, wt, stride=2), [xt, wt], torch.tensor(g.copy()))
     for a, t in zip(ours, theirs):
         np.testing.assert_allclose(a.numpy(), t.numpy(), rtol=1e-10, atol=1e-10)
+
+
+# --- shifted taps ----------------------------------------------------------------------------
+def _runs_shifted(x_shape: tuple[int, ...], w_shape: tuple[int, ...], kw: dict[str, Any],
+                  weight_grad: bool = True) -> bool:
+    """Whether conv2d's weight gradient (or its forward) for these arguments runs by shifted taps."""
+    x = ag.tensor(np.zeros(x_shape), requires_grad=True)
+    y = F.conv2d(x, ag.tensor(np.zeros(w_shape)), **kw)
+    return ops_conv.on_shifted_taps(y.grad_fn.params["geo"], x_shape[1], weight_grad=weight_grad)
+
+
+# 16 to 31 input channels, one group, a kernel of several taps, a quarter of junk at most
+ON_SHIFTED = [
+    ((2, 16, 5, 9), (3, 16, 3, 3), {"padding": 1}),  # stride 1: wide rows
+    ((3, 16, 9, 10), (4, 16, 3, 3), {"stride": 2, "padding": 1}),  # strided: by phases
+    ((2, 20, 8, 14), (3, 20, 3, 2), {"stride": (2, 3), "padding": (1, 2), "dilation": (1, 2)}),
+]
+OFF_SHIFTED = [
+    ((2, 15, 5, 9), (3, 15, 3, 3), {"padding": 1}),  # too few channels
+    ((2, 32, 5, 9), (3, 32, 3, 3), {"padding": 1}),  # pixel rows
+    ((2, 32, 5, 9), (4, 16, 3, 3), {"padding": 1, "groups": 2}),  # grouped
+    ((2, 16, 5, 9), (3, 16, 1, 1), {}),  # one tap
+    ((2, 16, 5, 4), (3, 16, 3, 3), {"padding": 1}),  # a narrow plane: half its outputs junk
+]
+
+
+@pytest.mark.parametrize("case", ON_SHIFTED + OFF_SHIFTED, ids=str)
+def test_the_shifted_taps_decision_is_the_notes(case: tuple[Any, ...]) -> None:
+    """The weight gradient of each ON_SHIFTED case by shifted taps, its forward only with stride 1."""
+    x_shape, w_shape, kw = case
+    assert _runs_shifted(x_shape, w_shape, kw) == (case in ON_SHIFTED)
+    assert _runs_shifted(x_shape, w_shape, kw, weight_grad=False) == (case in ON_SHIFTED and "stride" not in kw)
+
+
+@pytest.mark.parametrize(("case", "transposed"), _with_transposed(ON_SHIFTED), ids=str)
+def test_shifted_taps_match_torch(case: tuple[Any, ...], transposed: bool) -> None:
+    x_shape, w_shape, kw = case
+    x, w, b = _arrays(x_shape, w_shape, np.float64, transposed)
+    for a, t in zip(_ours(x, w, b, kw, transposed), _theirs(x, w, b, kw, transposed)):
+        np.testing.assert_allclose(a, t, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize(("case", "transposed"), _with_transposed(ON_SHIFTED), ids=str)
+def test_shifted_taps_and_the_other_layouts_agree_in_float32(monkeypatch: pytest.MonkeyPatch,
+                                                            case: tuple[Any, ...], transposed: bool) -> None:
+    x_shape, w_shape, kw = case
+    x, w, b = _arrays(x_shape, w_shape, np.float32, transposed)
+    shifted = _ours(x, w, b, kw, transposed)
+    monkeypatch.setattr(ops_conv, "SHIFTED_TAPS", False)
+    other = _ours(x, w, b, kw, transposed)
+    for s, o in zip(shifted, other):
+        assert s.dtype == np.float32
+        np.testing.assert_allclose(s, o, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 1 << 40], ids=["an image a chunk", "one chunk"])
+def test_shifted_taps_in_chunks_match_torch(monkeypatch: pytest.MonkeyPatch, chunk_bytes: int) -> None:
+    monkeypatch.setattr(ops_shifted, "CHUNK_BYTES", chunk_bytes)
+    for x_shape, w_shape, kw in ON_SHIFTED[:2]:
+        x, w, b = _arrays(x_shape, w_shape, np.float64)
+        for a, t in zip(_ours(x, w, b, kw, False), _theirs(x, w, b, kw, False)):
+            np.testing.assert_allclose(a, t, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize(("kw", "transposed"), [(kw, False) for kw in CONV2D] + [(kw, True) for kw in CONV_T],
+                         ids=str)
+def test_every_geometry_by_shifted_taps_matches_torch(monkeypatch: pytest.MonkeyPatch, kw: dict[str, Any],
+                                                      transposed: bool) -> None:
+    """test_conv.py's grids, with shifted taps taken from one channel on: the geometries
+    that fit (one group, a quarter of junk at most) run by them, and all match PyTorch."""
+    monkeypatch.setattr(ops_conv, "SHIFT_CHANNELS", 1)
+    groups = kw.get("groups", 1)
+    x_shape = (2, 4, 7, 6) if not transposed else (2, 4, 4, 5)
+    w_shape = (6 if groups != 4 else 4, 4 // groups, 3, 2) if not transposed else (6, 4, 3, 3)
+    x, w, b = _arrays(x_shape, w_shape, np.float64, transposed, groups)
+    for a, t in zip(_ours(x, w, b, kw, transposed), _theirs(x, w, b, kw, transposed)):
+        np.testing.assert_allclose(a, t, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("fn, shapes", [
+    (lambda x, w, b: F.conv2d(x, w, b, padding=1), ((2, 2, 4, 5), (3, 2, 3, 3), (3,))),
+    (lambda x, w, b: F.conv2d(x, w, b, stride=2, padding=(1, 2), dilation=(2, 1)), ((1, 2, 6, 7), (2, 2, 2, 3), (2,))),
+    (lambda x, w, b: F.conv_transpose2d(x, w, b, stride=2, padding=1, output_padding=1),
+     ((1, 3, 4, 5), (3, 2, 3, 3), (2,))),
+], ids=["stride 1", "strided dilated", "transposed strided"])
+def test_gradcheck_and_gradgradcheck_by_shifted_taps(monkeypatch: pytest.MonkeyPatch, fn: Any,
+                                                     shapes: tuple[tuple[int, ...], ...]) -> None:
+    monkeypatch.setattr(ops_conv, "SHIFT_CHANNELS", 1)
+    inputs = tuple(ag.tensor(_rand(s, i), requires_grad=True) for i, s in enumerate(shapes))
+    assert gradcheck(fn, inputs)
+    assert gradgradcheck(fn, inputs)
+
+
+@pytest.mark.parametrize("transposed", [False, True], ids=["conv2d", "conv_transpose2d"])
+@pytest.mark.parametrize("case", ON_SHIFTED[:2], ids=str)
+def test_an_empty_batch_by_shifted_taps(case: tuple[Any, ...], transposed: bool) -> None:
+    x_shape, w_shape, kw = case
+    x, w, b = _arrays((0, *x_shape[1:]), w_shape, np.float64, transposed)
+    for a, t in zip(_ours(x, w, b, kw, transposed), _theirs(x, w, b, kw, transposed)):
+        assert a.shape == t.shape
+        np.testing.assert_array_equal(a, t)

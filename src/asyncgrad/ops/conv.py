@@ -6,13 +6,15 @@ Three kernels, each a bilinear map, make all the rules (Note [Convolution's thre
 * ``conv(x, w)``: ``y[n, o] = sum w[o, c, i, j] * x_padded[n, c, s*p + d*i, ...]``, the
   windows of ``x`` copied out (im2col) and multiplied by the weight, one BLAS product per
   part of the batch, on pixel rows (channels last) or channels first (Note [Convolution
-  on pixel rows] says which; Note [Convolution by image chunks]);
+  on pixel rows] says which; Note [Convolution by image chunks]), or, on 16 to 31
+  channels, one product per tap over shifted views of the input (Note [Convolution by
+  shifted taps] in ops/_shifted_taps.py);
 * ``conv_input_grad(g, w)``: its adjoint in ``x``; with stride 1 a convolution of ``g``
   with the flipped kernel (Note [A stride-1 adjoint is a convolution]), else the product
   ``w^T @ g`` folded back onto the input positions (col2im, one strided slice addition
   per kernel tap);
 * ``conv_weight_grad(x, g)``: its adjoint in ``w``, ``windows(x) @ g^T`` summed over the
-  chunks.
+  chunks (or over the shifted taps' views).
 
 Note [Convolution's three kernels]: ``conv``'s gradients are ``conv_input_grad(g, w)`` and
 ``conv_weight_grad(x, g)``; a transposed convolution's forward is ``conv_input_grad`` and its
@@ -31,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from . import _pixel_rows as R
+from . import _shifted_taps as S
 from . import _windows as W
 from ._spec import defop
 
@@ -65,7 +68,13 @@ class ConvGeometry:
 # stride-1 adjoint is a convolution]) take the same layout as the forward, decided on the
 # same geometry and input channels. Grouped convolutions keep channels first (their
 # products are per group), as do the kernels under ``create_graph`` (through the math
-# namespace). This is the one place that decides.
+# namespace). Between ``SHIFT_CHANNELS`` and ``ROWS_CHANNELS`` input channels (one group,
+# several taps, little junk) the weight's gradient takes neither: it runs by shifted
+# taps, with no window copy at all (Note [Convolution by shifted taps] in
+# ops/_shifted_taps.py; a strided one by phases), and so do a stride-1 forward and a
+# stride-1 input gradient (a convolution of as many channels as the output has); a
+# strided forward and a strided input gradient keep pixel rows. These two functions are
+# the one place that decides.
 PIXEL_ROWS = True  # (tests set it False to check the channels-first kernels on every geometry)
 ROWS_CHANNELS = 32
 
@@ -76,6 +85,21 @@ def on_pixel_rows(geo: ConvGeometry, channels: int) -> bool:
     win = geo.window
     return (PIXEL_ROWS and geo.groups == 1 and win.taps > 1
             and (channels >= ROWS_CHANNELS or not W.wide(win)))
+
+
+SHIFTED_TAPS = True  # (tests set it False to check the other layouts on these geometries)
+SHIFT_CHANNELS = 16
+
+
+def on_shifted_taps(geo: ConvGeometry, channels: int, *, weight_grad: bool = False) -> bool:
+    """Whether ``conv`` (or, ``weight_grad``, ``conv_weight_grad``) of ``geo`` over an
+    input of ``channels`` channels runs by shifted taps (Note [Convolution by shifted
+    taps] in ops/_shifted_taps.py); this comes before :func:`on_pixel_rows`. A strided
+    forward keeps pixel rows: by phases it was faster in a loop but not reliably in the
+    ops benchmark, where the weight gradient by phases was (docs/guides/image_layers.md)."""
+    win = geo.window
+    return (SHIFTED_TAPS and geo.groups == 1 and win.taps > 1 and SHIFT_CHANNELS <= channels < ROWS_CHANNELS
+            and S.fits(win) and (weight_grad or win.stride == (1, 1)))
 
 
 def _rows_weight(w: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -145,6 +169,8 @@ def conv(m: Any, x: Any, w: Any, geo: ConvGeometry) -> Any:
     if m.tensor_mode:
         cols = m.reshape(W.m_unfold(m, x, win), (n, g, k, win.positions))
         return m.reshape(m.matmul(wg, cols), (n, o, *win.out_size))
+    if on_shifted_taps(geo, c):
+        return S.conv(x, w, win)
     if on_pixel_rows(geo, c):
         return _rows_conv(x, w, win)
     y = np.empty((n, o, *win.out_size), dtype=np.result_type(x.dtype, w.dtype))
@@ -283,6 +309,8 @@ def conv_weight_grad(m: Any, x: Any, gy: Any, geo: ConvGeometry) -> Any:
         gy = m.reshape(gy, (n, g, og, win.positions))
         cols = m.reshape(W.m_unfold(m, x, win), (n, g, k, win.positions))
         return m.reshape(m.sum(m.matmul(gy, m.transpose(cols, 2, 3)), 0), shape)
+    if on_shifted_taps(geo, c, weight_grad=True):
+        return S.weight_grad(x, gy, win)
     if on_pixel_rows(geo, c):
         return _rows_weight_grad(x, gy, win)
     parts = _image_chunks(n, c, win, x.dtype.itemsize)
