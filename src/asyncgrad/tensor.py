@@ -104,8 +104,10 @@ class Tensor:
     _post_acc_hooks: HookDict | None
     _retains_grad: bool
     _acc_ref: Any
-    _saved: Any  # (the SavedTensor last made of this tensor,), shared while it stays valid (Note [Shared one-entry checks])
-    _saved_args: tuple[Any, ...] | None  # rule arguments saving this tensor alone, shared (same Note)
+    # (the SavedTensor last made of this tensor,), shared while it stays valid, and the rule
+    # arguments of a node that saved it alone (Note [Shared one-entry checks])
+    _saved: Any
+    _saved_args: tuple[Any, ...] | None
     _views: list[weakref.ref[Tensor]] | None  # views to re-point after an in-place op (see _register_view)
     _creation_meta: int | str  # how a view was made (Note [View creation meta], _inplace.py); 0 otherwise
 

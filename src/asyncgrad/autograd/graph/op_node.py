@@ -25,7 +25,8 @@ class OpNode(Node):
     plain backward passes it to the rules as it is. ``checks`` holds the SavedTensors
     behind those arrays (with their position), for the version check and to rebuild
     Tensors under create_graph. ``()`` means nothing was saved; ``None`` that the saved
-    values were released.
+    values were released. Both tuples may be shared with other nodes (Note [Shared
+    one-entry checks] in saved.py): they are never changed, only rebound.
     """
 
     __slots__ = ("spec", "saved", "checks", "params", "input_shapes", "input_dtypes", "work")

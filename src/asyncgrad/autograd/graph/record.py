@@ -18,12 +18,18 @@ hottest methods call ``functional._binary``/``_unary`` directly. What keeps it c
   read on every call; ``saved_tensors_hooks`` are read once per node and, when any is
   active, every saved value goes through ``save_for_backward`` (HookedSavedTensor);
   anomaly mode is read after the node is built, as before;
-* a cached SavedTensor is reused only if its array, grad_fn and version still match the
+* a cached SavedTensor is reused only if its array, place and version still match the
   tensor's and the tensor is not a leaf that requires grad (the cases
-  ``save_for_backward`` reuses it: a SavedTensor whose ``ref`` is the tensor's grad_fn
-  has the kind that grad_fn implies); anything else takes ``save_for_backward``. The
-  version counter check at backward (``OpNode.plain_args``) is untouched, so an in-place
-  change of a saved tensor still raises;
+  ``save_for_backward`` reuses it: a SavedTensor whose ``place`` is the tensor's grad_fn
+  has the kind that grad_fn implies, Note [One slot for a saved tensor's place]); a
+  tensor that is not output 0 of its grad_fn, and anything else, takes
+  ``save_for_backward``. The version counter check at backward (``OpNode.plain_args``)
+  is untouched, so an in-place change of a saved tensor still raises;
+* a node shares the cached 1-tuple as its ``checks``, and the tensor's cached rule
+  arguments as its ``saved``, only when that tensor is all it saves (one position of
+  ``saved`` filled, no output saved, no hooks) and, for ``saved``, the cached tuple
+  has its length and holds the array at that position (Note [Shared one-entry
+  checks]);
 * the inlined constructors set every slot their classes declare (tests compare them with
   the constructors'), so a slot added to Tensor, Node, OpNode or SavedTensor must be
   added here too.

@@ -217,6 +217,13 @@ _saved_hooks = _context.saved_tensors_hooks
 # nothing but the entry, which every node sharing it checks the same way; the cache holds
 # no reference back to any node or to the tensor, so it makes no cycle. A node that saves
 # several tensors (or its output) builds its own tuple, as before.
+#
+# The same goes for such a node's ``saved`` (its rule arguments ``(ans, x, y, ...)``, all
+# None but this tensor's array): the tensor keeps the last such tuple in
+# ``_saved_args``, and a node that saves it alone at the same position of an argument
+# tuple of the same length (any op: the tuple holds nothing else) takes that tuple. It
+# holds only the array the tensor holds anyway, and the version check stays with the
+# entry, so an in-place change is still caught; a new ``data`` drops both caches.
 def _same_place(a: Any, b: Any) -> bool:
     """Whether two ``SavedTensor.place`` values name one place (by identity: a place may
     be a Tensor, whose ``==`` is elementwise)."""
