@@ -195,7 +195,7 @@ def record(spec: OpSpec, inputs: tuple[Any, ...], out: np.ndarray, aux: Any = No
         saved: list[Any] = list(spec.no_args)
         checks: list[Any] = []
         one = None  # the cached 1-tuple of checks[0], while it is the only check
-        filled = 0  # positions of ``saved`` filled
+        alone = True  # whether ``saved`` holds nothing but checks[0]'s array, once
         for pos, users in zip(spec.save_inputs, spec.save_when):
             if users is not None:
                 for u in users:
@@ -204,9 +204,9 @@ def record(spec: OpSpec, inputs: tuple[Any, ...], out: np.ndarray, aux: Any = No
                 else:
                     continue  # no rule that would read it will run
             v = inputs[pos]
-            filled += 1
             if type(v) is not Tensor:
                 saved[pos + 1] = v
+                alone = False
                 continue
             if hooked:
                 entry: Any = save_for_backward(v)
@@ -244,14 +244,17 @@ def record(spec: OpSpec, inputs: tuple[Any, ...], out: np.ndarray, aux: Any = No
                             entry.place = None
                             held = v._saved = (entry,)
             if entry not in checks:
-                checks.append(entry)
-                if len(checks) == 1:
-                    one = held
-                    lone, lone_at = v, pos + 1
-                else:
+                if checks:
                     one = None
+                else:
+                    one = held
+                    lone = v
+                    at = pos + 1
+                checks.append(entry)
                 if type(entry) is SavedTensor:
                     work += entry.data.size
+            else:
+                alone = False  # (x * x: one entry, two positions)
             saved[pos + 1] = entry.data
         if spec.save_ans:
             if hooked:
@@ -275,12 +278,13 @@ def record(spec: OpSpec, inputs: tuple[Any, ...], out: np.ndarray, aux: Any = No
             # a node that saves one cached tensor alone shares its 1-tuple, and its rule
             # arguments when laid out alike (Note [Shared one-entry checks])
             node.checks = one
-            args = lone._saved_args
-            if filled != 1:
-                args = tuple(saved)
-            elif args is None or len(args) != len(saved) or args[lone_at] is not one[0].data:
-                args = lone._saved_args = tuple(saved)
-            node.saved = args
+            if alone:
+                args = lone._saved_args
+                if args is None or len(args) != len(saved) or args[at] is not saved[at]:
+                    args = lone._saved_args = tuple(saved)
+                node.saved = args
+            else:
+                node.saved = tuple(saved)
         else:
             node.saved = tuple(saved)
             node.checks = tuple(checks)
