@@ -278,11 +278,12 @@ def test_a_saved_input_missing_the_cache_is_save_for_backwards_entry() -> None:
     # cached as save_for_backward caches: a plain or non-leaf tensor keeps its entry (the
     # next save reuses it), a leaf that requires grad does not (a reference cycle)
     again = ag.functional.linear(h, w)
-    kept = h._saved
-    assert kept is not None and kept in again.grad_fn.checks
+    assert h._saved is not None
+    kept = h._saved[0]
+    assert kept in again.grad_fn.checks
     assert kept in ag.functional.linear(h, w).grad_fn.checks  # a hit: the same entry
     assert w._saved is None
-    assert save_for_backward(h) is h._saved
+    assert save_for_backward(h) is h._saved[0]
     # and the entries still catch an in-place change
     with ag.no_grad():
         h.add_(1.0)

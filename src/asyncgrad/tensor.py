@@ -77,6 +77,7 @@ def _set_data(self: Tensor, value: Any) -> None:
     old = self._data
     self._data = arr
     self._saved = None  # a cached SavedTensor describes the old storage
+    self._saved_args = None  # (and would keep it alive)
     if arr.shape != old.shape or arr.dtype != old.dtype:
         self._acc_ref = None  # AccumulateGrad checks gradients against the old metadata
 
@@ -86,7 +87,7 @@ class Tensor:
 
     __slots__ = ("_data", "_requires_grad", "grad_fn", "output_nr", "_grad", "_version_counter",
                  "_base", "_hooks", "_post_acc_hooks", "_retains_grad", "_acc_ref", "_views",
-                 "_saved", "_creation_meta", "__weakref__")
+                 "_saved", "_saved_args", "_creation_meta", "__weakref__")
     # numpy must defer to our reflected operators (ndarray * Tensor -> Tensor.__rmul__)
     __array_ufunc__ = None
 
@@ -103,7 +104,10 @@ class Tensor:
     _post_acc_hooks: HookDict | None
     _retains_grad: bool
     _acc_ref: Any
-    _saved: Any  # the SavedTensor last made of this tensor, shared while it stays valid
+    # (the SavedTensor last made of this tensor,), shared while it stays valid, and the rule
+    # arguments of a node that saved it alone (Note [Shared one-entry checks])
+    _saved: Any
+    _saved_args: tuple[Any, ...] | None
     _views: list[weakref.ref[Tensor]] | None  # views to re-point after an in-place op (see _register_view)
     _creation_meta: int | str  # how a view was made (Note [View creation meta], _inplace.py); 0 otherwise
 
@@ -1142,6 +1146,7 @@ def _init(t: Tensor, arr: np.ndarray, node: Node | None, output_nr: int,
     t._retains_grad = False
     t._acc_ref = None
     t._saved = None
+    t._saved_args = None
     t._views = None
     t._creation_meta = 0
 

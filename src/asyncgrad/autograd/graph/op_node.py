@@ -25,9 +25,10 @@ class OpNode(Node):
     plain backward passes it to the rules as it is. ``checks`` holds the SavedTensors
     behind those arrays (with their position), for the version check and to rebuild
     Tensors under create_graph. ``()`` means nothing was saved; ``None`` that the saved
-    values were released. ``factor`` is set when the node can be in a fused run of the
-    flat schedule (Note [Fused runs] in autograd/sched/runs.py): the factor of its one input
-    that needs a gradient.
+    values were released. Both tuples may be shared with other nodes (Note [Shared
+    one-entry checks] in saved.py): they are never changed, only rebound. ``factor`` is set
+    when the node can be in a fused run of the flat schedule (Note [Fused runs] in
+    autograd/sched/runs.py): the factor of its one input that needs a gradient.
     """
 
     __slots__ = ("spec", "saved", "checks", "params", "input_shapes", "input_dtypes", "work", "factor")

@@ -18,12 +18,18 @@ hottest methods call ``functional._binary``/``_unary`` directly. What keeps it c
   read on every call; ``saved_tensors_hooks`` are read once per node and, when any is
   active, every saved value goes through ``save_for_backward`` (HookedSavedTensor);
   anomaly mode is read after the node is built, as before;
-* a cached SavedTensor is reused only if its array, grad_fn and version still match the
+* a cached SavedTensor is reused only if its array, place and version still match the
   tensor's and the tensor is not a leaf that requires grad (the cases
-  ``save_for_backward`` reuses it: a SavedTensor whose ``ref`` is the tensor's grad_fn
-  has the kind that grad_fn implies); anything else takes ``save_for_backward``. The
-  version counter check at backward (``OpNode.plain_args``) is untouched, so an in-place
-  change of a saved tensor still raises;
+  ``save_for_backward`` reuses it: a SavedTensor whose ``place`` is the tensor's grad_fn
+  has the kind that grad_fn implies, Note [One slot for a saved tensor's place]); a
+  tensor that is not output 0 of its grad_fn, and anything else, takes
+  ``save_for_backward``. The version counter check at backward (``OpNode.plain_args``)
+  is untouched, so an in-place change of a saved tensor still raises;
+* a node shares the cached 1-tuple as its ``checks``, and the tensor's cached rule
+  arguments as its ``saved``, only when that tensor is all it saves (one position of
+  ``saved`` filled, no output saved, no hooks) and, for ``saved``, the cached tuple
+  has its length and holds the array at that position (Note [Shared one-entry
+  checks]);
 * the inlined constructors set every slot their classes declare (tests compare them with
   the constructors'), so a slot added to Tensor, Node, OpNode or SavedTensor must be
   added here too.
@@ -41,7 +47,6 @@ from ...ops._spec import FACTOR_MAX_ELEMENTS, OpSpec
 from . import NO_EDGE, AccumulateGrad, HookedSavedTensor, SavedTensor, next_sequence_nr, save_for_backward
 from .op_node import MultiViewNode, OpNode
 from .registry import tensor_constructors
-from .saved import _LEAF, _NONLEAF, _OUTPUT, _PLAIN
 
 __all__ = ["MULTIPLY_ADDS_PER_ELEMENT", "MultiViewNode", "OpNode", "record", "record_views"]
 
@@ -182,6 +187,7 @@ def record(spec: OpSpec, inputs: tuple[Any, ...], out: np.ndarray, aux: Any = No
     result._retains_grad = False
     result._acc_ref = None
     result._saved = None
+    result._saved_args = None
     result._views = None
     result._creation_meta = 0
     # elements the kernel reads: the incoming gradient and every saved array, scaled by
@@ -193,6 +199,8 @@ def record(spec: OpSpec, inputs: tuple[Any, ...], out: np.ndarray, aux: Any = No
         # laid out as the rules' arguments: (ans, input 0, input 1, ...)
         saved: list[Any] = list(spec.no_args)
         checks: list[Any] = []
+        one = None  # the cached 1-tuple of checks[0], while it is the only check
+        alone = True  # whether ``saved`` holds nothing but checks[0]'s array, once
         for pos, users in zip(spec.save_inputs, spec.save_when):
             if users is not None:
                 for u in users:
@@ -203,42 +211,55 @@ def record(spec: OpSpec, inputs: tuple[Any, ...], out: np.ndarray, aux: Any = No
             v = inputs[pos]
             if type(v) is not Tensor:
                 saved[pos + 1] = v
+                alone = False
                 continue
             if hooked:
                 entry: Any = save_for_backward(v)
                 if type(entry) is HookedSavedTensor:
                     entry.pos = pos + 1
+                held = None
             else:
                 # save_for_backward's cache hit, inlined (its other checks follow
                 # from these: Note [The recording fast path])
-                entry = v._saved
-                if entry is None or entry.data is not v._data or entry.ref is not v.grad_fn \
+                held = v._saved
+                if held is None or (entry := held[0]).data is not v._data or entry.place is not v.grad_fn \
                         or entry.saved_version != v._version_counter.value \
-                        or (entry.ref is None and v._requires_grad):
-                    # save_for_backward's miss, inlined: SavedTensor(v) (its
-                    # _graph_place too), cached on v unless v is a leaf that requires grad
-                    entry = _new_saved(SavedTensor)
-                    entry.data = v._data
-                    vc = v._version_counter
-                    entry.version = vc
-                    entry.saved_version = vc.value
-                    entry.output_nr = v.output_nr
-                    vfn = v.grad_fn
-                    if vfn is not None:
-                        entry.ref = vfn
-                        entry.kind = _NONLEAF
-                        v._saved = entry
-                    elif v._requires_grad:
-                        entry.ref = v
-                        entry.kind = _LEAF
+                        or (entry.place is None and v._requires_grad):
+                    if v.output_nr:  # (a place that is a tuple: Note [One slot for a saved tensor's place])
+                        entry = save_for_backward(v)
+                        held = v._saved
+                        if held is not None and held[0] is not entry:
+                            held = None
                     else:
-                        entry.ref = None
-                        entry.kind = _PLAIN
-                        v._saved = entry
+                        # save_for_backward's miss, inlined: SavedTensor(v), cached
+                        # on v unless v is a leaf that requires grad
+                        entry = _new_saved(SavedTensor)
+                        entry.data = v._data
+                        vc = v._version_counter
+                        entry.version = vc
+                        entry.saved_version = vc.value
+                        vfn = v.grad_fn
+                        if vfn is not None:
+                            entry.place = vfn
+                            held = v._saved = (entry,)
+                        elif v._requires_grad:
+                            entry.place = v
+                            held = None
+                        else:
+                            entry.place = None
+                            held = v._saved = (entry,)
             if entry not in checks:
+                if checks:
+                    one = None
+                else:
+                    one = held
+                    lone = v
+                    at = pos + 1
                 checks.append(entry)
                 if type(entry) is SavedTensor:
                     work += entry.data.size
+            else:
+                alone = False  # (x * x: one entry, two positions)
             saved[pos + 1] = entry.data
         if spec.save_ans:
             if hooked:
@@ -253,14 +274,25 @@ def record(spec: OpSpec, inputs: tuple[Any, ...], out: np.ndarray, aux: Any = No
                 entry.data = out
                 entry.version = result._version_counter
                 entry.saved_version = 0
-                entry.output_nr = 0
-                entry.ref = None
-                entry.kind = _OUTPUT
+                entry.place = 0  # (output 0: Note [One slot for a saved tensor's place])
                 work += out.size  # (its array is ``out``)
             checks.append(entry)
+            one = None
             saved[0] = entry.data
-        node.saved = tuple(saved)
-        node.checks = tuple(checks)
+        if one is not None:
+            # a node that saves one cached tensor alone shares its 1-tuple, and its rule
+            # arguments when laid out alike (Note [Shared one-entry checks])
+            node.checks = one
+            if alone:
+                args = lone._saved_args
+                if args is None or len(args) != len(saved) or args[at] is not saved[at]:
+                    args = lone._saved_args = tuple(saved)
+                node.saved = args
+            else:
+                node.saved = tuple(saved)
+        else:
+            node.saved = tuple(saved)
+            node.checks = tuple(checks)
     else:
         node.saved = ()
         node.checks = ()

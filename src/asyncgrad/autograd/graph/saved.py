@@ -58,24 +58,78 @@ def _graph_place(value: Tensor, is_output: bool) -> tuple[Any, int]:
     return None, _PLAIN
 
 
+def place_of(value: Tensor, is_output: bool = False) -> Any:
+    """``SavedTensor.place`` for ``value`` (Note [One slot for a saved tensor's place])."""
+    if is_output:
+        return value.output_nr
+    fn = value.grad_fn
+    if fn is not None:
+        return fn if value.output_nr == 0 else (fn, value.output_nr)
+    return value if value._requires_grad else None
+
+
+# Note [One slot for a saved tensor's place]: a graph holds one SavedTensor per saved
+# intermediate, so its size is graph memory per node. What it remembers of the tensor's
+# place in the graph (its kind, the grad_fn or leaf, the output number) is one slot,
+# ``place``, whose type says the kind:
+#
+# * None: a tensor outside the graph (_PLAIN);
+# * a Tensor: the leaf that requires grad itself (_LEAF);
+# * a Node: the grad_fn of a non-leaf that is its output 0 (_NONLEAF), or a tuple
+#   ``(grad_fn, output_nr)`` for another output;
+# * an int: an output of the saving node, that output's number (_OUTPUT; the node is
+#   passed in at unpack time).
+#
+# So a SavedTensor has four slots (data, version, saved_version, place); ``kind``, ``ref``
+# and ``output_nr`` are read from ``place`` by properties, off the hot paths (those read
+# only ``version`` and ``saved_version``, and the recording cache compares ``place`` with
+# the tensor's grad_fn, which is the grad_fn of output 0 or None).
 class SavedTensor:
     """A tensor saved for backward, with the version it had when saved.
 
     Unpacking checks that the tensor was not modified in place since (PyTorch's
     version-counter check). Like PyTorch's SavedVariable it keeps the array, the version
     counter and the tensor's place in the graph (its grad_fn and output_nr, or the leaf
-    itself), not the Tensor object, so a saved output is no reference cycle and a chain
-    of saved intermediates costs little memory.
+    itself: Note [One slot for a saved tensor's place]), not the Tensor object, so a
+    saved output is no reference cycle and a chain of saved intermediates costs little
+    memory.
     """
 
-    __slots__ = ("data", "version", "saved_version", "ref", "kind", "output_nr")
+    __slots__ = ("data", "version", "saved_version", "place")
 
     def __init__(self, value: Tensor, is_output: bool = False) -> None:
         self.data = value._data  # (the slot: Tensor.data is a property)
         self.version = value._version_counter
         self.saved_version = self.version.value
-        self.output_nr = value.output_nr
-        self.ref, self.kind = _graph_place(value, is_output)
+        self.place = place_of(value, is_output)
+
+    @property
+    def kind(self) -> int:
+        """_PLAIN, _LEAF, _NONLEAF or _OUTPUT (Note [One slot for a saved tensor's place])."""
+        place = self.place
+        if place is None:
+            return _PLAIN
+        t = type(place)
+        if t is int:
+            return _OUTPUT
+        if t is tuple or not isinstance(place, tensor_type()):
+            return _NONLEAF
+        return _LEAF
+
+    @property
+    def ref(self) -> Any:
+        """The grad_fn of a non-leaf, the leaf itself, or None (an output; a plain tensor)."""
+        place = self.place
+        if type(place) is int:
+            return None
+        return place[0] if type(place) is tuple else place
+
+    @property
+    def output_nr(self) -> int:
+        place = self.place
+        if type(place) is int:
+            return place
+        return place[1] if type(place) is tuple else 0
 
     def unpack_array(self, node: Node | None = None) -> Any:
         if self.version.value != self.saved_version:
@@ -88,7 +142,7 @@ class SavedTensor:
             self._raise_modified(node)
         kind = self.kind
         if kind == _LEAF:
-            return self.ref
+            return self.place
         if kind == _NONLEAF:
             return tensor_type()._nonleaf(self.data, self.ref, self.output_nr, self.version)
         if kind == _OUTPUT:
@@ -98,9 +152,10 @@ class SavedTensor:
         return t
 
     def _raise_modified(self, node: Node | None) -> None:
-        if self.kind == _NONLEAF:
+        kind = self.kind
+        if kind == _NONLEAF:
             which = f", which is output {self.output_nr} of {self.ref.name()},"
-        elif self.kind == _OUTPUT and node is not None:
+        elif kind == _OUTPUT and node is not None:
             which = f", which is output {self.output_nr} of {node.name()},"
         else:
             which = ""
@@ -153,14 +208,37 @@ class HookedSavedTensor:
 _saved_hooks = _context.saved_tensors_hooks
 
 
+# Note [Shared one-entry checks]: most built-in nodes save one tensor, and a tensor saved
+# by many nodes (a constant operand, a weight at every step of a chain) has one shared
+# SavedTensor. The tensor caches it as a 1-tuple ``(entry,)`` in ``_saved``, and that
+# tuple is itself the ``checks`` of every node that saves this tensor and nothing else,
+# so such a node allocates no tuple of its own. Sound because a tuple is immutable (a
+# node's release rebinds its ``checks``, it never changes the tuple) and the tuple holds
+# nothing but the entry, which every node sharing it checks the same way; the cache holds
+# no reference back to any node or to the tensor, so it makes no cycle. A node that saves
+# several tensors (or its output) builds its own tuple, as before.
+#
+# The same goes for such a node's ``saved`` (its rule arguments ``(ans, x, y, ...)``, all
+# None but this tensor's array): the tensor keeps the last such tuple in
+# ``_saved_args``, and a node that saves it alone at the same position of an argument
+# tuple of the same length (any op: the tuple holds nothing else) takes that tuple. It
+# holds only the array the tensor holds anyway, and the version check stays with the
+# entry, so an in-place change is still caught; a new ``data`` drops both caches.
+def _same_place(a: Any, b: Any) -> bool:
+    """Whether two ``SavedTensor.place`` values name one place (by identity: a place may
+    be a Tensor, whose ``==`` is elementwise)."""
+    return a is b or (type(a) is tuple and type(b) is tuple and a[0] is b[0] and a[1] == b[1])
+
+
 def save_for_backward(value: Tensor, is_output: bool = False) -> SavedTensor | HookedSavedTensor:
     """Save ``value`` for backward, through the innermost ``saved_tensors_hooks`` if any.
 
     A tensor saved by many nodes (a constant, a weight used at every step of a chain)
     gets one SavedTensor, shared, for as long as its data, version and place in the graph
     are unchanged: a SavedTensor is immutable, so sharing it changes nothing but memory.
-    (Not for leaves that require grad: the SavedTensor refers to the leaf, and a cache
-    on the leaf would make a reference cycle.)
+    The tensor keeps it in ``_saved`` as a 1-tuple, the ``checks`` of any node that saves
+    it alone (Note [Shared one-entry checks]). (Not for leaves that require grad: the
+    SavedTensor refers to the leaf, and a cache on the leaf would make a reference cycle.)
     """
     hooks = _saved_hooks.get()
     if hooks:
@@ -168,15 +246,16 @@ def save_for_backward(value: Tensor, is_output: bool = False) -> SavedTensor | H
         return HookedSavedTensor(value, pack, unpack, is_output)
     if is_output:
         return SavedTensor(value, True)
-    cached = value._saved
-    if cached is not None and cached.data is value._data and cached.ref is value.grad_fn \
-            and cached.saved_version == value._version_counter.value \
-            and cached.kind == (_PLAIN if value.grad_fn is None else _NONLEAF) \
-            and (value.grad_fn is not None or not value._requires_grad):
-        return cached
+    leaf = value.grad_fn is None and value._requires_grad
+    held = value._saved
+    if held is not None and not leaf:
+        cached = held[0]
+        if cached.data is value._data and cached.saved_version == value._version_counter.value \
+                and _same_place(cached.place, place_of(value)):
+            return cached
     saved = SavedTensor(value)
-    if saved.kind != _LEAF:
-        value._saved = saved
+    if not leaf:
+        value._saved = (saved,)
     return saved
 
 

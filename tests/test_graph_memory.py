@@ -1,0 +1,201 @@
+"""What a recorded graph shares between nodes to hold fewer bytes per node, and that the
+semantics hold through the sharing: Note [One slot for a saved tensor's place] and Note
+[Shared one-entry checks] (autograd/graph/saved.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import asyncgrad as ag
+from asyncgrad.autograd import gradcheck
+from asyncgrad.autograd.graph import FREED_MESSAGE, HookedSavedTensor, SavedTensor, save_for_backward
+from asyncgrad.autograd.graph.saved import _LEAF, _NONLEAF, _OUTPUT, _PLAIN
+
+MODIFIED = "one of the variables needed for gradient computation has been modified by an inplace operation"
+
+
+def _leaf(*shape: int, seed: int = 0) -> ag.Tensor:
+    return ag.from_numpy(np.random.default_rng(seed).standard_normal(shape)).requires_grad_()
+
+
+# --- one slot for the place ---------------------------------------------------------------
+def test_a_saved_tensor_has_four_slots_and_reads_its_place() -> None:
+    assert SavedTensor.__slots__ == ("data", "version", "saved_version", "place")
+    w = _leaf(3)
+    c = ag.from_numpy(np.full(3, 2.0))  # plain
+    h = w.exp()  # a non-leaf, output 0 of ExpBackward0
+    plain = SavedTensor(c)
+    assert (plain.kind, plain.ref, plain.output_nr, plain.place) == (_PLAIN, None, 0, None)
+    leaf = SavedTensor(w)
+    assert leaf.kind == _LEAF and leaf.ref is w and leaf.place is w and leaf.output_nr == 0
+    nonleaf = SavedTensor(h)
+    assert nonleaf.kind == _NONLEAF and nonleaf.ref is h.grad_fn and nonleaf.place is h.grad_fn
+    out = SavedTensor(h, is_output=True)
+    assert (out.kind, out.ref, out.output_nr, out.place) == (_OUTPUT, None, 0, 0)
+    # output 1 of a multi-output node: the place is (grad_fn, 1)
+    m = _leaf(2, 3)
+    _, second = m.unbind(0)
+    e = SavedTensor(second)
+    assert e.kind == _NONLEAF and e.ref is second.grad_fn and e.output_nr == 1
+    assert e.place == (second.grad_fn, 1)
+    # unpacked under create_graph, each keeps its place in the graph
+    assert leaf.unpack_tensor() is w
+    t = nonleaf.unpack_tensor()
+    assert t.grad_fn is h.grad_fn and t.output_nr == 0
+    t = e.unpack_tensor()
+    assert t.grad_fn is second.grad_fn and t.output_nr == 1
+
+
+def test_a_modified_view_output_names_its_output_number() -> None:
+    m = _leaf(2, 3)
+    _, second = m.unbind(0)
+    y = second.sin()
+    with ag.no_grad():
+        second.add_(1.0)
+    with pytest.raises(RuntimeError, match=MODIFIED + r".*which is output 1 of UnbindBackward0, is at version 1"):
+        ag.backward_sync(y.sum())
+
+
+def test_a_view_output_saved_twice_shares_one_entry() -> None:
+    """A tensor that is not output 0 takes save_for_backward, which still shares."""
+    m = _leaf(2, 3)
+    _, second = m.unbind(0)
+    a, b = second.sin(), second.cos()
+    (ea,), (eb,) = a.grad_fn.checks, b.grad_fn.checks
+    assert ea is eb and ea.output_nr == 1
+    assert save_for_backward(second) is ea
+    ag.backward_sync((a + b).sum())
+    row = m.detach().numpy()[1]
+    np.testing.assert_allclose(m.grad.numpy(), np.stack([np.zeros(3), np.cos(row) - np.sin(row)]), rtol=1e-12)
+
+
+# --- shared one-entry checks and rule arguments ----------------------------------------------
+def test_nodes_saving_one_constant_alone_share_checks_and_arguments() -> None:
+    x = _leaf(4)
+    c = ag.from_numpy(np.linspace(0.5, 1.5, 4))
+    y1 = x * c
+    y2 = y1.sin() * c  # another mul node saving c alone, at the same position
+    n1, n2 = y1.grad_fn, y2.grad_fn
+    assert n1 is not n2
+    assert n1.checks is n2.checks and n1.saved is n2.saved
+    assert n1.saved[:2] == (None, None) and n1.saved[2] is c.data
+    assert n1.checks is c._saved and n1.saved is c._saved_args
+    ag.backward_sync(y2.sum())
+    xv, cv = x.detach().numpy(), c.numpy()
+    np.testing.assert_allclose(x.grad.numpy(), cv * np.cos(xv * cv) * cv, rtol=1e-12)
+    assert gradcheck(lambda t: (t * c).sin() * c, (x.detach().requires_grad_(),))
+
+
+def test_a_nonleaf_saved_alone_by_two_nodes_shares_and_double_backward_works() -> None:
+    x = _leaf(5, seed=1)
+    h = x.exp()
+    a, b = h.sin(), h.cos()  # both save h alone at position 1 of (ans, x)
+    assert a.grad_fn.checks is b.grad_fn.checks is h._saved
+    assert a.grad_fn.saved is b.grad_fn.saved
+    (g,) = ag.autograd.grad_sync((a + b).sum(), (x,), create_graph=True)
+    xv = x.detach().numpy()
+    e = np.exp(xv)
+    np.testing.assert_allclose(g.detach().numpy(), (np.cos(e) - np.sin(e)) * e, rtol=1e-12)
+    (gg,) = ag.autograd.grad_sync(g.sum(), (x,))
+    np.testing.assert_allclose(gg.numpy(), (-np.sin(e) - np.cos(e)) * e * e + (np.cos(e) - np.sin(e)) * e,
+                               rtol=1e-10)
+    assert gradcheck(lambda t: t.exp().sin() + t.exp().cos(), (x.detach().requires_grad_(),))
+
+
+def test_different_layouts_do_not_share_arguments() -> None:
+    x = _leaf(3, seed=2)
+    c = ag.from_numpy(np.array([2.0, 3.0, 4.0]))
+    right, left = x * c, c * x  # c saved at position 2, then at position 1
+    assert right.grad_fn.checks is left.grad_fn.checks  # (the one entry of c)
+    assert right.grad_fn.saved is not left.grad_fn.saved
+    assert right.grad_fn.saved[1] is None and right.grad_fn.saved[2] is c.data
+    assert left.grad_fn.saved[1] is c.data and left.grad_fn.saved[2] is None
+    sq = x * x  # one entry, two positions: its own arguments
+    assert sq.grad_fn.saved[1] is x.data and sq.grad_fn.saved[2] is x.data
+    ag.backward_sync((right + left + sq).sum())
+    np.testing.assert_allclose(x.grad.numpy(), 2 * c.numpy() + 2 * x.detach().numpy(), rtol=1e-12)
+
+
+def test_a_shared_entry_still_catches_an_inplace_change_for_every_node() -> None:
+    x = _leaf(4, seed=3)
+    c = ag.from_numpy(np.linspace(1.0, 2.0, 4))
+    y1, y2 = x * c, x.exp() * c
+    assert y1.grad_fn.checks is y2.grad_fn.checks
+    with ag.no_grad():
+        c.mul_(2.0)
+    for y in (y1, y2):
+        with pytest.raises(RuntimeError, match=MODIFIED + r": \[float64 tensor \[4\]\] is at version 1; "
+                                                          r"expected version 0 instead"):
+            ag.backward_sync(y.sum(), retain_graph=True)
+    # after the change, new nodes get a new entry (and new arguments), not the stale ones
+    y3 = x * c
+    assert y3.grad_fn.checks is not y1.grad_fn.checks and y3.grad_fn.checks[0].saved_version == 1
+    ag.backward_sync(y3.sum())
+    np.testing.assert_allclose(x.grad.numpy(), c.numpy(), rtol=1e-12)
+
+
+def test_release_of_sharing_nodes_leaves_the_tensors_cache_intact() -> None:
+    x = _leaf(3, seed=4)
+    c = ag.from_numpy(np.array([1.0, -1.0, 0.5]))
+    y1 = x * c
+    y2 = (x + 1.0) * c
+    shared_checks, shared_args = c._saved, c._saved_args
+    ag.backward_sync(y1.sum(), retain_graph=True)
+    ag.backward_sync(y1.sum())  # retain_graph: a second time works
+    np.testing.assert_allclose(x.grad.numpy(), 2 * c.numpy(), rtol=1e-12)
+    assert y1.grad_fn.saved is None  # released
+    with pytest.raises(RuntimeError) as info:
+        ag.backward_sync(y1.sum())
+    assert str(info.value) == FREED_MESSAGE
+    # the other node, and the tensor's cache, are untouched by that release
+    assert c._saved is shared_checks and c._saved_args is shared_args
+    assert y2.grad_fn.checks is shared_checks and y2.grad_fn.saved is shared_args
+    x.grad = None
+    ag.backward_sync(y2.sum())
+    np.testing.assert_allclose(x.grad.numpy(), c.numpy(), rtol=1e-12)
+
+
+def test_saved_tensors_hooks_share_nothing() -> None:
+    x = _leaf(3, seed=5)
+    c = ag.from_numpy(np.array([1.0, 2.0, 3.0]))
+    packed = []
+
+    def pack(t):
+        packed.append(t)
+        return t
+
+    with ag.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y1, y2 = x * c, x * c
+    assert len(packed) == 2
+    (e1,), (e2,) = y1.grad_fn.checks, y2.grad_fn.checks
+    assert type(e1) is HookedSavedTensor and e1 is not e2
+    assert y1.grad_fn.checks is not y2.grad_fn.checks
+    ag.backward_sync((y1 + y2).sum())
+    np.testing.assert_allclose(x.grad.numpy(), 2 * c.numpy(), rtol=1e-12)
+
+
+def test_new_data_drops_the_caches() -> None:
+    x = _leaf(3, seed=6)
+    c = ag.from_numpy(np.ones(3))
+    y = x * c
+    assert c._saved is not None and c._saved_args is not None
+    c.data = ag.from_numpy(np.full(3, 3.0))
+    assert c._saved is None and c._saved_args is None
+    z = x * c
+    assert z.grad_fn.saved[2] is c.data and z.grad_fn.saved is not y.grad_fn.saved
+    ag.backward_sync((y + z).sum())
+    np.testing.assert_allclose(x.grad.numpy(), np.full(3, 4.0), rtol=1e-12)
+
+
+def test_a_leaf_that_requires_grad_is_not_cached() -> None:
+    w = _leaf(3, seed=7)
+    x = ag.from_numpy(np.array([1.0, 2.0, 3.0]))
+    y1, y2 = x * w, (x + 1.0) * w  # w saved alone (for x's rule, were x to require grad: not here)
+    z1, z2 = w.sin(), w.cos()  # w saved alone by each: no cache on a leaf (a reference cycle)
+    assert w._saved is None and w._saved_args is None
+    assert z1.grad_fn.checks is not z2.grad_fn.checks
+    assert z1.grad_fn.checks[0].kind == _LEAF
+    ag.backward_sync((y1 + y2 + z1 + z2).sum())
+    wv = w.detach().numpy()
+    np.testing.assert_allclose(w.grad.numpy(), 2 * x.numpy() + 1 + np.cos(wv) - np.sin(wv), rtol=1e-12)
