@@ -138,3 +138,64 @@ async def test_a_pre_commit_function_sees_arrays_that_are_then_copied(engine, ad
     assert [s.tolist() for s in shown] == [[2.0, 2.0], [2.0, 2.0]]
     assert w.grad.tolist() == [4.0, 4.0]
     assert adopted == [False]
+
+
+# Note [A whole view of new memory] (backend.py): a rule's result reshaped from an array
+# nothing else holds is adopted too; a view of memory anybody else holds never is.
+
+async def test_a_kernels_new_array_reshaped_is_adopted(engine, adopted):
+    """Batch norm's input gradient is built as (N, C, H*W) and returned reshaped."""
+    rng = np.random.default_rng(0)
+    x = ag.tensor(rng.standard_normal((4, 3, 5, 5)), requires_grad=True)
+    g = rng.standard_normal((4, 3, 5, 5))
+    out = ag.nn.functional.batch_norm(x, None, None, training=True)
+    await ag.backward(out, ag.tensor(g), retain_graph=True)
+    assert adopted[0] is True
+    first = x.grad.numpy().copy()
+    await ag.backward(out, ag.tensor(g))  # (added in place into the adopted array)
+    np.testing.assert_allclose(x.grad.numpy(), 2 * first, rtol=1e-12)
+    assert not np.shares_memory(x.grad.numpy(), g)
+
+
+async def test_a_view_of_a_retained_gradient_is_copied(engine, adopted):
+    """``reshape``'s rule returns its gradient reshaped: here that gradient is also the
+    retained ``t.grad``, so ``x.grad`` must not share its memory."""
+    x = ag.tensor(np.arange(6.0).reshape(2, 3), requires_grad=True)
+    t = x.reshape(6)
+    t.retain_grad()
+    loss = (t * ag.tensor(np.arange(6.0))).sum()
+    await ag.backward(loss, retain_graph=True)
+    assert True not in adopted  # (x.grad's, and t.grad's own)
+    assert not np.shares_memory(x.grad.numpy(), t.grad.numpy())
+    await ag.backward(loss)
+    np.testing.assert_array_equal(x.grad.numpy(), 2 * np.arange(6.0).reshape(2, 3))
+    np.testing.assert_array_equal(t.grad.numpy(), 2 * np.arange(6.0))
+
+
+async def test_a_view_of_the_callers_gradient_is_copied(engine, adopted):
+    x = ag.tensor(np.zeros((2, 3)), requires_grad=True)
+    g = np.arange(6.0)
+    for _ in range(2):
+        await ag.backward(x.reshape(6), ag.from_numpy(g))
+    np.testing.assert_array_equal(g, np.arange(6.0))
+    np.testing.assert_array_equal(x.grad.numpy(), 2 * np.arange(6.0).reshape(2, 3))
+    assert adopted == [False]
+
+
+def test_which_views_the_numpy_backend_owns():
+    from asyncgrad.backend import NUMPY
+
+    def made_here():
+        return np.empty(6).reshape(2, 3)
+
+    held = np.empty(6)
+    assert NUMPY.owns_memory(np.empty(6))
+    assert NUMPY.owns_memory(made_here())  # whole, contiguous, nobody else holds the base
+    assert not NUMPY.owns_memory(held.reshape(2, 3))  # ``held`` is the base
+    assert not NUMPY.owns_memory(np.empty(6)[:3])  # part of its base
+    assert not NUMPY.owns_memory(np.empty((2, 3)).T)  # not C-contiguous
+    read_only = np.empty(6).reshape(2, 3)
+    read_only.flags.writeable = False
+    assert not NUMPY.owns_memory(read_only)
+    other = held.reshape(3, 2)
+    assert not NUMPY.owns_memory(other.reshape(6))  # ``other`` views the base too

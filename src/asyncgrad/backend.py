@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 import operator
+import sys
 from functools import partial
 from types import TracebackType
 from typing import Any, Protocol, cast
@@ -101,8 +102,40 @@ def _sum_as(a: np.ndarray, b: Any) -> np.ndarray:
     return np.asarray(np.add(a, b, dtype=a.dtype, casting="unsafe"))
 
 
+# Note [A whole view of new memory]: a rule that builds its result in another shape and
+# returns ``out.reshape(shape)`` hands the engine a view whose base is an array nothing
+# else holds; judged "a view", every such leaf gradient (batch norm's, max-pool's, a
+# linear bias's, a layer norm's...) was copied at the commit, a whole pass over memory
+# per leaf. So a view counts as owned when it is C-contiguous and covers all of its base,
+# and the base is new memory (no base of its own) that only this view refers to: nobody
+# could see a write through it. "Only this view" is read from the base's reference
+# count, which is calibrated at import (how an interpreter counts references on the
+# stack changes between versions, and 3.14 borrows some); where the count cannot tell
+# a second holder apart, views are never owned, and copied as before.
+def _base_refs(a: np.ndarray) -> int:
+    base = a.base  # (as in _owns_memory: the view's reference, this name, the argument)
+    return sys.getrefcount(base)
+
+
+def _calibrate() -> int:
+    alone = _base_refs(np.empty(4).reshape(2, 2))
+    held = np.empty(4)
+    if _base_refs(held.reshape(2, 2)) != alone + 1:
+        return -1  # (the count does not see a second holder: never own a view)
+    return alone
+
+
+_BASE_ALONE = _calibrate()
+
+
 def _owns_memory(a: np.ndarray) -> bool:
-    return a.base is None and a.flags.writeable  # type: ignore[no-any-return]
+    if not a.flags.writeable:
+        return False
+    base = a.base
+    if base is None:
+        return True
+    return (type(base) is np.ndarray and base.base is None and a.flags.c_contiguous
+            and a.nbytes == base.nbytes and sys.getrefcount(base) == _BASE_ALONE)
 
 
 class NumpyBackend:

@@ -134,8 +134,9 @@ def prepare(task: GraphTask, node: Node, ready: ReadyInputs) -> list[Any] | None
 # such gradients; it decides by reference count, which a refactor silently breaks, so
 # here ownership is recorded where arrays are made). Owned: a deferred sum's total (a
 # ``PendingSum``, always fresh), a sum of two staged gradients, and a new array that a
-# built-in kernel returned for the leaf (``own_if_fresh``: not a view, not one of the
-# kernel's inputs or saved values, not returned for a second edge too), noted in
+# built-in kernel returned for the leaf (``own_if_fresh``: not a view, unless of all of
+# new memory nothing else holds, Note [A whole view of new memory] in backend.py; not
+# one of the kernel's inputs or saved values, not returned for a second edge too), noted in
 # ``task.fresh`` as it is routed and claimed by ``stage_leaf`` if that very array
 # arrives. Anything a user's code produced or saw is not owned, and is copied: a custom
 # Function's result, the caller's ``gradient=``, an array a hook or a pre-commit
