@@ -361,5 +361,18 @@ def run(impls: list[str], rounds: int | None = None, sizes: tuple[str, ...] = ("
         worst = max(ratios)
         res.ratios["worst op x torch"] = worst
         res.targets.append(Target("no op above 2x torch (worst fwd or bwd ratio)", worst, 2.0, "x"))
+    for label, prefixes, bound in LAYER_TARGETS:
+        layer = [r[k] for r in res.rows if r["impl"].startswith(prefixes)
+                 for k in ("fwd_ratio", "bwd_ratio") if r.get(k) is not None]
+        if layer:
+            res.targets.append(Target(f"issue 32: {label} within {bound:g}x torch (worst fwd or bwd ratio)",
+                                      max(layer), bound, "x"))
     return res
+
+
+# issue 32's bounds for the image and recurrent layers, on the rows whose names start so
+LAYER_TARGETS = (
+    ("conv2d, pooling and batch norm", ("conv2d", "max_pool2d", "avg_pool2d", "batch_norm"), 1.5),
+    ("LSTM and GRU", ("LSTM", "GRU"), 2.0),
+)
 
