@@ -301,6 +301,8 @@ class Engine:
                 if not task.nodes_left():
                     scheduler.discard(task)  # (Note [Plain leaves] in task/step.py)
                     return True
+                if task.schedule is not None and scheduler.run_alone(task):
+                    continue  # (Note [A lone call runs its own nodes] in sched/loop.py)
                 if task.has_ready():
                     if not task.active_children:
                         scheduler.add(task)

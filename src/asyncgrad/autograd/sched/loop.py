@@ -78,6 +78,15 @@ submission only, no kernel. A driver
 that started its kernels and has nothing else ready leaves the queue (``Engine._serve``)
 rather than taking the runner's role for one more turn only to find nothing to run.
 
+Note [A lone call runs its own nodes]: a driver whose GraphTask runs a flat schedule
+(Note [The flat schedule] in task/schedule.py) and finds the loop's scheduler idle (no
+runner, nothing queued, no caller in line) and time left in the current slice runs its
+nodes right there (``run_alone``), as the runner would with it the only GraphTask queued:
+the same deadline, the same context and owner, errors recorded the same way. It skips
+taking the role, the queue and handing on, which cost a lone small call as much as its
+set-up. When the slice ran out with nodes left, the driver goes on as any other: it
+queues its GraphTask and becomes the runner, whose first act is the loop's turn.
+
 Everything here runs on the loop's thread: no locks.
 """
 
@@ -282,6 +291,26 @@ class LoopScheduler:
         turn = loop.create_future()
         loop.call_at(loop.time(), _resolve, turn)
         await turn
+
+    def run_alone(self, task: GraphTask) -> bool:
+        """Run ``task``'s nodes on its own driver when the scheduler is idle and the
+        slice has time left (Note [A lone call runs its own nodes]); False when it did
+        not (nothing ran). An error is recorded on ``task`` (``run_inline``), for its
+        driver to raise."""
+        if self.runner is not None or self.queue or self.admission or task.schedule is None \
+                or task.stopping or task.active_children or task.context is None:
+            return False
+        deadline = self.slice_end
+        end = self.slice_start + task.policy.yield_interval
+        if end < deadline:  # (as ``_run_slice``: Note [Each call runs by its engine's policy])
+            deadline = self.slice_end = end
+        if time.perf_counter() >= deadline:
+            return False
+        try:
+            task.context.run(_run_as, _context.node_owner.get(), task, deadline)
+        except Exception:  # recorded on the task by run_inline; its driver raises it
+            pass
+        return True
 
     def _drop(self, task: GraphTask, owner: object) -> float:
         """Take ``task`` off the queue and wake its driver; when every node ran, first

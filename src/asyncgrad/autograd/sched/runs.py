@@ -63,6 +63,15 @@ def find_run(node: Any, g: Any, order: list[Any], pos: int, index: dict[Any, int
              pending: list[int]) -> Run | None:
     """The run that starts at ``node`` (its gradient ``g``; the schedule's next nodes
     from ``order[pos]``), or None if none of ``RUN_MIN_NODES`` starts here."""
+    # a run is consecutive nodes of the order, each with a factor: the next node and the
+    # one that would make it RUN_MIN_NODES long first (most nodes start no run)
+    last = pos + RUN_MIN_NODES - 2
+    if last >= len(order):
+        return None
+    for k in (pos, last):
+        member = order[k]
+        if type(member) is not OpNode or member.factor is None:
+            return None
     run = Run()
     nodes = run.nodes
     groups = run.groups

@@ -141,7 +141,10 @@ def prepare(task: GraphTask, node: Node, ready: ReadyInputs) -> list[Any] | None
 # arrives. Anything a user's code produced or saw is not owned, and is copied: a custom
 # Function's result, the caller's ``gradient=``, an array a hook or a pre-commit
 # function saw, a retained non-leaf gradient. (A small leaf's eager sum of several
-# gradients is not recorded either: copying it is cheap.)
+# gradients is not recorded either: copying it is cheap.) Only a leaf without a
+# ``.grad`` can take its staged array as ``.grad``; one that has a ``.grad`` is added
+# into, whoever owns the array, so ``own_if_fresh`` skips the test for it (should it lose
+# its ``.grad`` before the commit, its first ``.grad`` is then a copy).
 # Note [Plain leaves]: in a plain backward, a quiet leaf (Note [Plain backwards and quiet
 # nodes] in task/graph_task.py) has nothing that could observe its staging. So the fused
 # step stages it right where its producer routes its one gradient (``stage_plain``,
@@ -216,8 +219,9 @@ def own_if_fresh(task: GraphTask, leaf: Node, gi: Array, inputs: Any, outputs: A
                  saved: Any) -> None:
     """Note [Owned gradients]: ``gi``, a built-in kernel's output for ``leaf``, is the
     engine's own when it is a new array: not a view, not one of the kernel's inputs or
-    saved values, and not another of its outputs too."""
-    if is_fresh(gi, inputs, outputs, saved):
+    saved values, and not another of its outputs too; not tested for a leaf that has a
+    ``.grad`` (it is added into)."""
+    if leaf.variable._grad is None and is_fresh(gi, inputs, outputs, saved):  # type: ignore[attr-defined]
         task.fresh[leaf] = gi
 
 
@@ -401,7 +405,8 @@ def plain_step(task: GraphTask, node: Node, ready: ReadyInputs) -> bool:
             if child.sequence_nr == acc_nr and type(gi) is array:
                 if d == 1 and not task.leaf_waits() and child not in task.buffers and is_quiet_leaf(child):
                     del deps[child]
-                    stage_plain(task, child.variable, gi, is_fresh(gi, buf, None, args))  # type: ignore[attr-defined]
+                    var = child.variable  # type: ignore[attr-defined]
+                    stage_plain(task, var, gi, var._grad is None and is_fresh(gi, buf, None, args))
                     continue
                 own_if_fresh(task, child, gi, buf, None, args)
         add(child, nr, gi, d)
