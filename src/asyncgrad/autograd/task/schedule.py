@@ -140,9 +140,12 @@ def walk_flat(task: GraphTask, root: Node, buf: list[Any], stack: list[Node],
                 continue
             index[child] = len(pending)
             pending.append(1)
-            stack.append(child)
             if child.sequence_nr != acc_nr:
                 order.append(child)
+                stack.append(child)
+            elif child._hooks is not None or child.variable._hooks:  # type: ignore[attr-defined]
+                stack.append(child)  # (a leaf that does not fit: found as such when popped)
+            # (else a quiet leaf: it fits and has no edges, nothing to walk)
             if starts and id(child) in starts:
                 task.starting.append(child)
     order.sort(key=_sequence_nr, reverse=True)
