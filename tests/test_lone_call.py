@@ -166,3 +166,28 @@ async def test_a_leaf_with_a_grad_is_added_into_and_a_fresh_leaf_still_takes_the
     assert not tested  # added into: no test
     assert w.grad is first and w.grad.numpy() is array  # in place
     np.testing.assert_array_equal(array, np.full((2, 3), 8.0))
+
+
+async def test_the_commit_is_placed_once_per_call(monkeypatch):
+    """The runner's test (``completes_at_once``) and the sequence's commit both ask
+    where the commit adds up: the staged gradients are weighed once, and both get the
+    same answer."""
+    from asyncgrad.autograd.sched.inline import run_inline
+    from asyncgrad.autograd.task import call, commit
+
+    weighed = []
+    real = commit.staged_size
+
+    def spied(task):
+        weighed.append(task)
+        return real(task)
+
+    monkeypatch.setattr(commit, "staged_size", spied)
+    ps = _params(4)
+    await ag.backward(_loss(ps, np.ones((2, 5))))  # (each leaf has a .grad: the commit adds)
+    weighed.clear()
+    task = _task_for(_loss(ps, np.ones((2, 5))))
+    assert run_inline(task, float("inf")) is False
+    assert call.completes_at_once(task) is True
+    assert commit.commit_on_loop(task) is True
+    assert weighed == [task]

@@ -58,8 +58,13 @@ def commit_on_loop(task: GraphTask) -> bool:
     """THE decision of how to commit (Note [Atomic commits]): add the staged gradients up
     in place on the loop (a recorded backward, or fewer elements to add than the task's
     inline threshold; every commit of the blocking driver), else sum them on a worker
-    thread and publish them."""
-    return task.create_graph or staged_size(task) < task.inline_threshold
+    thread and publish them. Decided once per call (the runner asks before it takes the
+    call's sequence on, which asks again): nothing is staged after the drain but by
+    pre-commit functions, which run before either asks."""
+    decided = task.commit_on_loop
+    if decided is None:
+        decided = task.commit_on_loop = task.create_graph or staged_size(task) < task.inline_threshold
+    return decided
 
 
 def staged_size(task: GraphTask) -> int:

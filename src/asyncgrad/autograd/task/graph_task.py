@@ -174,9 +174,9 @@ class GraphTask:
         self.callbacks: list[Callable[[], Any]] = []
         self.pre_commits: list[Callable[[dict[Tensor, Tensor]], Any]] = []
         self.pre_commit_state: Any = None  # commit.pre_commit_view's (view, original); driver
-        # how the commit adds up: on the loop or on a worker (completion.commit_on_loop,
-        # decided once, right before the commit, by the driver or the runner)
-        self.commit_on_loop = True
+        # how the commit adds up: on the loop or on a worker (commit.commit_on_loop,
+        # decided once, right before the commit, by the driver or the runner); None: not yet
+        self.commit_on_loop: bool | None = None
         # -- lifecycle (task/lifecycle.py): written on the task's thread (setup_steps,
         # queue_on_abort from a node's code, the driver)
         self.starting: list[Node] = []  # nodes with start hooks found by setup_steps
