@@ -133,14 +133,17 @@ def run_flat(task: GraphTask, deadline: float) -> bool:
                             gi = fix_gradient(node, i, gi)
                         if twice:
                             gi = doubled(task, child, gi, (g,), args)
-                        if leaf and type(gi) is array:
-                            own_if_fresh(task, child, gi, (g,), None, args)
+                        if leaf and type(gi) is array and child.variable._grad is None:  # type: ignore[attr-defined]
+                            own_if_fresh(task, child, gi, (g,), None, args)  # (its first test: spares the call)
                     kc = index[child]
                     old = slots[kc]
                     slots[kc] = gi if old is None else combine(old, gi)
                     pending[kc] -= 2 if twice else 1
-                    if leaf and not pending[kc]:
-                        _stage(task, child, slots, kc)
+                    if leaf and not pending[kc]:  # (``_stage``, inlined: once per leaf)
+                        gl = slots[kc]
+                        slots[kc] = None
+                        stage_plain(task, child.variable, gl,  # type: ignore[attr-defined]
+                                    task.fresh.pop(child, None) is gl or type(gl) is PendingSum)
                 if (saved or spec.saves_params) and not keep:
                     executed.append(node)
             # the clock every 8 nodes, or after a node heavy enough to make it cheap
