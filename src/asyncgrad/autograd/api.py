@@ -256,7 +256,11 @@ async def backward(tensors: Any, grad_tensors: Any = None, *, retain_graph: bool
         return
     async with held:
         task = _prepare_backward(tensors, grad_tensors, retain_graph, create_graph, inputs, priority)
-        await _execute(task)
+        token = _saved_hooks.set(_saved_hooks.get())  # (as above)
+        try:
+            await task.engine.execute(task)
+        finally:
+            _saved_hooks.reset(token)
 
 
 async def grad(outputs: Any, inputs: Any, grad_outputs: Any = None, *,
