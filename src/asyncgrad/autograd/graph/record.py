@@ -167,7 +167,6 @@ def record(spec: OpSpec, inputs: tuple[Any, ...], out: np.ndarray, aux: Any = No
     node.sequence_nr = _next_sequence_nr()
     node.next_edges = edges
     node._hooks = None
-    node._extra = None
     node.spec = spec
     node.params = params if aux is None else {**(params or {}), "aux": aux}
     node.input_shapes, node.input_dtypes = meta
