@@ -16,6 +16,25 @@ elementwise node finishes on the loop sooner than a hop would, in about one of t
 time slices; a transformer's per-token nodes (layer norm, softmax, GELU at GPT-small
 sizes) then run inline and only its matrix products and the very large nodes hop.
 
+Note [A lone kernel on an idle loop]: a hop buys two things, kernels that overlap (the
+loop's nodes, another worker's, a split node's parts) and a loop free for everything
+else while the kernel runs. A large built-in node that would run as one kernel while
+nothing else of its backward is ready or on a worker, no other backward call is in
+flight in the process, and nothing else wants the loop (no ready callback or task, no
+timer, no watched file descriptor but the loop's own wake-up pipe:
+runtime/loop_idle.py) gets neither: the loop would sleep until the worker's result
+wakes it. It then pays the hop's whole fixed cost for nothing: the dynamic engine's
+submit and route on the loop, two thread wake-ups (a woken thread on a core another
+process holds waits for that process's time slice), and the kernel on a core whose
+caches do not hold its inputs; a lone conv2d or LSTM layer's backward took a third
+longer than inline (docs/benchmarks.md, the op table's "bwd" and "bwd inline"). So it
+runs inline, on an engine left at its default threshold (an explicit one is a hard
+rule). The decision is per node, as it becomes ready: a timer or a second backward
+that appears meanwhile sends the next large node to a worker again; an I/O event that
+arrives during an inline kernel waits for it, as it would behind any inline node. A
+custom Function's backward still hops: its code is the user's, and may hold the GIL or
+take a lock the loop needs.
+
 Note [Mid-size nodes hop beside another]: a node below ``inline_threshold`` but of at
 least ``MID_WORK`` elements of work (an elementwise pass of a few hundred thousand
 floats, a fraction of a millisecond) still goes to a worker when another node of its
@@ -117,11 +136,13 @@ from __future__ import annotations
 
 import _thread
 import enum
+import math
 import threading
 from heapq import heappop, heappush
 from typing import TYPE_CHECKING, Any
 
 from ..runtime.blas import BLAS, keep_large_allocations
+from ..runtime.loop_idle import loop_is_idle
 from ..graph.record import MultiViewNode, OpNode
 from ..task.graph_task import is_quiet_leaf
 
@@ -152,10 +173,43 @@ def decide(task: GraphTask, node: Node, queued: int = 0) -> Place:
         return ASYNC
     work = node.work
     if work >= task.inline_threshold:
-        return WORKER
+        return INLINE if alone_on_idle_loop(task, node, queued) else WORKER
     if work >= task.mid_work and len(task.ready) > queued and BLAS.free_cores >= 2:
         return WORKER
     return INLINE
+
+
+def alone_on_idle_loop(task: GraphTask, node: Node, queued: int = 0) -> bool:
+    """Whether a large built-in node's hop would buy nothing (Note [A lone kernel on an
+    idle loop]): on an engine left at its default threshold, nothing else of its backward is
+    ready or running elsewhere, no other backward call is in flight in the process, the
+    node would run as one kernel (not split into parallel parts), and nothing else wants
+    the event loop (``loop_is_idle``)."""
+    if type(node) is not OpNode or task.mid_work == math.inf or len(task.ready) > queued or task.to_start \
+            or task.in_flight:
+        return False
+    if BLAS.backwards > 1 or splits(task, node, 2):  # (a finite mid_work: two workers or more)
+        return False
+    return loop_is_idle()
+
+
+def splits(task: GraphTask, node: Node, max_workers: int) -> bool:
+    """Whether to compute a node's input gradients as separate parallel kernels: a
+    large built-in node with several needed gradients, and no tool wrapping kernels.
+    Not for a joint rule, nor for BLAS kernels while BLAS runs threads of its own (it
+    parallelises them)."""
+    if max_workers < 2 or type(node) is not OpNode or task.tools:
+        return False
+    if (node.spec.blas and BLAS.per_call > 1) or node.spec.variadic:
+        return False
+    if BLAS.free_cores < 2:
+        # other processes leave one core (Note [Other processes' load] in
+        # runtime/cpu_load.py): the parts would take turns on it, and a split node ends its
+        # worker chain (Note [Worker chains]), so the node runs whole, in the chain
+        return False
+    if node.spec.joint is not None:  # one kernel for all (ops/_spec.py, Note [Joint rules])
+        return False
+    return sum(1 for child, _ in node.next_edges if child is not None) > 1
 
 
 def worker_niceness(max_workers: int, worker_nice: int | None) -> int:
@@ -197,22 +251,9 @@ class Policy:
 
     # --- decisions --------------------------------------------------------------------
     def splits(self, task: GraphTask, node: Node) -> bool:
-        """Whether to compute a node's input gradients as separate parallel kernels: a
-        large built-in node with several needed gradients, and no tool wrapping kernels.
-        Not for a joint rule, nor for BLAS kernels while BLAS runs threads of its own (it
-        parallelises them)."""
-        if self.max_workers < 2 or type(node) is not OpNode or task.tools:
-            return False
-        if (node.spec.blas and self.blas_threads_per_call > 1) or node.spec.variadic:
-            return False
-        if BLAS.free_cores < 2:
-            # other processes leave one core (Note [Other processes' load] in
-            # runtime/cpu_load.py): the parts would take turns on it, and a split node ends its
-            # worker chain (Note [Worker chains]), so the node runs whole, in the chain
-            return False
-        if node.spec.joint is not None:  # one kernel for all (ops/_spec.py, Note [Joint rules])
-            return False
-        return sum(1 for child, _ in node.next_edges if child is not None) > 1
+        """Whether to compute a node's input gradients as separate parallel kernels
+        (``splits``, for this engine's ``max_workers``)."""
+        return splits(task, node, self.max_workers)
 
     def first_part_here(self, task: GraphTask, node: Node, groups: int) -> bool:
         """Whether the loop computes a split node's first group of gradients itself, its
