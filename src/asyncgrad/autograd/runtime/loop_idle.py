@@ -6,7 +6,9 @@ Answered from the loop's own bookkeeping: on asyncio's own loops (the selector l
 the proactor's base) from their ready queue, timer heap and selector map, the loop's
 self-pipe apart; on trio from ``trio.lowlevel.current_statistics()``. Any other loop
 (uvloop, a loop this module does not know) is never idle: the answer must err towards
-"someone may want the loop", since an idle answer lets a kernel hold it.
+"someone may want the loop", since an idle answer lets a kernel hold it. (trio's
+statistics do not show the tasks of the batch it is running that have not run yet: such
+a task waits for an inline kernel, as it would behind any inline node.)
 """
 
 from __future__ import annotations
@@ -32,10 +34,27 @@ def loop_is_idle() -> bool:
         stats = trio.lowlevel.current_statistics()
     except RuntimeError:  # (not inside trio.run)
         return False
+    if stats.tasks_runnable or stats.run_sync_soon_queue_size or stats.seconds_to_next_deadline != math.inf:
+        return False
     io = stats.io_statistics
-    return (stats.tasks_runnable == 0 and stats.run_sync_soon_queue_size == 0
-            and stats.seconds_to_next_deadline == math.inf
-            and getattr(io, "tasks_waiting_read", 1) == 0 and getattr(io, "tasks_waiting_write", 1) == 0)
+    readers = getattr(io, "tasks_waiting_read", None)
+    writers: Any = getattr(io, "tasks_waiting_write", None)
+    if readers is None or writers is None or writers:
+        return False
+    return readers <= _trio_own_readers(trio)
+
+
+def _trio_own_readers(trio: Any) -> int:
+    """1 while trio's own task that runs ``run_sync_soon`` callbacks waits on the run's
+    wake-up socket (as asyncio's loop watches its self-pipe), else 0; -1 (never idle)
+    when trio's state cannot be read (its private layout moved)."""
+    try:
+        runner = trio._core._run.GLOBAL_RUN_CONTEXT.runner
+        fd = runner.entry_queue.wakeup.wakeup_sock.fileno()
+        waiters = runner.io_manager._registered.get(fd)
+        return int(waiters is not None and waiters.read_task is not None)
+    except AttributeError:
+        return -1
 
 
 def _asyncio_idle(loop: Any) -> bool:
