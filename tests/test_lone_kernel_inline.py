@@ -182,3 +182,28 @@ def test_loop_is_idle_on_trio():
         return seen
 
     assert trio.run(main) == [True, True, True, False, True, False, True]
+
+
+def test_a_worker_chains_head_still_hops_on_an_idle_loop(blas_threaded, restore_engine):
+    """Two linear layers with a ReLU between, each product above the threshold: the last
+    layer heads a worker chain through the ReLU and the first layer, one hop for all."""
+    rng = np.random.default_rng(4)
+    x = ag.from_numpy(rng.standard_normal((256, 512))).requires_grad_()
+    w1 = ag.from_numpy(rng.standard_normal((512, 512)) / 20).requires_grad_()
+    w2 = ag.from_numpy(rng.standard_normal((512, 512)) / 20).requires_grad_()
+    engine = Engine(max_workers=2)
+
+    def grads(eng: Any) -> list[np.ndarray]:
+        for t in (x, w1, w2):
+            t.grad = None
+        ag.autograd.set_engine(eng)
+        y = AF.linear(AF.linear(x, w1).relu(), w2)
+        assert y.grad_fn.work >= engine.inline_threshold
+        asyncio.run(ag.backward(y.sum()))
+        return [t.grad.numpy() for t in (x, w1, w2)]
+
+    got = grads(engine)
+    stats = engine.statistics()
+    assert stats.thread_hops == 1 and stats.nodes_offloaded == 3
+    for a, b in zip(got, grads(ReferenceEngine())):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-10)

@@ -33,7 +33,10 @@ rule). The decision is per node, as it becomes ready: a timer or a second backwa
 that appears meanwhile sends the next large node to a worker again; an I/O event that
 arrives during an inline kernel waits for it, as it would behind any inline node. A
 custom Function's backward still hops: its code is the user's, and may hold the GIL or
-take a lock the loop needs.
+take a lock the loop needs. So does a node that heads a worker chain (Note [Worker
+chains]): the chain runs its nodes back to back without the loop's per-node bookkeeping
+and turns, and a GPT's backward took more CPU time with them inline; its one hop is
+spread over the chain.
 
 Note [Mid-size nodes hop beside another]: a node below ``inline_threshold`` but of at
 least ``MID_WORK`` elements of work (an elementwise pass of a few hundred thousand
@@ -183,13 +186,16 @@ def alone_on_idle_loop(task: GraphTask, node: Node, queued: int = 0) -> bool:
     """Whether a large built-in node's hop would buy nothing (Note [A lone kernel on an
     idle loop]): on an engine left at its default threshold, nothing else of its backward is
     ready or running elsewhere, no other backward call is in flight in the process, the
-    node would run as one kernel (not split into parallel parts), and nothing else wants
-    the event loop (``loop_is_idle``)."""
+    node would run as one kernel (not split into parallel parts, not heading a worker
+    chain), and nothing else wants the event loop (``loop_is_idle``)."""
     if type(node) is not OpNode or task.mid_work == math.inf or len(task.ready) > queued or task.to_start \
             or task.in_flight:
         return False
     if BLAS.backwards > 1 or splits(task, node, 2):  # (a finite mid_work: two workers or more)
         return False
+    policy: Policy | None = getattr(task.engine, "policy", None)  # (the Engine's; a Driver names none)
+    if policy is None or (policy.chains(task, node) and policy.plan_chain(task, node) is not None):
+        return False  # a worker chain's head: its nodes are cheaper there (see the note)
     return loop_is_idle()
 
 
