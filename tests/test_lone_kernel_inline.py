@@ -184,26 +184,42 @@ def test_loop_is_idle_on_trio():
     assert trio.run(main) == [True, True, True, False, True, False, True]
 
 
-def test_a_worker_chains_head_still_hops_on_an_idle_loop(blas_threaded, restore_engine):
-    """Two linear layers with a ReLU between, each product above the threshold: the last
-    layer heads a worker chain through the ReLU and the first layer, one hop for all."""
+def _two_layers(hidden: int) -> tuple[Any, list[ag.Tensor]]:
+    """``linear(relu(linear(x, w1)), w2)`` on 512 rows of 512 features, ``hidden`` between;
+    the last product is above the threshold."""
     rng = np.random.default_rng(4)
-    x = ag.from_numpy(rng.standard_normal((256, 512))).requires_grad_()
-    w1 = ag.from_numpy(rng.standard_normal((512, 512)) / 20).requires_grad_()
-    w2 = ag.from_numpy(rng.standard_normal((512, 512)) / 20).requires_grad_()
+    x = ag.from_numpy(rng.standard_normal((512, 512))).requires_grad_()
+    w1 = ag.from_numpy(rng.standard_normal((hidden, 512)) / 20).requires_grad_()
+    w2 = ag.from_numpy(rng.standard_normal((512, hidden)) / 20).requires_grad_()
+
+    def loss() -> Any:
+        h = AF.linear(x, w1).relu()
+        y = AF.linear(h, w2)
+        assert y.grad_fn.work >= Engine().inline_threshold
+        return y.sum(), h.grad_fn.work
+
+    return loss, [x, w1, w2]
+
+
+def _two_layer_run(eng: Any, hidden: int) -> tuple[list[np.ndarray], int]:
+    loss, leaves = _two_layers(hidden)
+    ag.autograd.set_engine(eng)
+    out, relu_work = loss()
+    asyncio.run(ag.backward(out))
+    return [t.grad.numpy() for t in leaves], relu_work
+
+
+@pytest.mark.parametrize("hidden, hops", [(128, 1), (1024, 0)])
+def test_a_chain_with_light_nodes_hops_one_of_heavy_nodes_runs_inline(hidden, hops, blas_threaded, restore_engine):
+    """The last layer heads a worker chain through the ReLU and the first layer: one hop
+    when the ReLU is a light node (128 hidden features), none when every node of the
+    chain is heavy (1024: an MLP's layers)."""
+    from asyncgrad.autograd.sched.placement import MID_WORK
+
     engine = Engine(max_workers=2)
-
-    def grads(eng: Any) -> list[np.ndarray]:
-        for t in (x, w1, w2):
-            t.grad = None
-        ag.autograd.set_engine(eng)
-        y = AF.linear(AF.linear(x, w1).relu(), w2)
-        assert y.grad_fn.work >= engine.inline_threshold
-        asyncio.run(ag.backward(y.sum()))
-        return [t.grad.numpy() for t in (x, w1, w2)]
-
-    got = grads(engine)
+    got, relu_work = _two_layer_run(engine, hidden)
+    assert (relu_work < MID_WORK) == (hops == 1)
     stats = engine.statistics()
-    assert stats.thread_hops == 1 and stats.nodes_offloaded == 3
-    for a, b in zip(got, grads(ReferenceEngine())):
+    assert stats.thread_hops == hops and stats.nodes_offloaded == 3 * hops
+    for a, b in zip(got, _two_layer_run(ReferenceEngine(), hidden)[0]):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-10)

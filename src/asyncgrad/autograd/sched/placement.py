@@ -34,9 +34,11 @@ that appears meanwhile sends the next large node to a worker again; an I/O event
 arrives during an inline kernel waits for it, as it would behind any inline node. A
 custom Function's backward still hops: its code is the user's, and may hold the GIL or
 take a lock the loop needs. So does a node that heads a worker chain (Note [Worker
-chains]): the chain runs its nodes back to back without the loop's per-node bookkeeping
-and turns, and a GPT's backward took more CPU time with them inline; its one hop is
-spread over the chain.
+chains]) taking light nodes along (a layer norm, a softmax between a GPT's products): the
+chain runs them back to back without the loop's per-node bookkeeping and turns, and a
+GPT's backward took more CPU time with them inline, so the one hop is spread over the
+chain. A chain of heavy nodes and free ones only (an MLP's products and ReLUs, an LSTM
+layer's recurrence and input product) costs the same on the loop, and runs there.
 
 Note [Mid-size nodes hop beside another]: a node below ``inline_threshold`` but of at
 least ``MID_WORK`` elements of work (an elementwise pass of a few hundred thousand
@@ -187,15 +189,21 @@ def alone_on_idle_loop(task: GraphTask, node: Node, queued: int = 0) -> bool:
     idle loop]): on an engine left at its default threshold, nothing else of its backward is
     ready or running elsewhere, no other backward call is in flight in the process, the
     node would run as one kernel (not split into parallel parts, not heading a worker
-    chain), and nothing else wants the event loop (``loop_is_idle``)."""
+    chain that takes light nodes along), and nothing else wants the event loop
+    (``loop_is_idle``)."""
     if type(node) is not OpNode or task.mid_work == math.inf or len(task.ready) > queued or task.to_start \
             or task.in_flight:
         return False
     if BLAS.backwards > 1 or splits(task, node, 2):  # (a finite mid_work: two workers or more)
         return False
     policy: Policy | None = getattr(task.engine, "policy", None)  # (the Engine's; a Driver names none)
-    if policy is None or (policy.chains(task, node) and policy.plan_chain(task, node) is not None):
-        return False  # a worker chain's head: its nodes are cheaper there (see the note)
+    if policy is None:
+        return False
+    if policy.chains(task, node):
+        plan = policy.plan_chain(task, node)
+        heavy = min(task.inline_threshold, task.mid_work)
+        if plan is not None and any(0 < n.work < heavy for n in plan.nodes):
+            return False  # a worker chain that takes light nodes along: cheaper there (see the note)
     return loop_is_idle()
 
 
