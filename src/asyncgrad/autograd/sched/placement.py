@@ -26,8 +26,8 @@ runtime/loop_idle.py) gets neither: the loop would sleep until the worker's resu
 wakes it. It then pays the hop's whole fixed cost for nothing: the dynamic engine's
 submit and route on the loop, two thread wake-ups (a woken thread on a core another
 process holds waits for that process's time slice), and the kernel on a core whose
-caches do not hold its inputs; a lone conv2d or LSTM layer's backward took a third
-longer than inline (docs/benchmarks.md, the op table's "bwd" and "bwd inline"). So it
+caches do not hold its inputs; a lone conv2d or LSTM layer's backward took longer
+than inline (docs/benchmarks.md, the op table's "bwd" and "bwd inline"). So it
 runs inline, on an engine left at its default threshold (an explicit one is a hard
 rule). The decision is per node, as it becomes ready: a timer or a second backward
 that appears meanwhile sends the next large node to a worker again; an I/O event that
@@ -194,10 +194,8 @@ def alone_on_idle_loop(task: GraphTask, node: Node, queued: int = 0) -> bool:
     if type(node) is not OpNode or task.mid_work == math.inf or len(task.ready) > queued or task.to_start \
             or task.in_flight:
         return False
-    if BLAS.backwards > 1 or splits(task, node, 2):  # (a finite mid_work: two workers or more)
-        return False
     policy: Policy | None = getattr(task.engine, "policy", None)  # (the Engine's; a Driver names none)
-    if policy is None:
+    if policy is None or BLAS.backwards > 1 or policy.splits(task, node):
         return False
     if policy.chains(task, node):
         plan = policy.plan_chain(task, node)
@@ -205,25 +203,6 @@ def alone_on_idle_loop(task: GraphTask, node: Node, queued: int = 0) -> bool:
         if plan is not None and any(0 < n.work < heavy for n in plan.nodes):
             return False  # a worker chain that takes light nodes along: cheaper there (see the note)
     return loop_is_idle()
-
-
-def splits(task: GraphTask, node: Node, max_workers: int) -> bool:
-    """Whether to compute a node's input gradients as separate parallel kernels: a
-    large built-in node with several needed gradients, and no tool wrapping kernels.
-    Not for a joint rule, nor for BLAS kernels while BLAS runs threads of its own (it
-    parallelises them)."""
-    if max_workers < 2 or type(node) is not OpNode or task.tools:
-        return False
-    if (node.spec.blas and BLAS.per_call > 1) or node.spec.variadic:
-        return False
-    if BLAS.free_cores < 2:
-        # other processes leave one core (Note [Other processes' load] in
-        # runtime/cpu_load.py): the parts would take turns on it, and a split node ends its
-        # worker chain (Note [Worker chains]), so the node runs whole, in the chain
-        return False
-    if node.spec.joint is not None:  # one kernel for all (ops/_spec.py, Note [Joint rules])
-        return False
-    return sum(1 for child, _ in node.next_edges if child is not None) > 1
 
 
 def worker_niceness(max_workers: int, worker_nice: int | None) -> int:
@@ -265,9 +244,22 @@ class Policy:
 
     # --- decisions --------------------------------------------------------------------
     def splits(self, task: GraphTask, node: Node) -> bool:
-        """Whether to compute a node's input gradients as separate parallel kernels
-        (``splits``, for this engine's ``max_workers``)."""
-        return splits(task, node, self.max_workers)
+        """Whether to compute a node's input gradients as separate parallel kernels: a
+        large built-in node with several needed gradients, and no tool wrapping kernels.
+        Not for a joint rule, nor for BLAS kernels while BLAS runs threads of its own (it
+        parallelises them)."""
+        if self.max_workers < 2 or type(node) is not OpNode or task.tools:
+            return False
+        if (node.spec.blas and self.blas_threads_per_call > 1) or node.spec.variadic:
+            return False
+        if BLAS.free_cores < 2:
+            # other processes leave one core (Note [Other processes' load] in
+            # runtime/cpu_load.py): the parts would take turns on it, and a split node ends its
+            # worker chain (Note [Worker chains]), so the node runs whole, in the chain
+            return False
+        if node.spec.joint is not None:  # one kernel for all (ops/_spec.py, Note [Joint rules])
+            return False
+        return sum(1 for child, _ in node.next_edges if child is not None) > 1
 
     def first_part_here(self, task: GraphTask, node: Node, groups: int) -> bool:
         """Whether the loop computes a split node's first group of gradients itself, its
