@@ -134,6 +134,28 @@ def test_a_fixed_count_ignores_the_load() -> None:
     assert lib.calls[-1] == 2
 
 
+def test_the_free_cores_are_sampled_with_blas_pinned_too() -> None:
+    """A pinned count (the benchmarks' one-thread rows) keeps BLAS's threads, but the
+    cores other processes take are still seen: a split node's parts would take turns on
+    the one core left (Policy.splits reads ``free_cores``)."""
+    m = FakeMachine()
+    blas, lib = _blas(m)
+    blas.backward_started()
+    blas.backward_ended()
+    with blas.pinned(1):
+        m.advance(0.15, others_cores=1.0)
+        blas.backward_started()
+        assert blas.free_cores == 1 and blas.per_call == 1
+        blas.backward_ended()
+        m.advance(0.15, others_cores=0.0)
+        blas.backward_started()
+        blas.backward_ended()
+        m.advance(0.15, others_cores=0.0)
+        blas.backward_started()
+        assert blas.free_cores == 2
+        blas.backward_ended()
+
+
 def test_a_concurrent_backward_still_makes_blas_single_threaded() -> None:
     m = FakeMachine()
     blas, _ = _blas(m)

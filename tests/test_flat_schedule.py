@@ -370,3 +370,32 @@ def test_start_hooks_are_found_by_the_flat_walk(backend, schedules, restore_engi
     assert calls == ["b", "a"]  # (highest sequence_nr first)
     np.testing.assert_allclose(x.grad.numpy(), np.cos(x.numpy()) * 2 * np.exp(2 * np.sin(x.numpy())),
                                rtol=1e-12)
+
+
+@pytest.mark.parametrize("shape", ["chain", "found out of order"])
+def test_the_flat_order_is_descending_sequence_nr(shape, monkeypatch, restore_engine):
+    """Note [The flat schedule]: the order runs the highest ``sequence_nr`` first, whether
+    the walk found the nodes in that order (a chain: no sort) or not (two branches, the
+    older one found first: sorted)."""
+    orders: list[list[int]] = []
+    real = graph_task_module.GraphTask.setup_steps
+
+    def recorded(self: Any) -> Any:
+        yield from real(self)
+        orders.append([n.sequence_nr for n in self.schedule.order])
+
+    monkeypatch.setattr(graph_task_module.GraphTask, "setup_steps", recorded)
+    ag.autograd.set_engine(Engine())
+    x = _leaf(np.random.default_rng(12), 4)
+    if shape == "chain":
+        loss = x.sin().exp().tanh().sum()
+        expected = [loss.grad_fn.sequence_nr - i for i in range(4)]
+    else:
+        a = x * 2.0  # older: the walk reaches it first (the add's first edge)
+        b = x.exp()
+        s = a + b
+        loss = s.sum()
+        expected = [loss.grad_fn.sequence_nr, s.grad_fn.sequence_nr, b.grad_fn.sequence_nr, a.grad_fn.sequence_nr]
+    anyio.run(ag.backward, loss)
+    assert orders == [expected]
+    assert sorted(expected, reverse=True) == expected

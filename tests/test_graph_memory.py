@@ -9,7 +9,7 @@ import pytest
 
 import asyncgrad as ag
 from asyncgrad.autograd import gradcheck
-from asyncgrad.autograd.graph import FREED_MESSAGE, HookedSavedTensor, SavedTensor, save_for_backward
+from asyncgrad.autograd.graph import FREED_MESSAGE, HookedSavedTensor, Node, SavedTensor, save_for_backward
 from asyncgrad.autograd.graph.saved import _LEAF, _NONLEAF, _OUTPUT, _PLAIN
 
 MODIFIED = "one of the variables needed for gradient computation has been modified by an inplace operation"
@@ -199,3 +199,74 @@ def test_a_leaf_that_requires_grad_is_not_cached() -> None:
     ag.backward_sync((y1 + y2 + z1 + z2).sum())
     wv = w.detach().numpy()
     np.testing.assert_allclose(w.grad.numpy(), 2 * x.numpy() + 1 + np.cos(wv) - np.sin(wv), rtol=1e-12)
+
+
+# --- what a recorded chain holds per node ---------------------------------------------------
+def _chain(n: int) -> ag.Tensor:
+    """The deep workload's op cycle (sin, * c, tanh, + d) on one float, ``n`` ops."""
+    x = ag.from_numpy(np.array([0.3], dtype=np.float32)).requires_grad_()
+    c = ag.from_numpy(np.array([0.9999], dtype=np.float32))
+    d = ag.from_numpy(np.array([-0.0001], dtype=np.float32))
+    y = x
+    for i in range(n):
+        k = i & 3
+        y = y.sin() if k == 0 else y * c if k == 1 else y.tanh() if k == 2 else y + d
+    return y
+
+
+def test_a_recorded_chain_of_tiny_ops_holds_few_bytes_per_node() -> None:
+    """Per node of the cycle: the node and its sequence number, its edge, and for half of
+    them a SavedTensor with its tuples, the tensor's version counter and its array (what
+    bench/workloads/deep.py measures). A slot or an object per node more shows here."""
+    import tracemalloc
+
+    n = 20_000  # (enough that numpy's cache of small blocks cannot hide the arrays)
+    ag.backward_sync(_chain(4000).sum())  # warm-up: caches, interned metadata
+    tracemalloc.start()
+    try:
+        y = _chain(n)
+        held = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert held / n < 440, f"{held / n:.0f} bytes per node"
+    ag.backward_sync(y.sum())  # and the graph still runs
+
+
+# --- rare per-node data, interned constants ---------------------------------------------------
+def test_a_nodes_metadata_lives_with_its_hooks_and_changes_no_gradient() -> None:
+    """Note [Rare per-node data]: no slot of its own; a node with metadata runs as before."""
+    assert "_extra" not in Node.__slots__
+    x = _leaf(4, seed=8)
+    y = x.sin() * 2.0
+    node = y.grad_fn.next_functions[0][0]
+    assert node._hooks is None and node.anomaly_trace is None  # reading makes nothing
+    node.metadata["tag"] = "sin"
+    assert node.metadata == {"tag": "sin"} and node._hooks is not None
+    assert not node._hooks.pre and not node._hooks.post
+    ag.backward_sync(y.sum())
+    np.testing.assert_allclose(x.grad.numpy(), 2 * np.cos(x.detach().numpy()), rtol=1e-12)
+    assert gradcheck(lambda t: t.sin() * 2.0, (x.detach().requires_grad_(),))
+
+
+def test_nodes_of_one_op_and_signature_share_params_and_work() -> None:
+    """Note [Interned node constants]."""
+    from asyncgrad.autograd.graph.record import _interned_params
+
+    x = _leaf(30, 40, seed=9)
+    a, b = x.sum(dim=1), (x * 2.0).sum(dim=1)
+    assert a.grad_fn.params == {"dim": (1,), "keepdim": False, "shape": (30, 40)}
+    assert a.grad_fn.params is b.grad_fn.params
+    p, q = x.exp(), x.exp()  # work: the gradient's and the saved output's elements
+    assert p.grad_fn.work == q.grad_fn.work == 2400 and p.grad_fn.work is q.grad_fn.work
+    # values compared exactly: a bool is not an int, a float or an array is never interned
+    one, true = _interned_params({"k": 1}), _interned_params({"k": True})
+    assert one is not true and type(true["k"]) is bool and _interned_params({"k": 1}) is one
+    f = {"lo": 1.0}
+    assert _interned_params(f) is f and _interned_params({"lo": 1.0}) is not f
+    arr = {"index": np.arange(3)}
+    assert _interned_params(arr) is arr
+    mixed = {"dims": (1, True)}
+    assert _interned_params(mixed) is mixed and _interned_params({"dims": (1, True)}) is not mixed
+    ag.backward_sync((a + b).sum() + (p + q).sum())
+    np.testing.assert_allclose(x.grad.numpy(), 3.0 + 2 * np.exp(x.detach().numpy()), rtol=1e-12)
+    assert gradcheck(lambda t: t.sum(dim=1) + (t * 2.0).sum(dim=1), (_leaf(3, 4, seed=10),))

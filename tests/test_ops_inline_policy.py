@@ -19,12 +19,22 @@ from asyncgrad.autograd.graph.record import MULTIPLY_ADDS_PER_ELEMENT
 
 
 def _backward_on(engine: Engine, out: ag.Tensor, grad: ag.Tensor | None = None) -> tuple[int, int]:
-    """``await backward`` on ``engine``; returns (nodes offloaded, thread hops) it made."""
+    """``await backward`` on ``engine``, on a loop with a timer pending (something else
+    wants it: a lone large node on an idle loop runs inline, Note [A lone kernel on an
+    idle loop] in sched/placement.py); returns (nodes offloaded, thread hops) it made."""
+
+    async def beside_a_timer() -> None:
+        timer = asyncio.get_running_loop().call_later(3600, lambda: None)
+        try:
+            await ag.backward(out, grad)
+        finally:
+            timer.cancel()
+
     before = engine.statistics()
     previous = ag.autograd.get_engine()
     ag.autograd.set_engine(engine)
     try:
-        asyncio.run(ag.backward(out, grad))
+        asyncio.run(beside_a_timer())
     finally:
         ag.autograd.set_engine(previous)
     after = engine.statistics()

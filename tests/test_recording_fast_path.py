@@ -28,7 +28,7 @@ def test_recorded_result_and_node_have_every_slot_set() -> None:
         assert type(node) is OpNode
         for name in _all_slots(OpNode):
             getattr(node, name)
-        assert node._hooks is None and node._extra is None
+        assert node._hooks is None
     for entry in y.grad_fn.checks:
         assert type(entry) is SavedTensor
         for name in _all_slots(SavedTensor):
@@ -50,7 +50,7 @@ def test_accumulate_grad_from_for_leaf_matches_constructor() -> None:
     for name in _all_slots(AccumulateGrad):
         if name != "variable":
             assert getattr(acc, name) == getattr(ref, name), name
-    assert acc.sequence_nr == ref.sequence_nr and acc._hooks is None and acc._extra is None
+    assert acc.sequence_nr == ref.sequence_nr and acc._hooks is None
     b = a * 3.0  # while acc is alive, every use of the leaf shares it
     assert b.grad_fn.next_functions[0][0] is acc
 

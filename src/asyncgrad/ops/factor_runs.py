@@ -4,6 +4,7 @@ products of the gradient with them, row after row."""
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -12,6 +13,7 @@ from ._spec import GradFactor
 
 # by factor: the rows it fills (numbered from 1) and the value it reads for each
 Groups = dict[GradFactor, tuple[list[int], list[Any]]]
+_shape = attrgetter("shape")
 
 
 def _stacked(values: list[np.ndarray], like: np.ndarray) -> np.ndarray:
@@ -25,7 +27,7 @@ def _stacked(values: list[np.ndarray], like: np.ndarray) -> np.ndarray:
             break
     else:
         return first
-    if len(shape) and all(v.shape == shape for v in values):
+    if len(shape) and set(map(_shape, values)) == {shape}:
         # (one C call: np.stack expands each array in Python first)
         return np.concatenate(values).reshape((len(values),) + shape)
     return np.stack([np.broadcast_to(v, shape) for v in values])

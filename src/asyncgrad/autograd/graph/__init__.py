@@ -50,7 +50,7 @@ next_sequence_nr: Callable[[], int] = _sequence_counter.__next__
 class Node:
     """A backward function in the graph (``tensor.grad_fn``)."""
 
-    __slots__ = ("sequence_nr", "next_edges", "_hooks", "_extra", "__weakref__")
+    __slots__ = ("sequence_nr", "next_edges", "_hooks", "__weakref__")
 
     #: number of gradients this node receives (its forward outputs)
     num_outputs: int = 1
@@ -58,10 +58,7 @@ class Node:
     def __init__(self, next_edges: tuple[Edge, ...] = ()) -> None:
         self.sequence_nr = next_sequence_nr()
         self.next_edges = next_edges
-        self._hooks: NodeHooks | None = None
-        # rarely used per-node data (``metadata``, the anomaly-mode trace) in one lazily
-        # created dict: graph memory per node matters for deep graphs
-        self._extra: dict[str, Any] | None = None
+        self._hooks: NodeHooks | None = None  # (and the rare data: Note [Rare per-node data])
 
     # --- what users see -------------------------------------------------------------
     def name(self) -> str:
@@ -71,25 +68,43 @@ class Node:
     def next_functions(self) -> tuple[Edge, ...]:
         return self.next_edges
 
+    # Note [Rare per-node data]: every node of a graph pays for each of its slots, and a
+    # deep graph has many nodes, so data that few nodes have (``metadata``, the
+    # anomaly-mode trace) takes no slot of its own: it lives in the node's NodeHooks
+    # (``extra``), made on first use like the hooks. A node that has such data and no
+    # hook then has a NodeHooks with no hook in it: the engine takes its hooked path for
+    # it, which runs the same kernel and no hook (correct, only not the fastest path).
+    def _extra(self, create: bool) -> dict[str, Any] | None:
+        hooks = self._hooks
+        if hooks is None:
+            if not create:
+                return None
+            hooks = self.hooks()
+        if hooks.extra is None and create:
+            hooks.extra = {}
+        return hooks.extra
+
     @property
     def metadata(self) -> dict[str, Any]:
-        if self._extra is None:
-            self._extra = {}
-        meta: dict[str, Any] | None = self._extra.get("metadata")
+        """A dict for the user's own data about this node (PyTorch's ``Node.metadata``)."""
+        extra = self._extra(True)
+        assert extra is not None
+        meta: dict[str, Any] | None = extra.get("metadata")
         if meta is None:
-            meta = self._extra["metadata"] = {}
+            meta = extra["metadata"] = {}
         return meta
 
     @property
     def anomaly_trace(self) -> Any:
         """The forward stack (and parent) recorded for this node by anomaly mode."""
-        return None if self._extra is None else self._extra.get("anomaly_trace")
+        extra = self._extra(False)
+        return None if extra is None else extra.get("anomaly_trace")
 
     @anomaly_trace.setter
     def anomaly_trace(self, trace: Any) -> None:
-        if self._extra is None:
-            self._extra = {}
-        self._extra["anomaly_trace"] = trace
+        extra = self._extra(True)
+        assert extra is not None
+        extra["anomaly_trace"] = trace
 
     def register_hook(self, fn: Callable[[tuple[Any, ...], tuple[Any, ...]], Any]) -> RemovableHandle:
         """``fn(grad_inputs, grad_outputs) -> replacement grad_inputs or None``, after the node."""
@@ -195,7 +210,6 @@ class AccumulateGrad(Node):
         self.sequence_nr = ACCUMULATE_GRAD_SEQUENCE_NR
         self.next_edges = ()
         self._hooks = None
-        self._extra = None
         self.variable = variable
         data = variable._data
         self.input_shapes = (data.shape,)

@@ -53,10 +53,13 @@ class NodeHooks:
     then retains-grad hooks, then node pre-hooks, the node, then post-hooks.
     """
 
-    __slots__ = ("tensor_pre", "retains_grad", "pre", "post")
+    __slots__ = ("tensor_pre", "retains_grad", "pre", "post", "extra")
 
     def __init__(self) -> None:
         self.tensor_pre: dict[int, HookDict] = {}
         self.retains_grad: dict[int, weakref.ref[Tensor]] = {}
         self.pre = HookDict()
         self.post = HookDict()
+        # the node's other rare data (``metadata``, the anomaly-mode trace): Note [Rare
+        # per-node data] in graph/__init__.py
+        self.extra: dict[str, Any] | None = None

@@ -99,6 +99,56 @@ def _meta(key: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     return meta
 
 
+# Note [Interned node constants]: a node's ``params`` (a reduction's dims and shape, a
+# view's shape...) and its ``work`` are the same for every node of one op on one input
+# signature, yet each call makes its own dict and (above 256) its own int: per node of a
+# graph, as many bytes as a SavedTensor. They are interned: nodes built with equal
+# values share one object. Sound because no one changes a node's ``params`` (the rules
+# receive them as keywords, a copy) and an int is immutable; only values compared
+# exactly are interned: ``params`` whose values are ints, bools, strings, None or tuples
+# of ints, keyed with each value's type (``True == 1`` and ``1.0 == 1``, yet a rule may
+# tell them apart), anything else (arrays, slices, floats) stays the node's own. Both
+# caches are bounded, so ever-changing shapes cannot grow them without limit.
+_PARAMS_CACHE: dict[tuple[Any, ...], dict[str, Any]] = {}
+_WORK_CACHE: dict[int, int] = {}
+_CONSTANTS_MAX = 4096
+_EXACT = frozenset({int, bool, str, type(None)})
+
+
+def _interned_params(params: dict[str, Any]) -> dict[str, Any]:
+    """The shared dict equal to ``params``, or ``params`` itself (Note [Interned node
+    constants])."""
+    key: list[Any] = []
+    for k, v in params.items():
+        t = type(v)
+        if t is tuple:
+            for e in v:
+                if type(e) is not int:
+                    return params
+        elif t not in _EXACT:
+            return params
+        key.append(k)
+        key.append(t)
+        key.append(v)
+    k2 = tuple(key)
+    hit = _PARAMS_CACHE.get(k2)
+    if hit is not None:
+        return hit
+    if len(_PARAMS_CACHE) < _CONSTANTS_MAX:
+        _PARAMS_CACHE[k2] = params
+    return params
+
+
+def _interned_work(work: int) -> int:
+    """The shared int equal to ``work`` (Note [Interned node constants])."""
+    hit = _WORK_CACHE.get(work)
+    if hit is not None:
+        return hit
+    if len(_WORK_CACHE) < _CONSTANTS_MAX:
+        _WORK_CACHE[work] = work
+    return work
+
+
 def record(spec: OpSpec, inputs: tuple[Any, ...], out: np.ndarray, aux: Any = None,
            params: dict[str, Any] | None = None) -> Any:
     """Wrap ``out`` (already computed from ``inputs``) as a Tensor, recording a node when
@@ -167,9 +217,11 @@ def record(spec: OpSpec, inputs: tuple[Any, ...], out: np.ndarray, aux: Any = No
     node.sequence_nr = _next_sequence_nr()
     node.next_edges = edges
     node._hooks = None
-    node._extra = None
     node.spec = spec
-    node.params = params if aux is None else {**(params or {}), "aux": aux}
+    if aux is not None:
+        node.params = {**(params or {}), "aux": aux}
+    else:
+        node.params = params and _interned_params(params)
     node.input_shapes, node.input_dtypes = meta
     # _init(result, out, node, 0, None), inlined
     result = _new_tensor(Tensor)
@@ -299,7 +351,9 @@ def record(spec: OpSpec, inputs: tuple[Any, ...], out: np.ndarray, aux: Any = No
     if spec.blas:
         first = inputs[0]._data if type(inputs[0]) is Tensor else np.asarray(inputs[0])
         work += out.size * (first.shape[-1] if first.ndim else 1) // MULTIPLY_ADDS_PER_ELEMENT
-    node.work = work if spec.cost == 1.0 else int(work * spec.cost)
+    if spec.cost != 1.0:
+        work = int(work * spec.cost)
+    node.work = work if work < 257 else _interned_work(work)  # (CPython shares the small ints)
     # the factor of the one input that needs a gradient, if the node can be in a fused run
     # (Note [Fused runs] in sched/runs.py): a numpy array of at most FACTOR_MAX_ELEMENTS,
     # that input of the output's shape and dtype (by construction for an ``own`` factor),

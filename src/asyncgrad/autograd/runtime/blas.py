@@ -86,14 +86,16 @@ class BlasThreads:
         self._overlap_at = float("-inf")  # when a second backward was last in flight (self.clock)
         # the cores other processes leave free (Note [Other processes' load] in runtime/cpu_load.py)
         self.load = OtherLoad()
-        self._cap = cores
+        self._cap = cores  # the cores BLAS may use while it adapts
+        self._seen = cores  # the cores the last sample found free, BLAS fixed or not
         self._applied: int | None = None  # the count last given to BLAS, if any
 
     @property
     def free_cores(self) -> int:
-        """The cores other processes leave free, as last sampled (Note [Other
-        processes' load] in runtime/cpu_load.py; all of them while that is off)."""
-        return self._cap
+        """The cores other processes leave free, as last sampled, with BLAS's threads
+        fixed too (Note [Other processes' load] in runtime/cpu_load.py; all of them
+        while that is off)."""
+        return self._seen
 
     @property
     def spare_cores(self) -> int:
@@ -101,6 +103,12 @@ class BlasThreads:
         take them all, and until sampled or while sampling is off (Note [Other
         processes' load] in runtime/cpu_load.py)."""
         return self.load.spare_cores()
+
+    @property
+    def backwards(self) -> int:
+        """Backward calls in flight in the process (callers waiting in line included; a
+        nested backward is not one: Note [BLAS threads])."""
+        return self._backwards
 
     @property
     def per_call(self) -> int:
@@ -192,9 +200,11 @@ class BlasThreads:
             # for the worker threads' niceness (Note [Niced kernels on the cores others
             # leave] in sched/placement.py)
             sampled = self.load.sample()
+            if sampled:
+                self._seen = self.load.free_cores()
             if self._libs and not self._fixed:  # (else nothing to adapt)
                 if sampled:
-                    self._cap = self.load.free_cores()
+                    self._cap = self._seen
                 self._adapt()
 
     def backward_ended(self) -> None:

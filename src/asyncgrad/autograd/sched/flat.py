@@ -89,10 +89,10 @@ def run_flat(task: GraphTask, deadline: float) -> bool:
                 # a run of nodes as one step (Note [Fused runs] in sched/runs.py)
                 nodes = run.nodes
                 child = run.child
-                for member in nodes:
-                    pending[index[member]] = 0
-                    if not keep:
-                        executed.append(member)
+                for k in run.slots:  # (the first node's count is 0 already)
+                    pending[k] = 0
+                if not keep:
+                    executed += nodes
                 pos += len(nodes) - 1
                 node = nodes[-1]
                 leaf = child.sequence_nr == acc_nr

@@ -16,6 +16,30 @@ elementwise node finishes on the loop sooner than a hop would, in about one of t
 time slices; a transformer's per-token nodes (layer norm, softmax, GELU at GPT-small
 sizes) then run inline and only its matrix products and the very large nodes hop.
 
+Note [A lone kernel on an idle loop]: a hop buys two things, kernels that overlap (the
+loop's nodes, another worker's, a split node's parts) and a loop free for everything
+else while the kernel runs. A large built-in node that would run as one kernel while
+nothing else of its backward is ready or on a worker, no other backward call is in
+flight in the process, and nothing else wants the loop (no ready callback or task, no
+timer, no watched file descriptor but the loop's own wake-up pipe:
+runtime/loop_idle.py) gets neither: the loop would sleep until the worker's result
+wakes it. It then pays the hop's whole fixed cost for nothing: the dynamic engine's
+submit and route on the loop, two thread wake-ups (a woken thread on a core another
+process holds waits for that process's time slice), and the kernel on a core whose
+caches do not hold its inputs; a lone conv2d or LSTM layer's backward took longer
+than inline (docs/benchmarks.md, the op table's "bwd" and "bwd inline"). So it
+runs inline, on an engine left at its default threshold (an explicit one is a hard
+rule). The decision is per node, as it becomes ready: a timer or a second backward
+that appears meanwhile sends the next large node to a worker again; an I/O event that
+arrives during an inline kernel waits for it, as it would behind any inline node. A
+custom Function's backward still hops: its code is the user's, and may hold the GIL or
+take a lock the loop needs. So does a node that heads a worker chain (Note [Worker
+chains]) taking light nodes along (a layer norm, a softmax between a GPT's products): the
+chain runs them back to back without the loop's per-node bookkeeping and turns, and a
+GPT's backward took more CPU time with them inline, so the one hop is spread over the
+chain. A chain of heavy nodes and free ones only (an MLP's products and ReLUs, an LSTM
+layer's recurrence and input product) costs the same on the loop, and runs there.
+
 Note [Mid-size nodes hop beside another]: a node below ``inline_threshold`` but of at
 least ``MID_WORK`` elements of work (an elementwise pass of a few hundred thousand
 floats, a fraction of a millisecond) still goes to a worker when another node of its
@@ -117,11 +141,13 @@ from __future__ import annotations
 
 import _thread
 import enum
+import math
 import threading
 from heapq import heappop, heappush
 from typing import TYPE_CHECKING, Any
 
 from ..runtime.blas import BLAS, keep_large_allocations
+from ..runtime.loop_idle import loop_is_idle
 from ..graph.record import MultiViewNode, OpNode
 from ..task.graph_task import is_quiet_leaf
 
@@ -152,10 +178,31 @@ def decide(task: GraphTask, node: Node, queued: int = 0) -> Place:
         return ASYNC
     work = node.work
     if work >= task.inline_threshold:
-        return WORKER
+        return INLINE if alone_on_idle_loop(task, node, queued) else WORKER
     if work >= task.mid_work and len(task.ready) > queued and BLAS.free_cores >= 2:
         return WORKER
     return INLINE
+
+
+def alone_on_idle_loop(task: GraphTask, node: Node, queued: int = 0) -> bool:
+    """Whether a large built-in node's hop would buy nothing (Note [A lone kernel on an
+    idle loop]): on an engine left at its default threshold, nothing else of its backward is
+    ready or running elsewhere, no other backward call is in flight in the process, the
+    node would run as one kernel (not split into parallel parts, not heading a worker
+    chain that takes light nodes along), and nothing else wants the event loop
+    (``loop_is_idle``)."""
+    if type(node) is not OpNode or task.mid_work == math.inf or len(task.ready) > queued or task.to_start \
+            or task.in_flight:
+        return False
+    policy: Policy | None = getattr(task.engine, "policy", None)  # (the Engine's; a Driver names none)
+    if policy is None or BLAS.backwards > 1 or policy.splits(task, node):
+        return False
+    if policy.chains(task, node):
+        plan = policy.plan_chain(task, node)
+        heavy = min(task.inline_threshold, task.mid_work)
+        if plan is not None and any(0 < n.work < heavy for n in plan.nodes):
+            return False  # a worker chain that takes light nodes along: cheaper there (see the note)
+    return loop_is_idle()
 
 
 def worker_niceness(max_workers: int, worker_nice: int | None) -> int:

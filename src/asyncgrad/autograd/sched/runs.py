@@ -50,10 +50,11 @@ class Run:
     rows (one per node whose rule multiplies, numbered from 1 in node order), by
     factor: the rows each factor fills and the values it reads for them."""
 
-    __slots__ = ("nodes", "child", "rows", "groups")
+    __slots__ = ("nodes", "slots", "child", "rows", "groups")
 
     def __init__(self) -> None:
         self.nodes: list[Any] = []
+        self.slots: list[int] = []  # the schedule slots of its nodes after the first
         self.child: Any = None
         self.rows = 0
         self.groups: Groups = {}
@@ -74,6 +75,7 @@ def find_run(node: Any, g: Any, order: list[Any], pos: int, index: dict[Any, int
             return None
     run = Run()
     nodes = run.nodes
+    members = run.slots
     groups = run.groups
     rows = 0
     end = min(len(order), pos + RUN_MAX_NODES - 1)
@@ -111,10 +113,13 @@ def find_run(node: Any, g: Any, order: list[Any], pos: int, index: dict[Any, int
         k = index[child]
         if pending[k] != 1 or slots[k] is not None:
             break
+        members.append(k)
         node = child
         pos += 1
     if len(nodes) < RUN_MIN_NODES:
         return None
+    if len(members) == len(nodes):  # (the last node's child was not taken in)
+        members.pop()
     run.child = child
     run.rows = rows
     return run

@@ -8,7 +8,8 @@ one process-wide counter in creation order (Note [Sequence numbers] in graph/__i
 so every edge leads from a higher number to a lower one, or to a leaf. Then the node with
 the highest number not yet run is always ready (every node that feeds it has a higher
 number, so it ran), and the queue's order is simply the graph's nodes in descending
-``sequence_nr``: one sort, done once per backward. Leaves go first whenever one is ready,
+``sequence_nr``: one sort per backward, and none when the walk found them in that
+order (a chain is). Leaves go first whenever one is ready,
 in the order they became ready, which is when their last gradient arrives: they are
 staged right then (Note [Plain leaves] in step.py).
 
@@ -108,6 +109,9 @@ def walk_flat(task: GraphTask, root: Node, buf: list[Any], stack: list[Node],
     acc_nr = ACCUMULATE_GRAD_SEQUENCE_NR
     starts = START_HOOKS  # (Note [Backward start hooks]: looked up as the dynamic walk does)
     most = 0  # the largest work of a node walked
+    # the sequence_nr last added to ``order`` while it is in descending order (a chain is
+    # found in the order it runs: no sort), -1 once it is not
+    last = root.sequence_nr
     countdown = step
     while stack:
         node = stack.pop()
@@ -140,15 +144,18 @@ def walk_flat(task: GraphTask, root: Node, buf: list[Any], stack: list[Node],
                 continue
             index[child] = len(pending)
             pending.append(1)
-            if child.sequence_nr != acc_nr:
+            nr = child.sequence_nr
+            if nr != acc_nr:
                 order.append(child)
                 stack.append(child)
+                last = -1 if nr > last else nr  # (-1: out of order, sort)
             elif child._hooks is not None or child.variable._hooks:  # type: ignore[attr-defined]
                 stack.append(child)  # (a leaf that does not fit: found as such when popped)
             # (else a quiet leaf: it fits and has no edges, nothing to walk)
             if starts and id(child) in starts:
                 task.starting.append(child)
-    order.sort(key=_sequence_nr, reverse=True)
+    if last < 0:
+        order.sort(key=_sequence_nr, reverse=True)
     schedule = FlatSchedule(order, index, pending, most >= CLOCK_AFTER_WORK)
     schedule.slots[0] = first
     return schedule
