@@ -104,7 +104,7 @@ class Tensor:
     _post_acc_hooks: HookDict | None
     _retains_grad: bool
     _acc_ref: Any
-    # (the SavedTensor last made of this tensor,), shared while it stays valid, and the rule
+    # the SavedTensor last made of this tensor, shared while it stays valid, and the rule
     # arguments of a node that saved it alone (Note [Shared one-entry checks])
     _saved: Any
     _saved_args: tuple[Any, ...] | None

@@ -2,7 +2,9 @@
 
 A :class:`Node` is one backward function. ``next_edges`` holds, for each forward input,
 an edge ``(node, input_nr)`` to the node that receives that input's gradient, or
-``(None, 0)`` when the input needs none. Nodes are immutable once built except for their
+``(None, 0)`` when the input needs none (kept in the slot ``_edges``, which for a
+built-in node may hold a shorter form: Note [An OpNode's one edge in its slot] in
+op_node.py). Nodes are immutable once built except for their
 hooks and the release of their saved tensors, so several GraphTasks (on several loops or
 threads) may run the same node at once.
 
@@ -50,19 +52,25 @@ next_sequence_nr: Callable[[], int] = _sequence_counter.__next__
 class Node:
     """A backward function in the graph (``tensor.grad_fn``)."""
 
-    __slots__ = ("sequence_nr", "next_edges", "_hooks", "__weakref__")
+    __slots__ = ("sequence_nr", "_edges", "_hooks", "__weakref__")
 
     #: number of gradients this node receives (its forward outputs)
     num_outputs: int = 1
 
     def __init__(self, next_edges: tuple[Edge, ...] = ()) -> None:
         self.sequence_nr = next_sequence_nr()
-        self.next_edges = next_edges
+        self._edges: Any = next_edges
         self._hooks: NodeHooks | None = None  # (and the rare data: Note [Rare per-node data])
 
     # --- what users see -------------------------------------------------------------
     def name(self) -> str:
         return type(self).__name__
+
+    @property
+    def next_edges(self) -> tuple[Edge, ...]:
+        """One edge ``(node, input_nr)`` per forward input (``(None, 0)``: none needed)."""
+        edges: tuple[Edge, ...] = self._edges
+        return edges
 
     @property
     def next_functions(self) -> tuple[Edge, ...]:
@@ -208,7 +216,7 @@ class AccumulateGrad(Node):
         # Node.__init__'s slots, set here: its sequence number (a counter's draw) would be
         # overwritten, and every forward that uses a parameter makes its node anew
         self.sequence_nr = ACCUMULATE_GRAD_SEQUENCE_NR
-        self.next_edges = ()
+        self._edges = ()
         self._hooks = None
         self.variable = variable
         data = variable._data

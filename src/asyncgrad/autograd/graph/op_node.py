@@ -17,28 +17,54 @@ from . import FREED_MESSAGE, NO_EDGE, HookedSavedTensor, Node
 from .validate import validate_one
 
 
+# Note [An OpNode's one edge in its slot]: a deep graph's memory is mostly per node, and
+# most built-in nodes have one edge that needs a gradient, from their first input, output
+# 0 of its producer (``sin(x)``; ``x * c`` and ``x + d`` with constants ``c`` and ``d``).
+# Their edges as tuples, ``((producer, 0),)`` or ``((producer, 0), (None, 0))``, cost two
+# tuples per node, more than a third of the node itself. So such an OpNode's slot
+# ``_edges`` holds the producer alone (a Node, never a tuple); any other node's holds its
+# tuple of edges. The form is known from the slot's type: ``type(node._edges) is tuple``
+# or not. The number of forward inputs, which the tuple's length gave, is that of
+# ``input_shapes`` (one per input), so ``next_edges`` builds the tuple from the bare node
+# whenever asked: it is what every reader that is not on a hot path takes (hooks, tools,
+# pruning, the walks of a graph with hooks). The hot readers (the flat schedule's walk
+# and loop, its fused runs, the dynamic walk, the router, the plain step) read the slot
+# and take the one child straight, as the edge ``(child, 0)`` of input 0. ``record``
+# (and ``OpNode.__init__``, through ``compact_edges``) makes the bare form; nothing
+# changes a node's edges once built.
+
+
+def compact_edges(edges: tuple[Any, ...]) -> Any:
+    """An OpNode's ``_edges`` for ``edges`` (Note [An OpNode's one edge in its slot])."""
+    if edges and edges[0][0] is not None and edges[0][1] == 0 and all(e[0] is None for e in edges[1:]):
+        return edges[0][0]
+    return edges
+
+
 class OpNode(Node):
     """The node of a built-in primitive: its spec, saved values and backward params.
 
     ``saved`` is laid out as the rules' arguments ``(ans, x, y, ...)`` and holds the raw
     values (arrays, constant operands, None where no needed rule reads the value), so a
-    plain backward passes it to the rules as it is. ``checks`` holds the SavedTensors
-    behind those arrays (with their position), for the version check and to rebuild
-    Tensors under create_graph. ``()`` means nothing was saved; ``None`` that the saved
-    values were released. Both tuples may be shared with other nodes (Note [Shared
-    one-entry checks] in saved.py): they are never changed, only rebound. ``factor`` is set
-    when the node can be in a fused run of the flat schedule (Note [Fused runs] in
-    autograd/sched/runs.py): the factor of its one input that needs a gradient.
+    plain backward passes it to the rules as it is; ``()`` means nothing was saved,
+    ``None`` that the saved values were released. ``checks`` is the SavedTensors behind
+    those arrays, for the version check and to rebuild Tensors under create_graph; its
+    slot ``_checks`` holds one of them bare (Note [Shared one-entry checks] in saved.py).
+    ``saved`` and a SavedTensor may be shared with other nodes: they are never changed,
+    only rebound. The edges' slot ``_edges`` may hold one node bare (Note [An OpNode's one
+    edge in its slot]). ``factor`` is set when the node can be in a fused run of the flat
+    schedule (Note [Fused runs] in autograd/sched/runs.py): the factor of its one input
+    that needs a gradient.
     """
 
-    __slots__ = ("spec", "saved", "checks", "params", "input_shapes", "input_dtypes", "work", "factor")
+    __slots__ = ("spec", "saved", "_checks", "params", "input_shapes", "input_dtypes", "work", "factor")
 
     def __init__(self, spec: OpSpec, edges: tuple[Any, ...], params: dict[str, Any] | None,
                  aux: Any, meta: tuple[tuple[Any, ...], tuple[Any, ...]], work: int) -> None:
-        Node.__init__(self, edges)
+        Node.__init__(self, compact_edges(edges))
         self.spec = spec
         self.saved: tuple[Any, ...] | None = ()
-        self.checks: tuple[Any, ...] = ()
+        self._checks: Any = ()
         # a forward's auxiliary constant (max's tie weights...) travels as the rule's
         # ``aux`` keyword, so it needs no slot of its own
         self.params = params if aux is None else {**(params or {}), "aux": aux}
@@ -49,14 +75,31 @@ class OpNode(Node):
     def name(self) -> str:
         return self.spec.node_name
 
+    @property
+    def next_edges(self) -> tuple[Any, ...]:
+        """One edge ``(node, input_nr)`` per forward input, built from the slot's bare node
+        when it holds one (Note [An OpNode's one edge in its slot])."""
+        edges = self._edges
+        if type(edges) is tuple:
+            return edges
+        return ((edges, 0),) + (NO_EDGE,) * (len(self.input_shapes) - 1)
+
+    @property
+    def checks(self) -> tuple[Any, ...]:
+        """The node's saved tensors (SavedTensors or HookedSavedTensors), for the version
+        check: ``_checks`` as a tuple (Note [Shared one-entry checks] in saved.py)."""
+        checks = self._checks
+        return checks if type(checks) is tuple else (checks,)
+
     def rule_args(self, m: Any) -> tuple[Any, dict[str, Any] | None]:
         """The rules' arguments ``(ans, x, y, ...)`` and keyword params, unpacked (with
         the in-place modification check)."""
         saved = self.saved
         if saved is None:
             raise RuntimeError(FREED_MESSAGE)
-        checks = self.checks
-        if m.tensor_mode or (checks and type(checks[0]) is HookedSavedTensor):
+        checks = self._checks
+        if m.tensor_mode or type(checks) is HookedSavedTensor \
+                or (type(checks) is tuple and checks and type(checks[0]) is HookedSavedTensor):
             args: Any = list(saved) if saved else list(self.spec.no_args)
             for pos, e in self.saved_entries():
                 args[pos] = e.unpack_tensor(self) if m.tensor_mode else e.unpack_array(self)
@@ -71,9 +114,13 @@ class OpNode(Node):
         """The saved arrays as the rules' arguments, once checked unmodified since saved
         (PyTorch's version-counter check; raises its error). Saved values not released,
         no saved-tensor hooks."""
-        for e in self.checks:
-            if e.version.value != e.saved_version:
-                e.unpack_array(self)  # raises the in-place modification error
+        checks = self._checks
+        if type(checks) is tuple:
+            for e in checks:
+                if e.version.value != e.saved_version:
+                    e.unpack_array(self)  # raises the in-place modification error
+        elif checks.version.value != checks.saved_version:
+            checks.unpack_array(self)
         return self.saved or self.spec.no_args
 
     def saved_entries(self) -> list[tuple[int, Any]]:
@@ -90,7 +137,21 @@ class OpNode(Node):
         return out
 
     def apply(self, grads: list[Any], m: Any) -> list[Any]:
-        return self._apply_over(self.next_edges, grads, m)
+        edges = self._edges
+        if type(edges) is tuple:
+            return self._apply_over(edges, grads, m)
+        # one edge, input 0's (Note [An OpNode's one edge in its slot]): its rule alone
+        g = grads[0]
+        n = len(self.input_shapes)
+        if g is None:
+            return [None] * n
+        args, params = self.rule_args(m)
+        rule: Any = self.spec.vjps[0]  # (an edge that needs a gradient has a rule)
+        if self.spec.variadic:
+            gi = rule(m, g, *args, index=0, **(params or {}))
+        else:
+            gi = rule(m, g, *args, **params) if params else rule(m, g, *args)
+        return [gi] if n == 1 else [gi] + [None] * (n - 1)
 
     def apply_needed(self, grads: list[Any], m: Any, needed: frozenset[int]) -> list[Any]:
         """``apply`` computing only the gradients of the edges numbered in ``needed`` (a
@@ -146,7 +207,7 @@ class OpNode(Node):
         # Nodes that saved nothing stay usable: the "second time" error is lazy (PyTorch 5.3).
         if self.saved or self.spec.saves_params:
             self.saved = None
-            self.checks = ()
+            self._checks = ()
 
 
 class MultiViewNode(Node):

@@ -25,11 +25,14 @@ hottest methods call ``functional._binary``/``_unary`` directly. What keeps it c
   tensor that is not output 0 of its grad_fn, and anything else, takes
   ``save_for_backward``. The version counter check at backward (``OpNode.plain_args``)
   is untouched, so an in-place change of a saved tensor still raises;
-* a node shares the cached 1-tuple as its ``checks``, and the tensor's cached rule
-  arguments as its ``saved``, only when that tensor is all it saves (one position of
-  ``saved`` filled, no output saved, no hooks) and, for ``saved``, the cached tuple
-  has its length and holds the array at that position (Note [Shared one-entry
-  checks]);
+* a node that saves one tensor holds its entry bare as ``_checks`` (Note [Shared
+  one-entry checks]); it shares the tensor's cached rule arguments as its ``saved`` only
+  when that tensor is all it saves (one position of ``saved`` filled, no output saved,
+  no hooks, the entry the one cached on the tensor) and the cached tuple has its length
+  and holds the array at that position;
+* a node whose one edge that needs a gradient is output 0 of its first input holds that
+  input's node bare as ``_edges`` (Note [An OpNode's one edge in its slot] in
+  op_node.py);
 * the inlined constructors set every slot their classes declare (tests compare them with
   the constructors'), so a slot added to Tensor, Node, OpNode or SavedTensor must be
   added here too.
@@ -170,13 +173,14 @@ def record(spec: OpSpec, inputs: tuple[Any, ...], out: np.ndarray, aux: Any = No
             result = _new_tensor(Tensor)
             _init(result, out, None, 0, None)
             return result
-        fn = t.grad_fn
-        if fn is None:  # a leaf: its AccumulateGrad, made on first use
+        # the edges: the producer alone when it is output 0 (Note [An OpNode's one edge
+        # in its slot] in op_node.py)
+        edges: Any = t.grad_fn
+        if edges is None:  # a leaf: its AccumulateGrad, made on first use
             ref = t._acc_ref
-            fn = (ref is not None and ref()) or _for_leaf(t)
-            edges: tuple[Any, ...] = ((fn, 0),)
-        else:
-            edges = ((fn, t.output_nr),)
+            edges = (ref is not None and ref()) or _for_leaf(t)
+        elif t.output_nr:
+            edges = ((edges, t.output_nr),)
         d = t._data
         key1 = (d.shape, d.dtype)
         meta = _META_CACHE.get(key1) or _meta(key1)
@@ -209,13 +213,13 @@ def record(spec: OpSpec, inputs: tuple[Any, ...], out: np.ndarray, aux: Any = No
             result = _new_tensor(Tensor)
             _init(result, out, None, 0, None)
             return result
-        edges = tuple(edge_list)
+        edges = edge_list[0][0] if live == 0 and not edge_list[0][1] else tuple(edge_list)
         key2 = tuple(key)
         meta = _META_CACHE.get(key2) or _meta(key2)
     # OpNode.__init__ (and Node.__init__), inlined
     node = _new_node(OpNode)
     node.sequence_nr = _next_sequence_nr()
-    node.next_edges = edges
+    node._edges = edges
     node._hooks = None
     node.spec = spec
     if aux is not None:
@@ -251,12 +255,13 @@ def record(spec: OpSpec, inputs: tuple[Any, ...], out: np.ndarray, aux: Any = No
         # laid out as the rules' arguments: (ans, input 0, input 1, ...)
         saved: list[Any] = list(spec.no_args)
         checks: list[Any] = []
-        one = None  # the cached 1-tuple of checks[0], while it is the only check
+        one = None  # checks[0], while it is the only check and the one cached on its tensor
         alone = True  # whether ``saved`` holds nothing but checks[0]'s array, once
+        bare = type(edges) is not tuple  # (only input 0 needs a gradient)
         for pos, users in zip(spec.save_inputs, spec.save_when):
             if users is not None:
                 for u in users:
-                    if edges[u] is not NO_EDGE:
+                    if (not u) if bare else (edges[u] is not NO_EDGE):
                         break
                 else:
                     continue  # no rule that would read it will run
@@ -273,14 +278,14 @@ def record(spec: OpSpec, inputs: tuple[Any, ...], out: np.ndarray, aux: Any = No
             else:
                 # save_for_backward's cache hit, inlined (its other checks follow
                 # from these: Note [The recording fast path])
-                held = v._saved
-                if held is None or (entry := held[0]).data is not v._data or entry.place is not v.grad_fn \
+                held = entry = v._saved
+                if entry is None or entry.data is not v._data or entry.place is not v.grad_fn \
                         or entry.saved_version != v._version_counter.value \
                         or (entry.place is None and v._requires_grad):
                     if v.output_nr:  # (a place that is a tuple: Note [One slot for a saved tensor's place])
                         entry = save_for_backward(v)
                         held = v._saved
-                        if held is not None and held[0] is not entry:
+                        if held is not entry:
                             held = None
                     else:
                         # save_for_backward's miss, inlined: SavedTensor(v), cached
@@ -293,13 +298,13 @@ def record(spec: OpSpec, inputs: tuple[Any, ...], out: np.ndarray, aux: Any = No
                         vfn = v.grad_fn
                         if vfn is not None:
                             entry.place = vfn
-                            held = v._saved = (entry,)
+                            held = v._saved = entry
                         elif v._requires_grad:
                             entry.place = v
                             held = None
                         else:
                             entry.place = None
-                            held = v._saved = (entry,)
+                            held = v._saved = entry
             if entry not in checks:
                 if checks:
                     one = None
@@ -332,9 +337,9 @@ def record(spec: OpSpec, inputs: tuple[Any, ...], out: np.ndarray, aux: Any = No
             one = None
             saved[0] = entry.data
         if one is not None:
-            # a node that saves one cached tensor alone shares its 1-tuple, and its rule
-            # arguments when laid out alike (Note [Shared one-entry checks])
-            node.checks = one
+            # a node that saves one cached tensor alone holds its entry bare, and shares
+            # its rule arguments when laid out alike (Note [Shared one-entry checks])
+            node._checks = one
             if alone:
                 args = lone._saved_args
                 if args is None or len(args) != len(saved) or args[at] is not saved[at]:
@@ -344,10 +349,10 @@ def record(spec: OpSpec, inputs: tuple[Any, ...], out: np.ndarray, aux: Any = No
                 node.saved = tuple(saved)
         else:
             node.saved = tuple(saved)
-            node.checks = tuple(checks)
+            node._checks = checks[0] if len(checks) == 1 else tuple(checks)
     else:
         node.saved = ()
-        node.checks = ()
+        node._checks = ()
     if spec.blas:
         first = inputs[0]._data if type(inputs[0]) is Tensor else np.asarray(inputs[0])
         work += out.size * (first.shape[-1] if first.ndim else 1) // MULTIPLY_ADDS_PER_ELEMENT

@@ -210,20 +210,23 @@ _saved_hooks = _context.saved_tensors_hooks
 
 # Note [Shared one-entry checks]: most built-in nodes save one tensor, and a tensor saved
 # by many nodes (a constant operand, a weight at every step of a chain) has one shared
-# SavedTensor. The tensor caches it as a 1-tuple ``(entry,)`` in ``_saved``, and that
-# tuple is itself the ``checks`` of every node that saves this tensor and nothing else,
-# so such a node allocates no tuple of its own. Sound because a tuple is immutable (a
-# node's release rebinds its ``checks``, it never changes the tuple) and the tuple holds
-# nothing but the entry, which every node sharing it checks the same way; the cache holds
-# no reference back to any node or to the tensor, so it makes no cycle. A node that saves
-# several tensors (or its output) builds its own tuple, as before.
+# SavedTensor, which the tensor caches in ``_saved``. A node that saved one tensor holds
+# its entry bare as ``OpNode._checks`` (no 1-tuple of its own: a tuple per node is graph
+# memory per node), one that saved several (or its output and an input) a tuple of
+# them, one that saved none ``()``: so the hot readers tell the forms by type, a
+# SavedTensor (or HookedSavedTensor) against a tuple, and ``OpNode.checks`` gives a tuple
+# to everyone else. Sharing the entry is sound because a SavedTensor is immutable (a
+# node's release rebinds its ``_checks``, it never changes the entry), and every node
+# holding it checks it the same way; the cache holds no reference back to any node or to
+# the tensor, so it makes no cycle.
 #
 # The same goes for such a node's ``saved`` (its rule arguments ``(ans, x, y, ...)``, all
-# None but this tensor's array): the tensor keeps the last such tuple in
-# ``_saved_args``, and a node that saves it alone at the same position of an argument
-# tuple of the same length (any op: the tuple holds nothing else) takes that tuple. It
-# holds only the array the tensor holds anyway, and the version check stays with the
-# entry, so an in-place change is still caught; a new ``data`` drops both caches.
+# None but this tensor's array), when the entry is the one the tensor caches: the tensor
+# keeps the last such tuple in ``_saved_args``, and a node that saves it alone at the
+# same position of an argument tuple of the same length (any op: the tuple holds nothing
+# else) takes that tuple. It holds only the array the tensor holds anyway, and the
+# version check stays with the entry, so an in-place change is still caught; a new
+# ``data`` drops both caches.
 def _same_place(a: Any, b: Any) -> bool:
     """Whether two ``SavedTensor.place`` values name one place (by identity: a place may
     be a Tensor, whose ``==`` is elementwise)."""
@@ -236,8 +239,7 @@ def save_for_backward(value: Tensor, is_output: bool = False) -> SavedTensor | H
     A tensor saved by many nodes (a constant, a weight used at every step of a chain)
     gets one SavedTensor, shared, for as long as its data, version and place in the graph
     are unchanged: a SavedTensor is immutable, so sharing it changes nothing but memory.
-    The tensor keeps it in ``_saved`` as a 1-tuple, the ``checks`` of any node that saves
-    it alone (Note [Shared one-entry checks]). (Not for leaves that require grad: the
+    The tensor keeps it in ``_saved`` (Note [Shared one-entry checks]). (Not for leaves that require grad: the
     SavedTensor refers to the leaf, and a cache on the leaf would make a reference cycle.)
     """
     hooks = _saved_hooks.get()
@@ -247,15 +249,14 @@ def save_for_backward(value: Tensor, is_output: bool = False) -> SavedTensor | H
     if is_output:
         return SavedTensor(value, True)
     leaf = value.grad_fn is None and value._requires_grad
-    held = value._saved
-    if held is not None and not leaf:
-        cached = held[0]
+    cached = value._saved
+    if cached is not None and not leaf:
         if cached.data is value._data and cached.saved_version == value._version_counter.value \
                 and _same_place(cached.place, place_of(value)):
             return cached
     saved = SavedTensor(value)
     if not leaf:
-        value._saved = (saved,)
+        value._saved = saved
     return saved
 
 

@@ -52,12 +52,13 @@ def run_flat(task: GraphTask, deadline: float) -> bool:
             slots[k] = None
             if type(g) is PendingSum:
                 g = g.total()
-            edges = node.next_edges
             if type(node) is OpNode and g is not None:
                 spec = node.spec
                 saved = node.saved
-                checks = node.checks
-                fused = saved is not None and spec.fusable and (not checks or type(checks[0]) is SavedTensor)
+                checks = node._checks  # (one bare: Note [Shared one-entry checks] in graph/saved.py)
+                t = type(checks)
+                fused = saved is not None and spec.fusable \
+                    and (t is SavedTensor or not checks or t is tuple and type(checks[0]) is SavedTensor)
             else:
                 fused = False
             run = None
@@ -77,6 +78,9 @@ def run_flat(task: GraphTask, deadline: float) -> bool:
                 own_fresh_outputs(task, node, buf, outputs)
                 if not keep:
                     executed.append(node)
+                edges = node._edges
+                if type(edges) is not tuple:  # (Note [An OpNode's one edge in its slot] in graph/op_node.py)
+                    edges = node.next_edges
                 for (child, _), gi in zip(edges, outputs):
                     if child is not None:
                         kc = index[child]
@@ -108,14 +112,25 @@ def run_flat(task: GraphTask, deadline: float) -> bool:
                     break
                 continue
             else:  # the fused step (step.plain_step's, over slots)
-                for e in checks:
-                    if e.version.value != e.saved_version:
-                        e.unpack_array(node)  # raises PyTorch's in-place modification error
+                if t is SavedTensor:
+                    if checks.version.value != checks.saved_version:
+                        checks.unpack_array(node)  # raises PyTorch's in-place modification error
+                else:
+                    for e in checks:
+                        if e.version.value != e.saved_version:
+                            e.unpack_array(node)
                 args = saved or spec.no_args
                 params = node.params  # type: ignore[attr-defined]
                 vjps: tuple[Any, ...] = spec.vjps
                 view = spec.view_vjp
-                twice = spec.symmetric and edges[0] == edges[1] and args[1] is args[2]
+                edges = node._edges
+                if type(edges) is not tuple:
+                    # one edge, input 0's (Note [An OpNode's one edge in its slot] in
+                    # graph/op_node.py)
+                    edges = ((edges, 0),)
+                    twice = False
+                else:
+                    twice = spec.symmetric and edges[0] == edges[1] and args[1] is args[2]
                 i = -1
                 for child, _ in edges:
                     i += 1

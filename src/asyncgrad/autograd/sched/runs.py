@@ -88,15 +88,21 @@ def find_run(node: Any, g: Any, order: list[Any], pos: int, index: dict[Any, int
         saved = node.saved
         if factor is None or saved is None:
             break  # (released: its step raises)
-        checks = node.checks
-        if checks:  # (hooked: its step unpacks; modified: its step raises)
+        checks = node._checks  # (hooked: its step unpacks; modified: its step raises)
+        if type(checks) is SavedTensor:  # (one, bare: Note [Shared one-entry checks] in graph/saved.py)
+            if checks.version.value != checks.saved_version:
+                break
+        elif type(checks) is not tuple:
+            break
+        elif checks:
             e = checks[0]
             if type(e) is not SavedTensor or e.version.value != e.saved_version or len(checks) > 1:
                 break
-        edges = node.next_edges
-        child = edges[0][0]
-        if child is None:
-            child = edges[1][0]
+        child = node._edges
+        if type(child) is tuple:  # (else the one child: Note [An OpNode's one edge in its slot])
+            child = child[0][0]
+            if child is None:
+                child = node._edges[1][0]
         # it is: its row
         nodes.append(node)
         read = factor.read

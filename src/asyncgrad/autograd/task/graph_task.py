@@ -253,7 +253,10 @@ class GraphTask:
                 entry = info.get(node)
                 if entry is None or not entry.needed:
                     continue  # a target reached only to capture its gradient
-            for child, _ in node.next_edges:
+            edges = node._edges
+            if type(edges) is not tuple:  # (Note [An OpNode's one edge in its slot] in graph/op_node.py)
+                edges = ((edges, 0),)
+            for child, _ in edges:
                 if child is None or (info is not None and child not in info):
                     continue
                 if child in deps:
@@ -318,7 +321,22 @@ class GraphTask:
         stayed in a worker chain (Note [Worker chains] in sched/placement.py): the node
         they feed ran in it, so its dependencies are settled."""
         deps = self.dependencies
-        next_edges = node.next_edges
+        next_edges = node._edges
+        if type(next_edges) is not tuple:
+            # an OpNode's one edge, input 0's (Note [An OpNode's one edge in its slot] in
+            # graph/op_node.py); the others lead nowhere
+            if edges is None and outputs:
+                if not self.keep_graph:
+                    self.executed.append(node)
+                if 0 in internal:
+                    if deps.pop(next_edges, None) is not None:
+                        self.buffers.pop(next_edges, None)
+                    return
+                d = deps.get(next_edges)
+                if d is not None:
+                    self.add_gradient(next_edges, 0, outputs[0], d)
+                return
+            next_edges = node.next_edges
         if edges is None:
             edges = range(len(outputs))  # type: ignore[assignment]
             if not self.keep_graph:

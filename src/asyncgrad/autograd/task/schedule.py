@@ -115,45 +115,68 @@ def walk_flat(task: GraphTask, root: Node, buf: list[Any], stack: list[Node],
     countdown = step
     while stack:
         node = stack.pop()
-        countdown -= 1
-        if not countdown:
-            countdown = step
-            yield
-        # ``fits``, written out (per node of every small backward)
-        if type(node) is OpNode:
-            work = node.work  # type: ignore[attr-defined]
-            fit = node._hooks is None and work < threshold or node is root
-            if work > most:
-                most = work
-        else:
-            fit = node is root or node._hooks is None and node.sequence_nr == acc_nr \
-                and not node.variable._hooks  # type: ignore[attr-defined]
-        if not fit:
-            stack.append(node)
-            deps = task.dependencies
-            for n, i in index.items():
-                if i:
-                    deps[n] = pending[i]
-            return None
-        for child, _ in node.next_edges:
-            if child is None:
+        while True:  # (on to a node's one child at once: see its edge below)
+            countdown -= 1
+            if not countdown:
+                countdown = step
+                yield
+            # ``fits``, written out (per node of every small backward)
+            if type(node) is OpNode:
+                work = node.work  # type: ignore[attr-defined]
+                fit = node._hooks is None and work < threshold or node is root
+                if work > most:
+                    most = work
+            else:
+                fit = node is root or node._hooks is None and node.sequence_nr == acc_nr \
+                    and not node.variable._hooks  # type: ignore[attr-defined]
+            if not fit:
+                stack.append(node)
+                deps = task.dependencies
+                for n, i in index.items():
+                    if i:
+                        deps[n] = pending[i]
+                return None
+            edges = node._edges
+            if type(edges) is not tuple:
+                # an OpNode's one edge (Note [An OpNode's one edge in its slot] in
+                # graph/op_node.py): its child, walked next, with no turn on the stack
+                # (it would be pushed, then popped at once)
+                k = index.get(edges)
+                if k is not None:
+                    pending[k] += 1
+                    break
+                index[edges] = len(pending)
+                pending.append(1)
+                if starts and id(edges) in starts:
+                    task.starting.append(edges)
+                nr = edges.sequence_nr
+                if nr != acc_nr:
+                    order.append(edges)
+                    last = -1 if nr > last else nr  # (-1: out of order, sort)
+                elif edges._hooks is None and not edges.variable._hooks:
+                    break  # (a quiet leaf: it fits and has no edges, nothing to walk)
+                node = edges
                 continue
-            k = index.get(child)
-            if k is not None:
-                pending[k] += 1
-                continue
-            index[child] = len(pending)
-            pending.append(1)
-            nr = child.sequence_nr
-            if nr != acc_nr:
-                order.append(child)
-                stack.append(child)
-                last = -1 if nr > last else nr  # (-1: out of order, sort)
-            elif child._hooks is not None or child.variable._hooks:  # type: ignore[attr-defined]
-                stack.append(child)  # (a leaf that does not fit: found as such when popped)
-            # (else a quiet leaf: it fits and has no edges, nothing to walk)
-            if starts and id(child) in starts:
-                task.starting.append(child)
+            for child, _ in edges:
+                if child is None:
+                    continue
+                k = index.get(child)
+                if k is not None:
+                    pending[k] += 1
+                    continue
+                index[child] = len(pending)
+                pending.append(1)
+                nr = child.sequence_nr
+                if nr != acc_nr:
+                    order.append(child)
+                    stack.append(child)
+                    last = -1 if nr > last else nr
+                elif child._hooks is not None or child.variable._hooks:  # type: ignore[attr-defined]
+                    stack.append(child)  # (a leaf that does not fit: found as such when popped)
+                # (else a quiet leaf, as above)
+                if starts and id(child) in starts:
+                    task.starting.append(child)
+            break
     if last < 0:
         order.sort(key=_sequence_nr, reverse=True)
     schedule = FlatSchedule(order, index, pending, most >= CLOCK_AFTER_WORK)

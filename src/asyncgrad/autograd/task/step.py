@@ -201,7 +201,12 @@ def fresh_leaf_edges(node: Node, inputs: list[Any], outputs: list[Any]) -> tuple
         return ()
     acc_nr = ACCUMULATE_GRAD_SEQUENCE_NR
     saved = node.saved
-    return tuple(i for i, ((child, _), gi) in enumerate(zip(node.next_edges, outputs))
+    edges = node._edges
+    if type(edges) is not tuple:  # (one edge, input 0's: Note [An OpNode's one edge in its slot])
+        gi = outputs[0]
+        fresh = edges.sequence_nr == acc_nr and type(gi) is xp.array_type and is_fresh(gi, inputs, outputs, saved)
+        return (0,) if fresh else ()
+    return tuple(i for i, ((child, _), gi) in enumerate(zip(edges, outputs))
                  if child is not None and child.sequence_nr == acc_nr and type(gi) is xp.array_type
                  and is_fresh(gi, inputs, outputs, saved))
 
@@ -360,21 +365,31 @@ def plain_step(task: GraphTask, node: Node, ready: ReadyInputs) -> bool:
         return run_node(task, node, ready)
     buf: list[Any] = ready.resolve() if type(ready) is InputBuffer else ready  # type: ignore[assignment]
     g = buf[0]
-    checks = node.checks
+    checks = node._checks  # (one bare: Note [Shared one-entry checks] in graph/saved.py)
     spec = node.spec
-    if g is None or node.saved is None or not spec.fusable or (checks and type(checks[0]) is not SavedTensor):
+    t = type(checks)
+    if g is None or node.saved is None or not spec.fusable \
+            or not (t is SavedTensor or not checks or t is tuple and type(checks[0]) is SavedTensor):
         finish(task, node, buf, run_kernel(node, buf, task.math))
         return True
     # --- the fused step ---------------------------------------------------------------
-    for e in checks:  # (OpNode.plain_args, inlined: per node of every small backward)
-        if e.version.value != e.saved_version:
-            e.unpack_array(node)  # raises PyTorch's in-place modification error
+    if t is SavedTensor:  # (OpNode.plain_args, inlined: per node of every small backward)
+        if checks.version.value != checks.saved_version:
+            checks.unpack_array(node)  # raises PyTorch's in-place modification error
+    else:
+        for e in checks:
+            if e.version.value != e.saved_version:
+                e.unpack_array(node)
     args = node.saved or spec.no_args
     params = node.params
     vjps: tuple[Any, ...] = spec.vjps  # (a needed edge has a rule)
-    edges = node.next_edges
+    edges = node._edges
+    if type(edges) is not tuple:  # (one edge, input 0's: Note [An OpNode's one edge in its slot])
+        edges = ((edges, 0),)
+        twice = False
+    else:
+        twice = spec.symmetric and edges[0] == edges[1] and args[1] is args[2]
     view = spec.view_vjp
-    twice = spec.symmetric and edges[0] == edges[1] and args[1] is args[2]
     deps = task.dependencies
     math = task.math
     add = task.add_gradient
