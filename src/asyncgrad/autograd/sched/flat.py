@@ -91,10 +91,10 @@ def run_flat(task: GraphTask, deadline: float) -> bool:
                             _stage(task, child, slots, kc)
             elif run is not None:
                 # a run of nodes as one step (Note [Fused runs] in sched/runs.py)
+                # (its inner nodes' counts stay at 1, never read again: the loop goes past
+                # them, and a run only starts at a later node)
                 nodes = run.nodes
                 child = run.child
-                for k in run.slots:  # (the first node's count is 0 already)
-                    pending[k] = 0
                 if not keep:
                     executed += nodes
                 pos += len(nodes) - 1

@@ -50,11 +50,10 @@ class Run:
     rows (one per node whose rule multiplies, numbered from 1 in node order), by
     factor: the rows each factor fills and the values it reads for them."""
 
-    __slots__ = ("nodes", "slots", "child", "rows", "groups")
+    __slots__ = ("nodes", "child", "rows", "groups")
 
     def __init__(self) -> None:
         self.nodes: list[Any] = []
-        self.slots: list[int] = []  # the schedule slots of its nodes after the first
         self.child: Any = None
         self.rows = 0
         self.groups: Groups = {}
@@ -74,37 +73,36 @@ def find_run(node: Any, g: Any, order: list[Any], pos: int, index: dict[Any, int
         if type(member) is not OpNode or member.factor is None:
             return None
     run = Run()
-    nodes = run.nodes
-    members = run.slots
     groups = run.groups
     rows = 0
+    first = pos - 1  # (``node``'s place in the order: the run is ``order[first:stop]``)
     end = min(len(order), pos + RUN_MAX_NODES - 1)
     while True:
         # can ``node`` be in the run? (its factor: the conditions of Note [Fused runs]
-        # that hold from its recording on; here, the rest)
-        if type(node) is not OpNode:
-            break
+        # that hold from its recording on; here, the rest). It is an OpNode: the first
+        # is the caller's, each next one is in the order after the root (Note [The flat
+        # schedule] in task/schedule.py: nothing else is)
         factor = node.factor
         saved = node.saved
         if factor is None or saved is None:
+            stop = pos - 1
             break  # (released: its step raises)
         checks = node._checks  # (hooked: its step unpacks; modified: its step raises)
         if type(checks) is SavedTensor:  # (one, bare: Note [Shared one-entry checks] in graph/saved.py)
             if checks.version.value != checks.saved_version:
+                stop = pos - 1
                 break
-        elif type(checks) is not tuple:
+        elif type(checks) is not tuple or checks and (
+                type(checks[0]) is not SavedTensor or checks[0].version.value != checks[0].saved_version
+                or len(checks) > 1):
+            stop = pos - 1
             break
-        elif checks:
-            e = checks[0]
-            if type(e) is not SavedTensor or e.version.value != e.saved_version or len(checks) > 1:
-                break
         child = node._edges
         if type(child) is tuple:  # (else the one child: Note [An OpNode's one edge in its slot])
             child = child[0][0]
             if child is None:
                 child = node._edges[1][0]
         # it is: its row
-        nodes.append(node)
         read = factor.read
         if read is not None:
             rows += 1
@@ -114,18 +112,17 @@ def find_run(node: Any, g: Any, order: list[Any], pos: int, index: dict[Any, int
             group[0].append(rows)
             group[1].append(saved[read])
         # and the next node, if the run can go on to it
+        stop = pos
         if pos >= end or order[pos] is not child:
             break
         k = index[child]
         if pending[k] != 1 or slots[k] is not None:
             break
-        members.append(k)
         node = child
         pos += 1
-    if len(nodes) < RUN_MIN_NODES:
+    if stop - first < RUN_MIN_NODES:
         return None
-    if len(members) == len(nodes):  # (the last node's child was not taken in)
-        members.pop()
+    run.nodes = order[first:stop]
     run.child = child
     run.rows = rows
     return run

@@ -108,7 +108,10 @@ def walk_flat(task: GraphTask, root: Node, buf: list[Any], stack: list[Node],
     order: list[Node] = [root]
     acc_nr = ACCUMULATE_GRAD_SEQUENCE_NR
     starts = START_HOOKS  # (Note [Backward start hooks]: looked up as the dynamic walk does)
-    most = 0  # the largest work of a node walked
+    # an OpNode without hooks whose work is below ``light`` fits and is not heavy (one
+    # test for most nodes); ``heavy``: some node's work is at least CLOCK_AFTER_WORK
+    light = min(threshold, CLOCK_AFTER_WORK)
+    heavy = False
     # the sequence_nr last added to ``order`` while it is in descending order (a chain is
     # found in the order it runs: no sort), -1 once it is not
     last = root.sequence_nr
@@ -120,21 +123,18 @@ def walk_flat(task: GraphTask, root: Node, buf: list[Any], stack: list[Node],
             if not countdown:
                 countdown = step
                 yield
-            # ``fits``, written out (per node of every small backward)
+            # ``fits``, written out (per node of every small backward; the root fits)
             if type(node) is OpNode:
-                work = node.work  # type: ignore[attr-defined]
-                fit = node._hooks is None and work < threshold or node is root
-                if work > most:
-                    most = work
-            else:
-                fit = node is root or node._hooks is None and node.sequence_nr == acc_nr \
-                    and not node.variable._hooks  # type: ignore[attr-defined]
-            if not fit:
-                stack.append(node)
-                deps = task.dependencies
-                for n, i in index.items():
-                    if i:
-                        deps[n] = pending[i]
+                if node.work >= light or node._hooks is not None:  # type: ignore[attr-defined]
+                    work = node.work  # type: ignore[attr-defined]
+                    if node._hooks is not None or work >= threshold:
+                        _hand_over(task, node, stack, index, pending)
+                        return None
+                    if work >= CLOCK_AFTER_WORK:
+                        heavy = True
+            elif not (node is root or node._hooks is None and node.sequence_nr == acc_nr
+                      and not node.variable._hooks):  # type: ignore[attr-defined]
+                _hand_over(task, node, stack, index, pending)
                 return None
             edges = node._edges
             if type(edges) is not tuple:
@@ -179,6 +179,16 @@ def walk_flat(task: GraphTask, root: Node, buf: list[Any], stack: list[Node],
             break
     if last < 0:
         order.sort(key=_sequence_nr, reverse=True)
-    schedule = FlatSchedule(order, index, pending, most >= CLOCK_AFTER_WORK)
+    schedule = FlatSchedule(order, index, pending, heavy)
     schedule.slots[0] = first
     return schedule
+
+
+def _hand_over(task: GraphTask, node: Node, stack: list[Node], index: dict[Node, int], pending: list[int]) -> None:
+    """``walk_flat`` stops at ``node``, which the flat schedule cannot run: it goes back on
+    ``stack``, and the dependencies counted so far to ``task``, for the dynamic walk."""
+    stack.append(node)
+    deps = task.dependencies
+    for n, i in index.items():
+        if i:
+            deps[n] = pending[i]
