@@ -66,12 +66,19 @@ def walk(loss: ag.Tensor) -> Any:
     raise AssertionError("the walk yielded")
 
 
+def _edges(node: Any) -> Any:
+    """A node's edges as the engine's hot paths read them: its slot, the one child of an
+    OpNode's one edge as the edge of input 0 (Note [An OpNode's one edge in its slot])."""
+    edges = node._edges
+    return edges if type(edges) is tuple else ((edges, 0),)
+
+
 def _sorted_nodes(loss: ag.Tensor) -> list[Any]:
     """The graph's nodes but the leaves, highest sequence number first."""
     seen = {loss.grad_fn}
     stack = [loss.grad_fn]
     while stack:
-        for child, _ in stack.pop().next_edges:
+        for child, _ in _edges(stack.pop()):
             if child is not None and child not in seen:
                 seen.add(child)
                 stack.append(child)
@@ -86,13 +93,14 @@ def least_loop(loss: ag.Tensor) -> dict[Any, Any]:
     grads: dict[Any, Any] = {order[0]: np.ones((), np.float32)}
     for node in order:
         g = grads.pop(node)
-        for e in node.checks:
+        checks = node._checks  # (one bare: Note [Shared one-entry checks])
+        for e in checks if type(checks) is tuple else (checks,):
             if e.version.value != e.saved_version:
                 raise RuntimeError("modified in place")
         args = node.saved or node.spec.no_args
         params = node.params
         vjps = node.spec.vjps
-        for i, (child, _) in enumerate(node.next_edges):
+        for i, (child, _) in enumerate(_edges(node)):
             if child is None:
                 continue
             gi = vjps[i](m, g, *args, **params) if params else vjps[i](m, g, *args)
@@ -110,7 +118,7 @@ def rule_calls(loss: ag.Tensor) -> list[tuple[Any, Any, tuple[Any, ...], dict[st
     for node in order:
         g = grads.pop(node)
         args = node.saved or node.spec.no_args
-        for i, (child, _) in enumerate(node.next_edges):
+        for i, (child, _) in enumerate(_edges(node)):
             if child is not None:
                 calls.append((node.spec.vjps[i], g, args, node.params))
                 grads[child] = calls[-1][0](m, g, *args, **(node.params or {}))

@@ -1,6 +1,7 @@
-"""What a recorded graph shares between nodes to hold fewer bytes per node, and that the
-semantics hold through the sharing: Note [One slot for a saved tensor's place] and Note
-[Shared one-entry checks] (autograd/graph/saved.py)."""
+"""What a recorded graph shares between nodes, or leaves out, to hold fewer bytes per
+node, and that the semantics hold through it: Note [One slot for a saved tensor's place]
+and Note [Shared one-entry checks] (autograd/graph/saved.py), Note [An OpNode's one edge
+in its slot] (autograd/graph/op_node.py)."""
 
 from __future__ import annotations
 

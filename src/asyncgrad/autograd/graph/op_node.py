@@ -20,18 +20,18 @@ from .validate import validate_one
 # Note [An OpNode's one edge in its slot]: a deep graph's memory is mostly per node, and
 # most built-in nodes have one edge that needs a gradient, from their first input, output
 # 0 of its producer (``sin(x)``; ``x * c`` and ``x + d`` with constants ``c`` and ``d``).
-# Their edges as tuples, ``((producer, 0),)`` or ``((producer, 0), (None, 0))``, cost two
-# tuples per node, more than a third of the node itself. So such an OpNode's slot
-# ``_edges`` holds the producer alone (a Node, never a tuple); any other node's holds its
-# tuple of edges. The form is known from the slot's type: ``type(node._edges) is tuple``
-# or not. The number of forward inputs, which the tuple's length gave, is that of
-# ``input_shapes`` (one per input), so ``next_edges`` builds the tuple from the bare node
-# whenever asked: it is what every reader that is not on a hot path takes (hooks, tools,
-# pruning, the walks of a graph with hooks). The hot readers (the flat schedule's walk
-# and loop, its fused runs, the dynamic walk, the router, the plain step) read the slot
-# and take the one child straight, as the edge ``(child, 0)`` of input 0. ``record``
-# (and ``OpNode.__init__``, through ``compact_edges``) makes the bare form; nothing
-# changes a node's edges once built.
+# As tuples, ``((producer, 0),)`` or ``((producer, 0), (None, 0))``, those edges cost two
+# tuples per node, almost as much as the node itself. So such an OpNode's slot ``_edges``
+# holds the producer alone (a Node, never a tuple); every other node's holds its tuple
+# of edges, and the slot's type tells the forms apart. The number of forward inputs,
+# which the tuple's length gave, is that of ``input_shapes`` (one per input), so
+# ``next_edges`` (and ``next_functions``) builds the tuple from the bare node whenever
+# asked: every reader off the hot paths takes it (hooks, pruning, placement, tools). The
+# hot readers read the slot and take the one child as the edge ``(child, 0)`` of input
+# 0, the others leading nowhere: the flat schedule's walk and loop and its fused runs,
+# the dynamic walk and router, the plain step, ``apply`` and ``validate_outputs``.
+# ``record`` (and ``OpNode.__init__``, through ``compact_edges``) makes the bare form;
+# nothing changes a node's edges once it is built.
 
 
 def compact_edges(edges: tuple[Any, ...]) -> Any:
