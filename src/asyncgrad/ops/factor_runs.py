@@ -4,7 +4,6 @@ products of the gradient with them, row after row."""
 
 from __future__ import annotations
 
-from array import array
 from operator import attrgetter
 from typing import Any
 
@@ -12,10 +11,8 @@ import numpy as np
 
 from ._spec import GradFactor
 
-# by factor: the rows it fills (numbered from 1; 64-bit ints, handed to numpy as an index
-# array without a conversion per row) and the value it reads for each
-Groups = dict[GradFactor, tuple["array[int]", list[Any]]]
-ROWS_TYPECODE = "q"
+# by factor: the rows it fills (numbered from 1) and the value it reads for each
+Groups = dict[GradFactor, tuple[list[int], list[Any]]]
 _shape = attrgetter("shape")
 
 
@@ -57,8 +54,7 @@ def run_product(math: Any, g: Any, rows: int, groups: Groups, modes: dict[str, A
         with np.errstate(**modes):
             for factor, (at, values) in groups.items():
                 stacked = _stacked(values, g)
-                rows_at = np.frombuffer(at, dtype=np.int64)
-                products[rows_at] = stacked if factor.fn is None else factor.fn(math, stacked)
+                products[at] = stacked if factor.fn is None else factor.fn(math, stacked)
             np.multiply.accumulate(products, axis=0, out=products)
     except FloatingPointError:
         return None

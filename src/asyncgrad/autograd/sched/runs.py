@@ -35,10 +35,9 @@ by one, which report it as the caller asked, from the node that met it.
 
 from __future__ import annotations
 
-from array import array
 from typing import Any
 
-from ...ops.factor_runs import ROWS_TYPECODE, Groups, run_product
+from ...ops.factor_runs import Groups, run_product
 from ..graph.op_node import OpNode
 from ..graph.saved import SavedTensor
 
@@ -109,7 +108,7 @@ def find_run(node: Any, g: Any, order: list[Any], pos: int, index: dict[Any, int
             rows += 1
             group = groups.get(factor)
             if group is None:
-                groups[factor] = group = (array(ROWS_TYPECODE), [])
+                groups[factor] = group = ([], [])
             group[0].append(rows)
             group[1].append(saved[read])
         # and the next node, if the run can go on to it

@@ -27,6 +27,14 @@ class ExecInfo:
 ExecMap = dict[Node, ExecInfo]
 
 
+def _edges(node: Node) -> tuple[Edge, ...]:
+    """``node.next_edges`` for a walk that reads only each edge's node: an OpNode's one
+    child as the edge of input 0, its other inputs' empty edges left out (Note [An
+    OpNode's one edge in its slot] in graph/op_node.py)."""
+    edges = node._edges
+    return edges if type(edges) is tuple else ((edges, 0),)
+
+
 def _post_order(root: Node) -> list[Node]:
     """Nodes reachable from ``root``, children before parents (an explicit stack)."""
     out: list[Node] = []
@@ -41,7 +49,7 @@ def _post_order(root: Node) -> list[Node]:
             continue
         visited.add(node)
         stack.append((node, True))
-        for child, _ in node.next_edges:
+        for child, _ in _edges(node):
             if child is not None and child not in visited:
                 stack.append((child, False))
     return out
@@ -62,7 +70,7 @@ def plan_targets(root: Node, targets: list[Edge], *, run_targets: bool) -> ExecM
     for node in _post_order(root):  # children come before their parents
         if node in info and (run_targets or info[node].needed):
             continue
-        for child, _ in node.next_edges:
+        for child, _ in _edges(node):
             if child is not None and child in info:
                 info.setdefault(node, ExecInfo()).needed = True
                 break
@@ -84,7 +92,7 @@ def plan_capture(root: Node, targets: list[Edge], expand: Callable[[Node], None]
     info[root] = ExecInfo(needed=True)
     stack = [root]
     while stack:
-        for child, _ in stack.pop().next_edges:
+        for child, _ in _edges(stack.pop()):
             if child is None or child in info:
                 continue
             expand(child)
