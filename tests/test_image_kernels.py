@@ -70,6 +70,28 @@ def test_max_pool_paths_agree_exactly_and_match_torch(on_path, args: tuple[Any, 
     np.testing.assert_allclose(fast[1], xt.grad.numpy(), rtol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_max_pool_backward_kernel_zeroes_what_no_window_won(on_path, dtype: type) -> None:
+    """The compiled backward writes every element of the input's gradient (Note [Max
+    pooling per output]): an output array full of NaN on entry comes back as the numpy
+    scatter's result, zeros where no window's maximum was."""
+    on_path("compiled")
+    from asyncgrad.ops import kernels
+
+    k = kernels.compiled()
+    rng = np.random.default_rng(4)
+    g = rng.standard_normal((2, 3, 4, 5)).astype(dtype)
+    index = rng.integers(0, 7 * 9, g.shape).astype(np.int64)  # repeats: summed in output order
+    out = np.full((2, 3, 7 * 9), np.nan, dtype=dtype)
+    k.max_pool_backward(g.reshape(-1), index.reshape(-1), out.reshape(-1), 4 * 5, 7 * 9)
+    want = np.zeros((6, 7 * 9), dtype=dtype)
+    for p, (gp, ip) in enumerate(zip(g.reshape(6, -1), index.reshape(6, -1))):
+        for v, i in zip(gp, ip):
+            want[p, i] += v
+    np.testing.assert_array_equal(out.reshape(6, -1), want)
+    assert not np.signbit(out[out == 0]).any()
+
+
 @pytest.mark.parametrize("path", PATHS)
 def test_max_pool_gradcheck_on_both_paths(on_path, path: str) -> None:
     on_path(path)

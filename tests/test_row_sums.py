@@ -1,7 +1,8 @@
 """The compiled row sums (``numba_kernels.row_sums``, Note [Row sums in numpy's order]):
 ``sum``/``mean`` over the last axis give numpy's bits, NaN, inf and -0.0 included, in
 float32 and float64, at every row length's split of numpy's pairwise summation; the ops
-take them only where they apply, and fall back to numpy elsewhere."""
+take them only where they apply (one row at a time for large arrays: Note [Row sums from
+memory]), and fall back to numpy elsewhere."""
 
 from __future__ import annotations
 
@@ -57,6 +58,44 @@ def test_kernel_gives_numpys_bits_at_every_split(compiled_rows, dtype: type) -> 
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_streamed_kernel_gives_numpys_bits_at_every_split(compiled_rows, dtype: type) -> None:
+    """``row_sums_streamed``, one row at a time (Note [Row sums from memory])."""
+    rng = np.random.default_rng(10)
+    for n in LENGTHS:
+        for rows in ROWS:
+            x = _spread(rng, (rows, n), dtype)
+            out = np.empty(rows, dtype=dtype)
+            compiled_rows.row_sums_streamed(x, out)
+            assert _bits_equal(out, np.add.reduce(x, axis=-1)), (n, rows)
+    out = np.full(3, 7.0, dtype=dtype)
+    compiled_rows.row_sums_streamed(np.empty((3, 0), dtype=dtype), out)
+    assert np.array_equal(out, np.zeros(3)) and not np.signbit(out).any()
+
+
+def test_large_arrays_take_the_streamed_kernel_with_numpys_bits(compiled_rows, monkeypatch) -> None:
+    calls: list[str] = []
+
+    class Spy:
+        ROW_SUMS_MATCH_NUMPY = True
+
+        def row_sums(self, x: np.ndarray, out: np.ndarray) -> None:
+            calls.append("rows")
+            compiled_rows.row_sums(x, out)
+
+        def row_sums_streamed(self, x: np.ndarray, out: np.ndarray) -> None:
+            calls.append("streamed")
+            compiled_rows.row_sums_streamed(x, out)
+
+    monkeypatch.setattr(reductions, "compiled", lambda: Spy())
+    x = _spread(np.random.default_rng(11), (5, 3, 300), np.float32)
+    monkeypatch.setattr(reductions, "ROW_SUMS_STREAM_BYTES", x.nbytes)
+    got = [ag.from_numpy(x).sum(-1).numpy(), ag.from_numpy(x[:4]).sum(-1).numpy(), ag.from_numpy(x).mean(-1).numpy()]
+    assert calls == ["streamed", "rows", "streamed"]
+    assert _bits_equal(got[0], np.sum(x, axis=-1)) and _bits_equal(got[1], np.sum(x[:4], axis=-1))
+    assert _bits_equal(got[2], np.mean(x, axis=-1))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_kernel_on_tricky_values(compiled_rows, dtype: type) -> None:
     big = float(np.finfo(dtype).max)
     rows = [
@@ -77,6 +116,8 @@ def test_kernel_on_tricky_values(compiled_rows, dtype: type) -> None:
     out = np.empty(len(rows), dtype=dtype)
     with np.errstate(all="ignore"):
         compiled_rows.row_sums(x, out)
+        assert _bits_equal(out, np.add.reduce(x, axis=-1))
+        compiled_rows.row_sums_streamed(x, out)
         assert _bits_equal(out, np.add.reduce(x, axis=-1))
 
 

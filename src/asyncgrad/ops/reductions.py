@@ -39,6 +39,9 @@ _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 # Below this many elements a sum over the last axis keeps numpy's reduction: a call into a
 # compiled kernel costs ~1-2 us more (as ``compiled_path.ELEMENTWISE_MIN``).
 ROW_SUMS_MIN = 4096
+# From this many bytes a sum over the last axis reads one row at a time (the array comes
+# from memory, not a core's cache: Note [Row sums from memory] in numba_kernels.py).
+ROW_SUMS_STREAM_BYTES = 1 << 20
 
 
 def _row_sums(x: np.ndarray, dim: tuple[int, ...] | None, keepdim: bool) -> np.ndarray | None:
@@ -46,7 +49,8 @@ def _row_sums(x: np.ndarray, dim: tuple[int, ...] | None, keepdim: bool) -> np.n
     same bits (Note [Row sums in numpy's order] in numba_kernels.py), when ``dim`` is the
     last axis of a C-contiguous, writeable float32/float64 ``x`` of at least
     ``ROW_SUMS_MIN`` elements (and one) and the compiled kernels are in use and sum as
-    this numpy does (checked at their load); else None."""
+    this numpy does (checked at their load); else None. From ``ROW_SUMS_STREAM_BYTES``
+    one row at a time (Note [Row sums from memory] in numba_kernels.py), the same bits."""
     if (x.size < ROW_SUMS_MIN or not x.size or x.dtype not in _FLOATS or dim is None or len(dim) != 1
             or dim[0] != x.ndim - 1):
         return None
@@ -55,7 +59,8 @@ def _row_sums(x: np.ndarray, dim: tuple[int, ...] | None, keepdim: bool) -> np.n
         return None
     n = x.shape[-1]
     out = np.empty(x.shape[:-1] + ((1,) if keepdim else ()), dtype=x.dtype)
-    k.row_sums(x.reshape(-1, n), out.reshape(-1))
+    kernel = k.row_sums_streamed if x.nbytes >= ROW_SUMS_STREAM_BYTES else k.row_sums
+    kernel(x.reshape(-1, n), out.reshape(-1))
     return out
 
 

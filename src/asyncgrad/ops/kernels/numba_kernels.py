@@ -562,6 +562,7 @@ def _lanes_intrinsic(count: int):  # type: ignore[no-untyped-def]
 
 
 _lanes4 = _lanes_intrinsic(_ROWS)
+_lanes1 = _lanes_intrinsic(1)
 _I = types.intp
 
 
@@ -615,6 +616,44 @@ def row_sums(x, out):  # type: ignore[no-untyped-def]
             out[full + k] = zero + s[k]
 
 
+@_jit_exact(F32(M32, _I, _I, _I), F64(M64, _I, _I, _I))
+def _pairwise1(x, r, lo, n):  # type: ignore[no-untyped-def]
+    """numpy's pairwise sum of ``x[r, lo:lo + n]`` (Note [Row sums in numpy's order])."""
+    if n < 8:
+        s = _c(x[r, 0], -0.0)
+        for j in range(lo, lo + n):
+            s += x[r, j]
+        return s
+    if n <= 128:
+        s = _lanes1(x, r, lo, n)[0]
+        for j in range(lo + n - n % 8, lo + n):
+            s += x[r, j]
+        return s
+    n2 = n // 2
+    n2 -= n2 % 8
+    return _pairwise1(x, r, lo, n2) + _pairwise1(x, r, lo + n2, n - n2)
+
+
+@_jit_exact((M32, A32), (M64, A64))
+def row_sums_streamed(x, out):  # type: ignore[no-untyped-def]
+    """``row_sums`` one row at a time, the same bits (Note [Row sums from memory])."""
+    if x.size == 0:
+        out[:] = 0
+        return
+    zero = _c(x[0, 0], 0.0)
+    for i in range(x.shape[0]):
+        out[i] = zero + _pairwise1(x, i, 0, x.shape[1])
+
+
+# Note [Row sums from memory]: four rows summed together keep four chains of vector adds
+# in flight, which is what a warm row needs (one chain per row waits on each add's
+# latency); but an array that comes from memory is then read as four interleaved streams
+# a row apart, and the loads wait on memory instead: from DRAM, four rows at a time ran
+# slower than numpy's reduction, one row at a time (a single sequential stream) faster.
+# So ``reductions._row_sums`` takes ``row_sums_streamed`` for an array larger than a
+# core's cache could hold (``reductions.ROW_SUMS_STREAM_BYTES``), ``row_sums`` below it.
+
+
 def _row_sums_match_numpy() -> bool:
     """Whether ``row_sums`` gives this numpy's bits, checked once at load on rows of every
     split length of Note [Row sums in numpy's order] (about 0.1 ms): the order is numpy's
@@ -625,8 +664,12 @@ def _row_sums_match_numpy() -> bool:
         for n in (1, 7, 8, 9, 15, 16, 17, 127, 128, 129, 136, 255, 256, 257, 300, 1031):
             x = rng.standard_normal((5, n)).astype(dtype)
             out = np.empty(5, dtype)
+            want = np.add.reduce(x, axis=-1).tobytes()
             row_sums(x, out)
-            if out.tobytes() != np.add.reduce(x, axis=-1).tobytes():
+            if out.tobytes() != want:
+                return False
+            row_sums_streamed(x, out)
+            if out.tobytes() != want:
                 return False
     return True
 
@@ -976,7 +1019,9 @@ def threshold_backward_scalar(g, ans, out):  # type: ignore[no-untyped-def]
 # as the -inf it would read never beats the -inf each best starts from. The winner is
 # PyTorch's: the first tap holding the maximum, or the last NaN (a NaN always takes the
 # place; nothing beats a NaN). The backward adds each output's gradient at that element,
-# in output order, in the gradient's type (PyTorch's order).
+# in output order, in the gradient's type (PyTorch's order), into a plane it zeroes just
+# before: one pass over the input's gradient, where zeroing the whole array first wrote
+# all of it and the additions then read it back from beyond the core's cache.
 #
 # Note [Batch norm per channel]: batch norm's channels are independent, and one channel's
 # elements (N rows of H * W) fit in L2 for the image sizes it sees; so each kernel finishes
@@ -1028,11 +1073,15 @@ def max_pool(x, out, index, planes, h, w, oh, ow, kh, kw, sh, sw, dh, dw, pt, pl
 
 @_jit((A32, _INDEX, A32, _N, _N), (A64, _INDEX, A64, _N, _N))
 def max_pool_backward(g, index, out, positions, plane):  # type: ignore[no-untyped-def]
-    """``out`` (planes, H * W, zeros on entry), flat, += each output's gradient ``g``
-    (planes, positions) at the element ``index`` names in its plane."""
+    """``out`` (planes, H * W), flat: each plane zeroed, then += each output's gradient
+    ``g`` (planes, positions) at the element ``index`` names in its plane (Note [Max
+    pooling per output]: a plane is zeroed just before its additions, in cache)."""
     for p in range(g.size // positions):
+        base = p * plane
+        for e in range(base, base + plane):
+            out[_U(e)] = 0
         for k in range(p * positions, (p + 1) * positions):
-            out[_U(p * plane + index[k])] += g[k]
+            out[_U(base + index[k])] += g[k]
 
 
 # --- batch norm (Note [Batch norm per channel]) -------------------------------------------------
