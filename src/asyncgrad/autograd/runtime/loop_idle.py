@@ -18,12 +18,14 @@ import math
 import sys
 from typing import Any
 
+from .timer_wake import own_fds
+
 
 def loop_is_idle() -> bool:
     """Whether the running event loop has nothing else to run now and nothing scheduled
     (no ready callback or task, no live timer, no watched file descriptor but its own
-    wake-up pipe, nothing queued from another thread). False off a loop, or on a loop
-    whose state cannot be read."""
+    wake-up pipe and the engine's timer descriptor, nothing queued from another
+    thread). False off a loop, or on a loop whose state cannot be read."""
     loop = asyncio._get_running_loop()
     if loop is not None:
         return _asyncio_idle(loop)
@@ -76,4 +78,5 @@ def _asyncio_idle(loop: Any) -> bool:
         return False
     own = getattr(loop, "_ssock", None)  # the self-pipe that call_soon_threadsafe writes to
     own_fd = own.fileno() if own is not None else -1
-    return all(key.fd == own_fd for key in watched.values())
+    engine_fds = own_fds(loop)  # (the engine's timer descriptor: Note [A woken loop's next timer])
+    return all(key.fd == own_fd or key.fd in engine_fds for key in watched.values())

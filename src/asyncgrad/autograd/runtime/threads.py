@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from ... import _context
+from .timer_wake import after_wake
 from .workers import submit
 
 # Note [No one-time stall] (sched/placement.py): anyio imports its asyncio back end on first use,
@@ -169,6 +170,7 @@ class _Arrival:
     def arrive(self) -> None:
         if not self.waiter.done():  # (cancelled meanwhile: nothing waits on it)
             self.waiter.set_result(None)
+        after_wake(self.loop)  # (Note [A woken loop's next timer] in runtime/timer_wake.py)
 
 
 async def _run_in_executor_anyio(executor: Executor, fn: Callable[..., Any], args: tuple[Any, ...],

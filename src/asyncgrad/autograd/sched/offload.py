@@ -39,6 +39,7 @@ from ..graph.saved import SavedTensor
 from .loop import loop_scheduler, node_done
 from ..task.split_node import apply_edges, is_leaf_edge, route_edges, routes_early, split_groups, unpack
 from ..runtime.threads import boxed_call, current_owner, threadsafe_caller
+from ..runtime.timer_wake import after_wake
 from ..runtime.workers import submit
 from .wakeup import Wakeup
 
@@ -212,6 +213,7 @@ class WorkerKernels:
         finally:
             if not self.pending and self.settled is not None:
                 self.settled.set()
+            after_wake(self.loop)  # (Note [A woken loop's next timer] in runtime/timer_wake.py)
 
     async def settle(self) -> None:
         """The driver's last step with kernels out (Note [Completion by callback]):
