@@ -47,26 +47,20 @@ def compiled_rows(on_path, monkeypatch):  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_kernel_gives_numpys_bits_at_every_split(compiled_rows, dtype: type) -> None:
+@pytest.mark.parametrize("kernel", ["row_sums", "row_sums_streamed"])
+def test_kernel_gives_numpys_bits_at_every_split(compiled_rows, kernel: str, dtype: type) -> None:
+    """Both kernels: four rows at a time, and one at a time (Note [Row sums from memory])."""
     rng = np.random.default_rng(0)
     for n in LENGTHS:
         for rows in ROWS:
             x = _spread(rng, (rows, n), dtype)
             out = np.empty(rows, dtype=dtype)
-            compiled_rows.row_sums(x, out)
-            assert _bits_equal(out, np.add.reduce(x, axis=-1)), (n, rows)
+            getattr(compiled_rows, kernel)(x, out)
+            assert _bits_equal(out, np.add.reduce(x, axis=-1)), (kernel, n, rows)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_streamed_kernel_gives_numpys_bits_at_every_split(compiled_rows, dtype: type) -> None:
-    """``row_sums_streamed``, one row at a time (Note [Row sums from memory])."""
-    rng = np.random.default_rng(10)
-    for n in LENGTHS:
-        for rows in ROWS:
-            x = _spread(rng, (rows, n), dtype)
-            out = np.empty(rows, dtype=dtype)
-            compiled_rows.row_sums_streamed(x, out)
-            assert _bits_equal(out, np.add.reduce(x, axis=-1)), (n, rows)
+def test_streamed_kernel_sums_empty_rows_to_plus_zero(compiled_rows, dtype: type) -> None:
     out = np.full(3, 7.0, dtype=dtype)
     compiled_rows.row_sums_streamed(np.empty((3, 0), dtype=dtype), out)
     assert np.array_equal(out, np.zeros(3)) and not np.signbit(out).any()
