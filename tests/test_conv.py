@@ -172,8 +172,9 @@ def test_image_chunks_are_sized_from_the_cores_l2_as_linux_reports_it(tmp_path: 
     assert ops_conv.core_cache_bytes(str(tmp_path / "absent")) is None
     (tmp_path / "index2" / "size").write_text("garbled\n")
     assert ops_conv.core_cache_bytes(str(tmp_path)) is None
-    assert ops_conv.chunk_bytes(2048 << 10) == 1 << 20
-    assert ops_conv.chunk_bytes(256 << 10) == 256 << 10
+    assert ops_conv.chunk_bytes(512 << 10) == 1 << 20
+    assert ops_conv.chunk_bytes(1024 << 10) == 2 << 20
+    assert ops_conv.chunk_bytes(128 << 10) == 512 << 10
     assert ops_conv.chunk_bytes(64 << 20) == 4 << 20
     assert ops_conv.chunk_bytes(None) == 1 << 20
 

@@ -139,16 +139,29 @@ def test_gradcheck_on_pixel_rows(fn: Any, shapes: tuple[tuple[int, ...], ...]) -
     assert gradcheck(fn, inputs)
 
 
+# geometries on pixel rows with odd sizes, uneven padding, dilation, stride 2 on odd inputs
+ROWS_ODD = [
+    ON_ROWS[1],
+    ((3, 5, 9, 7), (4, 5, 3, 3), {"stride": 2, "padding": 1}),  # stride 2, odd input sizes
+    ((2, 3, 7, 3), (2, 3, 2, 2), {"padding": "same"}),  # "same" pads one more at the end; a narrow image
+    ((2, 33, 5, 7), (3, 33, 3, 2), {"padding": (2, 1), "dilation": 2}),  # wide rows, 33 channels
+]
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_compiled_fold_gives_the_numpy_bits(on_path: Any, dtype: Any) -> None:
-    """The input's gradient of strided windows (folded back tap by tap) on the compiled
-    kernels and on numpy: the same bits."""
-    x_shape, w_shape, kw = ON_ROWS[1]
+@pytest.mark.parametrize("case", ROWS_ODD, ids=str)
+def test_compiled_fold_gives_the_numpy_bits(on_path: Any, dtype: Any, case: tuple[Any, ...]) -> None:
+    """Output and gradients of convolutions on pixel rows (windows copied into the
+    channels-last input, folded back tap by tap and copied back to channels first) on the
+    compiled kernels and on numpy: the same bits."""
+    x_shape, w_shape, kw = case
+    assert _runs_on_rows(x_shape, w_shape, kw)
     x, w, b = _arrays(x_shape, w_shape, dtype)
     wt, bt = _arrays(x_shape, w_shape, dtype, transposed=True)[1:]
+    transposed = kw.get("padding") != "same"  # (PyTorch's transposed convolution takes no "same")
 
     def both() -> list[np.ndarray]:
-        return _ours(x, w, b, kw, False) + _ours(x, wt, bt, kw, True)
+        return _ours(x, w, b, kw, False) + (_ours(x, wt, bt, kw, True) if transposed else [])
 
     on_path("numpy")
     plain = both()
@@ -156,6 +169,33 @@ def test_compiled_fold_gives_the_numpy_bits(on_path: Any, dtype: Any) -> None:
     fast = both()
     for p, f in zip(plain, fast):
         np.testing.assert_array_equal(f, p)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(("shape", "pad"), [((3, 5, 7, 9), ((1, 1), (1, 1))), ((2, 1, 4, 3), ((0, 1), (2, 0))),
+                                            ((1, 3, 2, 5), ((0, 0), (0, 0)))], ids=str)
+def test_compiled_layout_copies_give_the_numpy_bits(on_path: Any, dtype: Any, shape: tuple[int, ...],
+                                                    pad: tuple[tuple[int, int], ...]) -> None:
+    """The padded channels-last copy of an input (here a strided view, not contiguous) and
+    the cropped channels-first copy back (Note [Channels last by a compiled copy] in
+    ops/kernels/numba_kernels.py): the compiled copies and numpy's, the same bits, and
+    the way there and back is the identity."""
+    from asyncgrad.ops import _windows as ops_windows
+
+    h, w = shape[2:]
+    win = ops_windows.Window((1, 1), (1, 1), (1, 1), pad, (h, w), (h, w))  # type: ignore[arg-type]
+    x = _rand((shape[0], shape[1], h, 2 * w), 3, dtype)[..., ::2]
+    on_path("numpy")
+    plain = ops_rows.padded_channels_last(x, win, np.dtype(dtype))
+    on_path("compiled")
+    fast = ops_rows.padded_channels_last(x, win, np.dtype(dtype))
+    assert fast.shape == (shape[0], *win.padded, shape[1])
+    np.testing.assert_array_equal(fast, plain)
+    back = ops_rows.cropped_channels_first(fast, win)
+    assert back.flags.c_contiguous
+    np.testing.assert_array_equal(back, x)
+    on_path("numpy")
+    np.testing.assert_array_equal(ops_rows.cropped_channels_first(fast, win), back)
 
 
 @pytest.mark.parametrize("transposed", [False, True], ids=["conv2d", "conv_transpose2d"])

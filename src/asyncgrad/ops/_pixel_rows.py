@@ -34,6 +34,10 @@ def image_parts(n: int, positions: int) -> list[slice]:
 
 def padded_channels_last(x: np.ndarray, win: W.Window, dtype: np.dtype) -> np.ndarray:
     """``x`` (N, C, H, W) as a fresh ``(N, Hp, Wp, C)`` of ``dtype``, zeros around it."""
+    if x.dtype == dtype:  # (compiled: Note [Channels last by a compiled copy] in ops/kernels/numba_kernels.py)
+        compiled = fast.channels_last(x, win.padded, (win.pad[0][0], win.pad[1][0]))
+        if compiled is not None:
+            return compiled
     n, c = x.shape[:2]
     hp, wp = win.padded
     out = np.empty((n, hp, wp, c), dtype=dtype) if win.padded == win.in_size else np.zeros((n, hp, wp, c), dtype)
@@ -95,5 +99,8 @@ def fold_rows(dcols: np.ndarray, dxp: np.ndarray, win: W.Window) -> None:
 
 def cropped_channels_first(dxp: np.ndarray, win: W.Window) -> np.ndarray:
     """The inverse of :func:`padded_channels_last`'s layout: ``dxp`` (N, Hp, Wp, C)
-    cropped to the input and as a fresh ``(N, C, H, W)``."""
+    cropped to the input and as a fresh ``(N, C, H, W)`` (or by the compiled copy)."""
+    compiled = fast.channels_first(dxp, win.in_size, (win.pad[0][0], win.pad[1][0]))
+    if compiled is not None:
+        return compiled
     return np.ascontiguousarray(dxp[:, win.crop[0], win.crop[1]].transpose(0, 3, 1, 2))

@@ -192,11 +192,18 @@ def conv(m: Any, x: Any, w: Any, geo: ConvGeometry) -> Any:
 # whole batch (16 images of 16 x 32 x 32: 9.4 MB) the windows are written to memory and
 # read back by the product from memory. Cut into chunks of whole images whose windows
 # take at most ``CHUNK_BYTES``, each chunk's windows are still in cache when its product
-# reads them: in a core's own cache (half its L2, so the weights and the product's output
-# fit beside them), not only in the shared L3, which the service's other work evicts
-# between two calls. The weight's gradient adds up the chunks' products (in chunk order);
-# each element of the forward and of the input's gradient comes from one chunk alone, so
-# both are the same sums as over the whole batch.
+# reads them. Chunks of half a core's L2 (so that they would stay in its own cache) were
+# slower than chunks of twice its L2, whose windows the product reads from the L3. On a
+# 512 kB L2 (AMD EPYC, BLAS on one thread, in one process alternating the sizes, minima
+# of 40 rounds of thread CPU time, load 3-6 on 2 cores from other work): the 3-channel
+# stem of bench/workloads/cnn.py (32 images of 32 x 32) 1.39 -> 1.14 ms forward and
+# 1.69 -> 1.39 ms weight gradient, 8 channels 2.0 -> 1.8 and 3.0 -> 2.2 ms, a grouped
+# 32-channel layer 3.6 -> 3.0 and 3.8 -> 3.1 ms (4 MB chunks were slower again). Each
+# chunk is one product and a few numpy calls, and chunks of two images made products
+# too short for OpenBLAS and the calls a part of the time. The weight's gradient adds
+# up the chunks' products (in chunk order); each element of the forward and of the
+# input's gradient comes from one chunk alone, so both are the same sums as over the
+# whole batch.
 def core_cache_bytes(cpu_dir: str = "/sys/devices/system/cpu/cpu0/cache") -> int | None:
     """The size of one core's L2 cache as Linux reports it (``cpu_dir``), or None where
     it does not."""
@@ -218,9 +225,9 @@ def core_cache_bytes(cpu_dir: str = "/sys/devices/system/cpu/cpu0/cache") -> int
 
 
 def chunk_bytes(l2: int | None) -> int:
-    """``CHUNK_BYTES`` for a core whose L2 holds ``l2`` bytes: half of it, between 256 kB
-    and 4 MB; 1 MB where the size is unknown."""
-    return 1 << 20 if l2 is None else min(max(l2 // 2, 256 << 10), 4 << 20)
+    """``CHUNK_BYTES`` for a core whose L2 holds ``l2`` bytes: twice that, between 512 kB
+    and 4 MB; 1 MB where the size is unknown (Note [Convolution by image chunks])."""
+    return 1 << 20 if l2 is None else min(max(2 * l2, 512 << 10), 4 << 20)
 
 
 CHUNK_BYTES = chunk_bytes(core_cache_bytes())

@@ -449,3 +449,32 @@ def rows_fold(cols: np.ndarray, xp: np.ndarray, out_size: tuple[int, int], windo
     n, hp, wp, c = xp.shape
     k.rows_fold(_flat(cols), xp.reshape(-1), n, c, hp, wp, *out_size, *window)
     return True
+
+
+def channels_last(x: np.ndarray, padded: tuple[int, int], pad: tuple[int, int]) -> np.ndarray | None:
+    """``x`` (N, C, H, W) as a fresh (N, Hp, Wp, C) of ``padded`` rows and columns, ``x``
+    at rows ``pad[0]`` and columns ``pad[1]`` on and zeros around it (Note [Channels last
+    by a compiled copy] in numba_kernels.py); None when the compiled kernels are not in use
+    or do not apply."""
+    k = compiled()
+    if k is None or x.ndim != 4 or not _fits(x):
+        return None
+    n, c, h, w = x.shape
+    hp, wp = padded
+    full = (hp, wp) == (h, w)
+    out = np.empty((n, hp, wp, c), dtype=x.dtype) if full else np.zeros((n, hp, wp, c), dtype=x.dtype)
+    k.channels_last(_flat(x), out.reshape(-1), n, c, h, w, hp, wp, *pad)
+    return out
+
+
+def channels_first(xp: np.ndarray, size: tuple[int, int], pad: tuple[int, int]) -> np.ndarray | None:
+    """The inverse of :func:`channels_last`: the ``size`` rows and columns of ``xp`` (N, Hp,
+    Wp, C) from ``pad`` on, as a fresh (N, C, H, W); or None."""
+    k = compiled()
+    if k is None or xp.ndim != 4 or not _fits(xp):
+        return None
+    n, hp, wp, c = xp.shape
+    h, w = size
+    out = np.empty((n, c, h, w), dtype=xp.dtype)
+    k.channels_first(_flat(xp), out.reshape(-1), n, c, h, w, hp, wp, *pad)
+    return out

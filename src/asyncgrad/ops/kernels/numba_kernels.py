@@ -1210,20 +1210,56 @@ def fold(cols, out, n, c, h, w, oh, ow, kh, kw, sh, sw, dh, dw, pt, pl):  # type
 # The numpy fold adds each tap's window gradients with one strided slice addition over
 # (images, oh, ow, C), whose innermost runs are one pixel's ``C`` channels: numpy's
 # iterator takes a call per run (16 floats on a 16-channel layer). This loop adds the same
-# runs in the same order (tap by tap), so both give the same bits.
+# runs, image by image and in each image tap by tap: every element receives its terms in
+# the numpy kernel's order (an element is in one image), so both give the same bits, and
+# one image's gradient and windows stay in cache while its taps are added.
 @_jit((A32, A32, _N, _N, _N, _N, _N, _N, *_WIN), (A64, A64, _N, _N, _N, _N, _N, _N, *_WIN))
 def rows_fold(cols, xp, n, c, hp, wp, oh, ow, kh, kw, sh, sw, dh, dw, pt, pl):  # type: ignore[no-untyped-def]
     """``xp`` (N, Hp, Wp, C), flat, += the window gradients ``cols`` (N, oh, ow, kh, kw, C),
     flat, tap by tap (``pt``, ``pl`` unused: ``xp`` is padded)."""
-    for a in range(kh):
-        for b in range(kw):
-            for img in range(n):
+    for img in range(n):
+        for a in range(kh):
+            for b in range(kw):
                 for i in range(oh):
                     for j in range(ow):
                         src = ((((img * oh + i) * ow + j) * kh + a) * kw + b) * c
                         dst = ((img * hp + i * sh + a * dh) * wp + j * sw + b * dw) * c
                         for ch in range(c):
                             xp[_U(dst + ch)] += cols[_U(src + ch)]
+
+
+# --- convolution's layout changes on pixel rows (Note [Channels last by a compiled copy]) -------
+# Note [Channels last by a compiled copy]: pixel rows copy the input (N, C, H, W) into a
+# padded (N, Hp, Wp, C) and, for the input's gradient, the padded gradient back. numpy
+# makes that transposing copy with ``C`` elements per inner loop, the reads one plane
+# apart: 2 ns an element, a third of a 16-channel strided layer's forward. These loops
+# read each input row in order and write it one pixel apart (the ``C`` planes of a row
+# fill the same few cache lines of the output); the reverse copy reads one pixel apart
+# and writes rows in order. A copy: the same bits as numpy's.
+@_jit((A32, A32, _N, _N, _N, _N, _N, _N, _N, _N), (A64, A64, _N, _N, _N, _N, _N, _N, _N, _N))
+def channels_last(x, out, n, c, h, w, hp, wp, pt, pl):  # type: ignore[no-untyped-def]
+    """``out`` (N, Hp, Wp, C), flat, zeros in the padding on entry: ``x`` (N, C, H, W),
+    flat, written at rows ``pt`` and columns ``pl`` on."""
+    for img in range(n):
+        for ch in range(c):
+            for r in range(h):
+                src = ((img * c + ch) * h + r) * w
+                dst = ((img * hp + r + pt) * wp + pl) * c + ch
+                for col in range(w):
+                    out[_U(dst + col * c)] = x[_U(src + col)]
+
+
+@_jit((A32, A32, _N, _N, _N, _N, _N, _N, _N, _N), (A64, A64, _N, _N, _N, _N, _N, _N, _N, _N))
+def channels_first(xp, out, n, c, h, w, hp, wp, pt, pl):  # type: ignore[no-untyped-def]
+    """``out`` (N, C, H, W), flat: the rows ``pt`` to ``pt + H`` and columns ``pl`` to ``pl + W``
+    of ``xp`` (N, Hp, Wp, C), flat (the inverse of ``channels_last``)."""
+    for img in range(n):
+        for ch in range(c):
+            for r in range(h):
+                src = ((img * hp + r + pt) * wp + pl) * c + ch
+                dst = ((img * c + ch) * h + r) * w
+                for col in range(w):
+                    out[_U(dst + col)] = xp[_U(src + col * c)]
 
 
 # Note [Parallel kernels give the serial bits]: each parallel form cuts its arrays into one
