@@ -196,15 +196,21 @@ class BlasThreads:
             self._backwards += 1
             if self._backwards > 1:
                 self._overlap_at = self.clock()
-            # (at most every cpu_load.INTERVAL: ~20 us then); sampled with BLAS fixed too,
-            # for the worker threads' niceness (Note [Niced kernels on the cores others
-            # leave] in sched/placement.py)
-            sampled = self.load.sample()
-            if sampled:
-                self._seen = self.load.free_cores()
+            # a sample of other processes' load, at most every cpu_load.INTERVAL, taken on
+            # the sampler thread, which calls ``_sampled`` (Note [Sampling off the caller's
+            # path] in runtime/cpu_load.py); with BLAS fixed too, for the worker threads'
+            # niceness (Note [Niced kernels on the cores others leave] in sched/placement.py)
+            self.load.request(self._sampled)
             if self._libs and not self._fixed:  # (else nothing to adapt)
-                if sampled:
-                    self._cap = self._seen
+                self._adapt()
+
+    def _sampled(self) -> None:
+        """After a new sample (on the thread that took it): the cores it leaves free,
+        for BLAS's threads at once while they adapt."""
+        with self._mutex:
+            self._seen = self.load.free_cores()
+            if self._libs and not self._fixed:
+                self._cap = self._seen
                 self._adapt()
 
     def backward_ended(self) -> None:
