@@ -14,6 +14,7 @@ pass as long as in the benchmark. Reports the median of ``--calls`` calls per ca
     ... python -m bench.cold_backward --cases tiny max_pool2d --calls 200 --profile
 
 Alternate two trees (PYTHONPATH) in the same minutes and compare medians; check ``uptime``.
+``--cpu`` times the calling thread's CPU time instead of the wall clock.
 With ``--profile`` it prints cProfile's top functions of the cold calls instead.
 """
 
@@ -61,7 +62,8 @@ def _cases() -> dict[str, Callable[[], tuple[list[Any], Callable[[], Any], Any]]
 
 
 async def _measure(make: Callable[[], tuple[list[Any], Callable[[], Any], Any]], calls: int, cold: bool,
-                   gap: float, prof: cProfile.Profile | None) -> list[float]:
+                   gap: float, prof: cProfile.Profile | None,
+                   clock: Callable[[], float] = time.perf_counter) -> list[float]:
     import asyncgrad as ag
 
     leaves, forward, g = make()
@@ -78,9 +80,9 @@ async def _measure(make: Callable[[], tuple[list[Any], Callable[[], Any], Any]],
         try:
             if prof is not None and i >= 2:
                 prof.enable()
-            t0 = time.perf_counter()
+            t0 = clock()
             await ag.backward(out, g)
-            dt = time.perf_counter() - t0
+            dt = clock() - t0
             if prof is not None:
                 prof.disable()
         finally:
@@ -110,6 +112,9 @@ def main() -> None:
     parser.add_argument("--gap", type=float, default=0.12, help="seconds between a cold call and the last")
     parser.add_argument("--profile", action="store_true", help="cProfile the cold calls instead")
     parser.add_argument("--no-torch", action="store_true", help="do not import torch")
+    parser.add_argument("--cpu", action="store_true",
+                        help="time the calling thread's CPU time (time.thread_time), not the wall clock: "
+                             "less disturbed by other processes, and blind to other threads' work")
     args = parser.parse_args()
     if not args.no_torch and importlib.util.find_spec("torch") is not None:
         import torch  # noqa: F401  (its objects lengthen the collector's pass, as in the ops workload)
@@ -129,7 +134,8 @@ def main() -> None:
                 continue
             row = []
             for mode in ("cold", "warm"):
-                times = asyncio.run(_measure(cases[name], args.calls, mode == "cold", args.gap, None))
+                clock = time.thread_time if args.cpu else time.perf_counter
+                times = asyncio.run(_measure(cases[name], args.calls, mode == "cold", args.gap, None, clock))
                 row.append(f"{mode} {statistics.median(times) * 1e6:8.1f} us")
             print(f"{name:12s} " + "   ".join(row), flush=True)
 
