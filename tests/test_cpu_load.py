@@ -127,7 +127,8 @@ def test_blas_threads_follow_the_free_cores_between_backward_calls() -> None:
         blas.backward_started()
         per_call.append(blas.per_call)
         blas.backward_ended()
-    assert per_call == [2, 2, 1, 1, 1, 2, 2]
+    # each call ends with a sample of the time before it, which the next call starts with
+    assert per_call == [2, 2, 2, 1, 1, 1, 2]
     assert lib.calls == [1, 2]  # only on each change
 
 
@@ -155,15 +156,15 @@ def test_the_free_cores_are_sampled_with_blas_pinned_too() -> None:
     with blas.pinned(1):
         m.advance(0.15, others_cores=1.0)
         blas.backward_started()
+        blas.backward_ended()
         assert blas.free_cores == 1 and blas.per_call == 1
-        blas.backward_ended()
         m.advance(0.15, others_cores=0.0)
         blas.backward_started()
         blas.backward_ended()
         m.advance(0.15, others_cores=0.0)
         blas.backward_started()
+        blas.backward_ended()
         assert blas.free_cores == 2
-        blas.backward_ended()
 
 
 def test_a_concurrent_backward_still_makes_blas_single_threaded() -> None:
@@ -185,9 +186,9 @@ def _flush(sampler: Sampler) -> None:
 
 
 def test_the_caller_does_not_wait_for_a_sample_and_blas_follows_it_when_it_lands() -> None:
-    """Note [Sampling off the caller's path]: a backward call only asks for a sample; it is
-    read on the sampler thread, and BLAS's threads follow it when it lands (inside a long
-    call: before its end)."""
+    """Note [Sampling off the caller's path]: a backward call only asks for a sample, as
+    it ends; it is read on the sampler thread, and BLAS's threads follow it when it
+    lands. A BLAS kernel on a worker asks too, so a long call adapts before its end."""
     m = FakeMachine()
     gate, entered = threading.Event(), threading.Event()
     readers: list[int] = []
@@ -203,18 +204,23 @@ def test_the_caller_does_not_wait_for_a_sample_and_blas_follows_it_when_it_lands
     blas.load = m.load(read=read, run=sampler)
     lib = FakeLib()
     blas._install([lib], 2)
-    blas.backward_started()  # the baseline, read while the call goes on
-    assert entered.wait(10) and readers == [readers[0]] and readers[0] != threading.get_ident()
-    blas.backward_ended()
+    blas.backward_started()
+    assert readers == []  # not as a call starts
+    blas.backward_ended()  # the baseline, read while the caller goes on
+    assert entered.wait(10) and readers[0] != threading.get_ident()
+    blas.backward_started()
+    blas.backward_ended()  # asked again while that sample is read: no second read
     gate.set()
     _flush(sampler)
+    assert len(readers) == 1
     gate.clear()
     entered.clear()
     m.advance(0.15, others_cores=1.0)
-    blas.backward_started()  # a sample due: asked for, not waited for
+    blas.backward_started()
+    assert blas.per_call == 2
+    blas.run(lambda: None)  # a BLAS kernel on a worker: a sample due, asked for, not waited for
     assert entered.wait(10)
     assert blas.per_call == 2 and blas.free_cores == 2 and lib.calls == []  # the cores last seen
-    blas.load.request(blas._sampled)  # asked again while it is read: no second read
     gate.set()
     _flush(sampler)
     assert len(readers) == 2 and blas.free_cores == 1 and lib.calls == [1]  # at once, mid-call

@@ -196,11 +196,6 @@ class BlasThreads:
             self._backwards += 1
             if self._backwards > 1:
                 self._overlap_at = self.clock()
-            # a sample of other processes' load, at most every cpu_load.INTERVAL, taken on
-            # the sampler thread, which calls ``_sampled`` (Note [Sampling off the caller's
-            # path] in runtime/cpu_load.py); with BLAS fixed too, for the worker threads'
-            # niceness (Note [Niced kernels on the cores others leave] in sched/placement.py)
-            self.load.request(self._sampled)
             if self._libs and not self._fixed:  # (else nothing to adapt)
                 self._adapt()
 
@@ -220,6 +215,15 @@ class BlasThreads:
             self._backwards -= 1
             if self._libs and not self._fixed:
                 self._adapt()
+            self._request_sample()
+
+    def _request_sample(self) -> None:
+        """Ask for a sample of other processes' load (at most every cpu_load.INTERVAL), as
+        a call ends and after a BLAS kernel on a worker: it is taken on the sampler thread,
+        which calls ``_sampled`` (Note [Sampling off the caller's path] in
+        runtime/cpu_load.py). With BLAS fixed too, for the worker threads' niceness (Note
+        [Niced kernels on the cores others leave] in sched/placement.py)."""
+        self.load.request(self._sampled)
 
     def _adapt(self) -> None:
         if self._fixed or not self._libs or self._free != self.cores:
@@ -246,6 +250,7 @@ class BlasThreads:
                 self._free += need
                 self._adapt()
                 self._cond.notify_all()
+                self._request_sample()  # (a long call adapts before its end)
 
 
 def _inspect_blas() -> tuple[list[Any], int]:

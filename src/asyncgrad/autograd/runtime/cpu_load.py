@@ -6,7 +6,7 @@ Note [Other processes' load]: a BLAS call on two threads splits its product in t
 waits for both halves. When another process keeps one of the two cores busy, the half
 on that core waits for its time slice, and the product takes many times longer than
 on one thread (docs/benchmarks.md, "Figures behind the Notes"). So the engine counts,
-between two samples at least ``INTERVAL`` apart (a backward call starting asks for one),
+between two samples at least ``INTERVAL`` apart (backward calls ask for them),
 the CPU time the cores this process may run on (its affinity) spent
 busy (user, system, interrupts, and time stolen by the hypervisor) less this process's
 own CPU time, and gives BLAS only the cores that load leaves free
@@ -20,14 +20,18 @@ microseconds, but after a pass that evicts the caches (a ``gc.collect()``, anoth
 library's work) it was a large part of a cold backward of a small graph, and each call
 paid it once calls came more than ``INTERVAL`` apart (the ``ops`` benchmark collects
 before each timed call). So a backward call only asks (``request``: a clock read, and
-when a sample is due a job for the sampler thread) and goes on with the cores as last
+when a sample is due a job for the sampler thread), and goes on with the cores as last
 seen; the sampler thread reads, and hands the sample to ``then`` (``BlasThreads``),
-which revises BLAS's threads and the cores seen at once. A long call so adapts within a
-sample's time of its start, as before; a call shorter than that starts with the cores
-the sample before saw, as a call within ``INTERVAL`` of the last sample always did. The
-sampler holds the GIL briefly: ``/proc/stat`` stays open and is read again from its
-start (one ``pread``: the kernel prints it afresh), and only the CPUs' lines, which come
-before the long interrupt counts, are parsed. A forked child starts its own thread.
+which revises BLAS's threads and the cores seen at once. The call asks as it ends, not
+as it starts: the sampler needs the GIL, and woken at the start it took it at the
+call's first loop turn (which releases it), so the call waited for the sample after
+all. Asked at the end, it runs at the process's next release of the GIL (an idle loop's
+wait, typically), and the next call starts with the cores it saw; a long call with
+BLAS kernels on the workers also asks after each of them (the worker's thread, not the
+loop's, pays the asking), so it adapts before its end. The sampler holds the GIL
+briefly: ``/proc/stat`` stays open and is read again from its start (one ``pread``:
+the kernel prints it afresh), and only the CPUs' lines, which come before the long
+interrupt counts, are parsed. A forked child starts its own thread.
 """
 
 from __future__ import annotations
