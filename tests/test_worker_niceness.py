@@ -38,8 +38,9 @@ class FakeMachine:
         self.busy += others_cores * 2 * INTERVAL
 
     def load(self, enabled: bool = True) -> OtherLoad:
+        # (a requested sample taken at once, on the caller's thread: the order of events alone)
         return OtherLoad(read=lambda _: self.busy, own=lambda: self.own, clock=lambda: self.now,
-                         cpus={0, 1}, enabled=enabled)
+                         cpus={0, 1}, enabled=enabled, run=lambda job: job())
 
 
 def test_kernels_are_niced_only_while_the_samples_leave_a_core_per_worker(monkeypatch):

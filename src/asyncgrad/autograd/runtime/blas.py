@@ -196,15 +196,16 @@ class BlasThreads:
             self._backwards += 1
             if self._backwards > 1:
                 self._overlap_at = self.clock()
-            # (at most every cpu_load.INTERVAL: ~20 us then); sampled with BLAS fixed too,
-            # for the worker threads' niceness (Note [Niced kernels on the cores others
-            # leave] in sched/placement.py)
-            sampled = self.load.sample()
-            if sampled:
-                self._seen = self.load.free_cores()
             if self._libs and not self._fixed:  # (else nothing to adapt)
-                if sampled:
-                    self._cap = self._seen
+                self._adapt()
+
+    def _sampled(self) -> None:
+        """After a new sample (on the thread that took it): the cores it leaves free,
+        for BLAS's threads at once while they adapt."""
+        with self._mutex:
+            self._seen = self.load.free_cores()
+            if self._libs and not self._fixed:
+                self._cap = self._seen
                 self._adapt()
 
     def backward_ended(self) -> None:
@@ -214,6 +215,15 @@ class BlasThreads:
             self._backwards -= 1
             if self._libs and not self._fixed:
                 self._adapt()
+            self._request_sample()
+
+    def _request_sample(self) -> None:
+        """Ask for a sample of other processes' load (at most every cpu_load.INTERVAL), as
+        a call ends and after a BLAS kernel on a worker: it is taken on the sampler thread,
+        which calls ``_sampled`` (Note [Sampling off the caller's path] in
+        runtime/cpu_load.py). With BLAS fixed too, for the worker threads' niceness (Note
+        [Niced kernels on the cores others leave] in sched/placement.py)."""
+        self.load.request(self._sampled)
 
     def _adapt(self) -> None:
         if self._fixed or not self._libs or self._free != self.cores:
@@ -240,6 +250,7 @@ class BlasThreads:
                 self._free += need
                 self._adapt()
                 self._cond.notify_all()
+                self._request_sample()  # (a long call adapts before its end)
 
 
 def _inspect_blas() -> tuple[list[Any], int]:
