@@ -8,7 +8,7 @@ the hand-written branch backwards one by one, and on a pool of 2 threads.
 
 asyncgrad runs with the default engine (nodes at or above ``inline_threshold`` elements
 of work go to worker threads, up to ``max_workers`` = cores at once, and mid-size ones
-too while another node is ready); "asyncgrad inline" is the same graph with every node
+too while another node is ready or on a worker); "asyncgrad inline" is the same graph with every node
 on the loop, one by one, for reference. The arrays are 500,000 floats (issue 33's
 workload): below the inline threshold, so only the mid-size rule sends them to workers.
 """
