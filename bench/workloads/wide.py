@@ -8,7 +8,7 @@ the hand-written branch backwards one by one, and on a pool of 2 threads.
 
 asyncgrad runs with the default engine (nodes at or above ``inline_threshold`` elements
 of work go to worker threads, up to ``max_workers`` = cores at once, and mid-size ones
-too while another node is ready); "asyncgrad inline" is the same graph with every node
+too while another node is ready or on a worker); "asyncgrad inline" is the same graph with every node
 on the loop, one by one, for reference. The arrays are 500,000 floats (issue 33's
 workload): below the inline threshold, so only the mid-size rule sends them to workers.
 """
@@ -143,11 +143,15 @@ def run(impls: list[str], rounds: int | None = None, branches: int = 16, ops: in
          "numpy_threads": threads},
         [Column("backward_ms", "backward ms", "{:.1f}"),
          Column("x_floor", "x numpy one by one", "{:.2f}"),
-         Column("page_faults", "page faults", "{:,.0f}")],
+         Column("page_faults", "page faults", "{:,.0f}"),
+         Column("hops", "hops", "{:.0f}"),
+         Column("niced", "rounds niced", "{:.0%}")],
     )
     t_start = time.perf_counter()
     cases: list[Case] = []
     extra: dict[str, dict[str, Any]] = {}
+    hop_counts: list[float] = []  # per asyncgrad round (warm-up included)
+    niced: list[bool] = []
     pool = ThreadPoolExecutor(threads)
 
     def np_setup() -> list[list[np.ndarray]]:
@@ -168,7 +172,17 @@ def run(impls: list[str], rounds: int | None = None, branches: int = 16, ops: in
                 finally:
                     set_engine(default)
 
-            cases.append(Case(impl, lambda: ag_graph(xs0, c0, ops), ag.backward))
+            from asyncgrad.autograd.sched.placement import worker_niceness
+
+            async def ag_default(loss: Any, default: Any = default) -> None:
+                # diagnostics (outside nothing the engine does): the hops this call took and
+                # whether its kernels ran niced (Note [Niced kernels on the cores others leave])
+                hops = default.statistics().thread_hops
+                niced.append(worker_niceness(default.max_workers, default.worker_nice) > 0)
+                await ag.backward(loss)
+                hop_counts.append(default.statistics().thread_hops - hops)
+
+            cases.append(Case(impl, lambda: ag_graph(xs0, c0, ops), ag_default))
             cases.append(Case("asyncgrad inline", lambda: ag_graph(xs0, c0, ops), ag_inline))
             extra[impl] = {"max_workers": default.max_workers, "inline_threshold": default.inline_threshold}
         elif impl == TORCH:
@@ -193,6 +207,10 @@ def run(impls: list[str], rounds: int | None = None, branches: int = 16, ops: in
         res.rows.append({"impl": case.name, "backward_ms": median(t) * 1e3, "rounds_s": t,
                          "page_faults": median(faults[case.name]),
                          **extra.get(case.name, {})})
+    if hop_counts:
+        row = next(r for r in res.rows if r["impl"] == ASYNCGRAD)
+        row["hops"] = median(hop_counts[1:] or hop_counts)
+        row["niced"] = sum(niced) / len(niced)
     res.notes.append(BLAS.describe())
     res.seconds = time.perf_counter() - t_start
     floor = res.value("numpy one by one", "backward_ms")

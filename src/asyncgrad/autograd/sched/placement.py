@@ -43,11 +43,18 @@ layer's recurrence and input product) costs the same on the loop, and runs there
 Note [Mid-size nodes hop beside another]: a node below ``inline_threshold`` but of at
 least ``MID_WORK`` elements of work (an elementwise pass of a few hundred thousand
 floats, a fraction of a millisecond) still goes to a worker when another node of its
-backward is ready at that moment: the two can run at once, on a worker and on the loop,
-and the worker chain (below) takes the nodes that only it feeds along on the same hop,
-so a branch of such nodes pays the hop's fixed cost once (in a chain a mid-size node
-counts as heavy). With nothing else ready the node runs inline, where it finishes
-sooner than a hop would. Only on an engine left at its default threshold
+backward is ready at that moment, or runs elsewhere (``in_flight``: on a worker, or
+queued for one): the two can run at once, and the worker chain (below) takes the nodes
+that only it feeds along on the same hop, so a branch of such nodes pays the hop's
+fixed cost once (in a chain a mid-size node counts as heavy). A node in flight counts
+for a fork's last branch: its siblings' chains are on workers or queued for them, and
+inline it held the loop for the whole branch, a mid-size node at a time (issue 33's
+wide workload: 16 branches, the last one's six mid-size nodes on the loop beside two busy
+workers, a third thread on two cores). On a worker it queues behind its siblings, so
+the workers take whole branches one after another, as the hand-written 2-thread floor
+does, and the loop only routes (``python -m bench.wide_trace``). Alone (nothing else
+ready, nothing in flight) the node runs inline, where it finishes sooner than a hop
+would. Only on an engine left at its default threshold
 (``inline_threshold=None``: an explicit one is a hard rule, every node below it inline,
 as API.md section 5 words it), with two workers or more, while other processes leave
 two cores (``BLAS.free_cores``); a graph with such a node is never run as a flat
@@ -171,15 +178,15 @@ def decide(task: GraphTask, node: Node, queued: int = 0) -> Place:
     """THE decision of where a ready node runs (Note [Inline or offload]): a node with an
     ``async def`` backward as its own task, a node whose ``work`` reaches the task's
     threshold on workers (how is the Policy's: a chain, parts, one kernel), a mid-size
-    node there too while another node is ready (Note [Mid-size nodes hop beside
-    another]), any other inline. ``queued``: 1 when ``node`` is still in the ready
+    node there too while another node is ready or in flight (Note [Mid-size nodes hop
+    beside another]), any other inline. ``queued``: 1 when ``node`` is still in the ready
     queue. The blocking driver runs every node inline (its thresholds are infinite)."""
     if node.maybe_async and node.is_async():
         return ASYNC
     work = node.work
     if work >= task.inline_threshold:
         return INLINE if alone_on_idle_loop(task, node, queued) else WORKER
-    if work >= task.mid_work and len(task.ready) > queued and BLAS.free_cores >= 2:
+    if work >= task.mid_work and (len(task.ready) > queued or task.in_flight) and BLAS.free_cores >= 2:
         return WORKER
     return INLINE
 

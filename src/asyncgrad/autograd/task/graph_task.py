@@ -69,7 +69,7 @@ class TaskPolicy:
     inline_threshold: int  # nodes whose work is below it run inline (Note [Inline or offload])
     yield_interval: float  # the longest its nodes keep the loop from a turn (sched/loop.py)
     flat_schedule: bool = True  # a plain backward may run flat (Note [The flat schedule] in task/schedule.py)
-    # mid-size nodes of at least this much work hop beside another ready node (Note
+    # mid-size nodes of at least this much work hop beside another ready or in flight (Note
     # [Mid-size nodes hop beside another] in sched/placement.py); infinite: never
     mid_work: float = float("inf")
 
