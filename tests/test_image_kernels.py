@@ -208,3 +208,93 @@ def test_conv_windows_paths_agree_exactly_and_match_torch(on_path, monkeypatch: 
     tol = 1e-5 if dtype == np.float32 else 1e-12
     for f, t in zip(fast[:3], (yt.detach().numpy(), xt.grad.numpy(), wt.grad.numpy())):
         np.testing.assert_allclose(f, t, rtol=tol, atol=tol)
+
+
+ROW_POOLS = [  # (input H, W, kernel, stride, padding, dilation, ceil_mode): Note [Max pooling row by row]
+    (7, 11, 3, 2, 1, 1, False),
+    (7, 11, 3, 2, 1, 1, True),
+    (9, 5, (2, 3), (1, 2), (1, 1), (1, 1), True),
+    (10, 13, 3, (3, 1), (1, 0), (2, 3), False),
+    (13, 10, (3, 2), 3, (2, 1), (2, 2), True),
+    (5, 6, 5, 1, 2, 1, False),
+    (1, 9, (1, 3), 2, (0, 1), 1, True),
+]
+
+
+def _hard_input(h: int, w: int, dtype: type, seed: int) -> np.ndarray:
+    """Random values with NaNs scattered (some windows with two or more), runs of ties,
+    -inf planes and rows: every rule of the winner met on odd sizes."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((2, 3, h, w))
+    x[rng.random(x.shape) < 0.06] = np.nan
+    x[0, 1] = np.round(x[0, 1])  # many ties
+    x[0, 2, ::2] = 0.5
+    x[1, 0] = -np.inf
+    x[1, 1, 0] = -np.inf
+    return x.astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", ROW_POOLS, ids=str)
+def test_max_pool_row_kernel_matches_numpy_kernel_exactly(on_path, case: tuple[Any, ...], dtype: type) -> None:
+    """The compiled forward gives the numpy kernel's maxima and indices bit for bit, on
+    odd sizes, with padding, dilation, ceil_mode, NaN, ties and -inf windows; its int32
+    index reaches users as int64, and the backward takes it as the int64 one."""
+    h, w, *args = case
+    for seed in range(3):
+        x = _hard_input(h, w, dtype, seed)
+
+        def pool(t: ag.Tensor) -> Any:
+            return F.max_pool2d(t, *args, return_indices=True)
+
+        on_path("numpy")
+        plain = _run(pool, x, seed)
+        on_path("compiled")
+        fast = _run(pool, x, seed)
+        np.testing.assert_array_equal(fast[0], plain[0])
+        assert fast[2].dtype == np.int64
+        np.testing.assert_array_equal(fast[2], plain[2])
+        # (an element that won many windows sums their gradients: float32 on the compiled path)
+        np.testing.assert_allclose(fast[1], plain[1], rtol=1e-6, atol=1e-5 if dtype == np.float32 else 1e-13)
+
+
+def test_max_pool_row_kernel_index_is_int32_and_the_backward_reads_it(on_path) -> None:
+    on_path("compiled")
+    from asyncgrad.nn import _functional_pooling as FP
+    from asyncgrad.ops import pooling as P
+
+    x = _hard_input(9, 7, np.float64, 5)
+    win = FP._pool_window(ag.from_numpy(x), 3, 2, 1, 1, False)
+    out, index = P._max_pool(x, win=win)
+    assert index.dtype == np.int32
+    on_path("numpy")
+    out64, index64 = P._max_pool(x, win=win)
+    assert index64.dtype == np.int64
+    np.testing.assert_array_equal(out, out64)
+    np.testing.assert_array_equal(index, index64)
+    on_path("compiled")
+    from asyncgrad.ops.kernels import compiled_path as fast
+
+    g = np.random.default_rng(6).standard_normal(out.shape)
+    np.testing.assert_array_equal(fast.max_pool_backward(g, index, win.in_size),
+                                  fast.max_pool_backward(g, index64, win.in_size))
+
+
+def test_max_pool_row_kernel_on_a_non_contiguous_input(on_path) -> None:
+    on_path("compiled")
+    x = _hard_input(12, 10, np.float32, 7)[:, :, ::2, 1:]
+    want = []
+    for path in ("numpy", "compiled"):
+        on_path(path)
+        y, i = F.max_pool2d(ag.from_numpy(x), 3, 2, 1, 2, True, return_indices=True)
+        want.append((y.numpy(), i.numpy()))
+    np.testing.assert_array_equal(want[0][0], want[1][0])
+    np.testing.assert_array_equal(want[0][1], want[1][1])
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_max_pool_dilated_gradcheck_and_double_backward(on_path, path: str) -> None:
+    on_path(path)
+    x = ag.tensor(np.random.default_rng(8).permutation(7 * 9 * 2).reshape(1, 2, 7, 9) * 0.1, requires_grad=True)
+    assert gradcheck(lambda a: F.max_pool2d(a, (3, 2), (2, 3), 1, (2, 3), True), (x,))
+    assert gradgradcheck(lambda a: F.max_pool2d(a, 3, 2, 1, 1, True), (x,))

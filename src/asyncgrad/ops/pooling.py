@@ -21,13 +21,13 @@ from .kernels import compiled_path as fast
 # --- max pooling ----------------------------------------------------------------------------
 def _max_pool(x: np.ndarray, *, win: W.Window) -> tuple[np.ndarray, np.ndarray]:
     """The window maxima (N, C, oh, ow) and, as aux, the flat index into its (H * W) plane
-    of the element each came from (PyTorch's ``return_indices``, int64), the winner as
-    PyTorch's scan picks it: the first tap holding the maximum, or the last NaN.
+    of the element each came from (PyTorch's ``return_indices``: int64, or int32 from the
+    compiled kernel, Note [Max pooling row by row] in ops/kernels/numba_kernels.py), the
+    winner as PyTorch's scan picks it: the first tap holding the maximum, or the last NaN.
 
     The taps are first copied out together, as ``(taps, N * C * oh * ow)``, in one call:
     every later pass then runs over long contiguous rows, where passes over the strided
-    taps ran numpy's loop once per short image row. (The compiled kernel: Note [Max pooling
-    per output] in ops/kernels/numba_kernels.py.)"""
+    taps ran numpy's loop once per short image row."""
     compiled = fast.max_pool(x, win.in_size, win.out_size, W.window_ints(win))
     if compiled is not None:
         return compiled

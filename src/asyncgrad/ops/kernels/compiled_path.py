@@ -355,14 +355,15 @@ def adam_step(x: np.ndarray, g: np.ndarray, m: np.ndarray, v: np.ndarray, *, dec
 def max_pool(x: np.ndarray, in_size: tuple[int, int], out_size: tuple[int, int],
              window: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray] | None:
     """Max pooling of ``x`` (N, C, H, W) to ``out_size``: the maxima and the flat index
-    into its plane of each one's element (int64, as ``pooling._max_pool``), or None.
+    into its plane of each one's element (int32: Note [Max pooling row by row] in
+    numba_kernels.py), or None (also for planes of 2**31 elements or more).
     ``window`` is ``(kh, kw, sh, sw, dh, dw, pad top, pad left)``."""
     k = compiled()
-    if k is None or x.ndim != 4 or not _fits(x):
+    if k is None or x.ndim != 4 or not _fits(x) or in_size[0] * in_size[1] >= 2**31:
         return None
     shape = (*x.shape[:2], *out_size)
     out = np.empty(shape, dtype=x.dtype)
-    index = np.empty(shape, dtype=np.int64)
+    index = np.empty(shape, dtype=np.int32)
     k.max_pool(_flat(x), out.reshape(-1), index.reshape(-1), x.shape[0] * x.shape[1], *in_size, *out_size,
                *window)
     return out, index
@@ -370,9 +371,10 @@ def max_pool(x: np.ndarray, in_size: tuple[int, int], out_size: tuple[int, int],
 
 def max_pool_backward(g: np.ndarray, index: np.ndarray, in_size: tuple[int, int]) -> np.ndarray | None:
     """The input's gradient (N, C, H, W) of max pooling: each output's gradient ``g``
-    added at the element of its plane that ``index`` names, or None."""
+    added at the element of its plane that ``index`` (int32 or int64) names, or None."""
     k = compiled()
-    if k is None or g.ndim != 4 or not _fits(g) or index.dtype != np.int64 or index.shape != g.shape:
+    if (k is None or g.ndim != 4 or not _fits(g) or index.dtype not in (np.int32, np.int64)
+            or index.shape != g.shape):
         return None
     out = np.empty((*g.shape[:2], *in_size), dtype=g.dtype)  # (the kernel zeroes it, plane by plane)
     k.max_pool_backward(_flat(g), _flat(index), out.reshape(-1), g.shape[2] * g.shape[3], in_size[0] * in_size[1])
