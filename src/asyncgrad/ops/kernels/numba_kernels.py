@@ -1013,10 +1013,10 @@ def threshold_backward_scalar(g, ans, out):  # type: ignore[no-untyped-def]
 # --- the image layers: max pooling, batch norm, convolution's im2col and col2im --------------
 # Note [Max pooling per output]: the numpy kernel copies the ``kh * kw`` taps of every
 # window out (a tap matrix as large as the input times the taps), takes the maximum, then
-# finds the winning tap in one more pass per tap. Here each output walks its window's taps
-# that lie inside the input once, keeping the best value and where it was by selects, not
-# branches (which random data mispredicts half the time); a tap in the padding never wins,
-# as the -inf it would read never beats the -inf each best starts from. The winner is
+# finds the winning tap in one more pass per tap. Here each output meets its window's taps
+# that lie inside the input once, in window order, keeping the best value and where it was
+# by selects, not branches (which random data mispredicts half the time; the loop order is
+# Note [Max pooling row by row]); a tap in the padding never wins. The winner is
 # PyTorch's: the first tap holding the maximum, or the last NaN (a NaN always takes the
 # place; nothing beats a NaN). The backward adds each output's gradient at that element,
 # in output order, in the gradient's type (PyTorch's order), into a plane it zeroes just
