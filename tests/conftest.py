@@ -136,3 +136,20 @@ def adopted(monkeypatch):
     monkeypatch.setattr(accumulate, "_take", take)  # (the in-place commit, through _accumulate)
     monkeypatch.setattr(commit, "_take", take)  # (the commit summed on a worker)
     return flags
+
+
+async def cancel_while_blocked(backward, blocking, release) -> None:
+    """Start ``backward`` (a coroutine) as a task, wait until a kernel of it sets
+    ``blocking``, cancel the task, let the cancellation reach the driver while the kernel
+    still waits, then ``release`` it: the task must end cancelled."""
+    import asyncio
+
+    task = asyncio.create_task(backward)
+    while not blocking.is_set():
+        await asyncio.sleep(0.001)
+    task.cancel()
+    for _ in range(20):  # let the cancellation reach the driver before the kernel ends
+        await asyncio.sleep(0)
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task

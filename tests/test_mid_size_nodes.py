@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import asyncgrad as ag
+from conftest import cancel_while_blocked
 from asyncgrad.autograd import Engine
 from asyncgrad.autograd.runtime.blas import BLAS
 from asyncgrad.autograd.sched.placement import MID_WORK
@@ -172,15 +173,7 @@ async def test_cancelling_in_the_middle_of_a_worker_branch(two_free_cores, resto
     engine = Engine(max_workers=2)
     ag.autograd.set_engine(engine)
     loss, xs = _hooked_branches(k, record)
-    task = asyncio.create_task(ag.backward(loss))
-    while not blocking.is_set():
-        await asyncio.sleep(0.001)
-    task.cancel()
-    for _ in range(20):  # let the cancellation reach the driver before the kernel ends
-        await asyncio.sleep(0)
-    release.set()
-    with pytest.raises(asyncio.CancelledError):
-        await task
+    await cancel_while_blocked(ag.backward(loss), blocking, release)
     ran = len(calls)
     assert ran < 4 * k  # the queued branches were withdrawn, the blocked one stopped early
     assert all(x.grad is None for x in xs)

@@ -6,13 +6,13 @@ retry) and that it happens (thread hops per node)."""
 
 from __future__ import annotations
 
-import asyncio
 import threading
 
 import numpy as np
 import pytest
 
 import asyncgrad as ag
+from conftest import cancel_while_blocked
 from asyncgrad.autograd import Engine, get_engine, set_engine
 
 N = 4096  # elements per array: heavy with the threshold below, cheap to compute
@@ -141,15 +141,7 @@ async def test_cancelling_stops_a_chain_between_nodes_and_the_backward_can_be_re
             y = y.sin()
     loss = y.sum()
     set_engine(offload)
-    task = asyncio.create_task(ag.backward(loss))
-    while not blocking.is_set():
-        await asyncio.sleep(0.001)
-    task.cancel()
-    for _ in range(20):  # let the cancellation reach the driver before the kernel ends
-        await asyncio.sleep(0)
-    release.set()
-    with pytest.raises(asyncio.CancelledError):
-        await task
+    await cancel_while_blocked(ag.backward(loss), blocking, release)
     assert len(unpacked) == 3
     assert x.grad is None
     assert offload.statistics().graph_tasks_cancelled == 1
