@@ -129,6 +129,21 @@ _NOTES_FIGURES_ROWS = [  # (Note (module), what was measured)
      "bench chain --rounds 15` twice per tree (load 1.6-2.0): asyncgrad / best peer 0.57, 0.45 -> 0.45, 0.41. "
      "A factor's rows as an `array('q')` for the fused runs' index cost more (+143 instructions per node: "
      "`array.append` parses its argument) than numpy's conversion of a list saves"),
+    ("[Max pooling row by row] (`ops/kernels/numba_kernels.py`)",
+     "a window at a time took ~5 ns per tap (AMD EPYC, Zen 3); row by row, `pooling._max_pool` alone, median of "
+     "60 calls, the two trees alternated twice, load 2 (2026-12-03): 1.77 -> 1.30 ms (2x2) and 2.75 -> 2.37 ms "
+     "(3x3 stride 2 pad 1) on 16 x 16 x 32 x 32, 3.64 -> 2.64 and 5.53 -> 4.65 ms on 32 x 64 x 16 x 16"),
+    ("[Convolution by image chunks] (`ops/conv.py`)",
+     "512 kB L2 (AMD EPYC), BLAS on one thread, one process alternating the sizes, minima of 40 rounds of thread "
+     "CPU time, load 3-6 (2026-12-03), chunks of L2/2 -> 2 x L2: the 3-channel stem of the cnn workload (32 "
+     "images of 32 x 32) 1.39 -> 1.14 ms forward and 1.69 -> 1.39 ms weight gradient; 8 channels 2.0 -> 1.8 and "
+     "3.0 -> 2.2 ms; a grouped 32-channel layer 3.6 -> 3.0 and 3.8 -> 3.1 ms; 4 MB chunks slower again"),
+    ("[Sampling off the caller's path] (`autograd/runtime/cpu_load.py`)",
+     "reading /proc/stat, medians warm / cold (after gc.collect): open-read-close 37 / 240 us, one pread of the "
+     "kept-open file 12 / 55 us, pread and parsing the CPUs' lines 21 / 97 us; a cold tiny backward (`env -u "
+     "OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python -m bench.cold_backward --calls 40 --gap 0 [--cpu] --cases "
+     "tiny`, the trees alternated twice, load 4-6, 2026-12-03): 706, 758 -> 571, 579 us wall, 848, 815 -> 623, "
+     "667 us of the calling thread's CPU time"),
 ]
 NOTES_FIGURES = "\n".join([
     '## Figures behind the Notes',

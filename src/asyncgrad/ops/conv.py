@@ -193,13 +193,9 @@ def conv(m: Any, x: Any, w: Any, geo: ConvGeometry) -> Any:
 # read back by the product from memory. Cut into chunks of whole images whose windows
 # take at most ``CHUNK_BYTES``, each chunk's windows are still in cache when its product
 # reads them. Chunks of half a core's L2 (so that they would stay in its own cache) were
-# slower than chunks of twice its L2, whose windows the product reads from the L3. On a
-# 512 kB L2 (AMD EPYC, BLAS on one thread, in one process alternating the sizes, minima
-# of 40 rounds of thread CPU time, load 3-6 on 2 cores from other work): the 3-channel
-# stem of bench/workloads/cnn.py (32 images of 32 x 32) 1.39 -> 1.14 ms forward and
-# 1.69 -> 1.39 ms weight gradient, 8 channels 2.0 -> 1.8 and 3.0 -> 2.2 ms, a grouped
-# 32-channel layer 3.6 -> 3.0 and 3.8 -> 3.1 ms (4 MB chunks were slower again). Each
-# chunk is one product and a few numpy calls, and chunks of two images made products
+# slower than chunks of twice its L2, whose windows the product reads from the L3, and
+# 4 MB chunks slower again (figures: docs/benchmarks.md, "Figures behind the Notes").
+# Each chunk is one product and a few numpy calls, and chunks of two images made products
 # too short for OpenBLAS and the calls a part of the time. The weight's gradient adds
 # up the chunks' products (in chunk order); each element of the forward and of the
 # input's gradient comes from one chunk alone, so both are the same sums as over the

@@ -1041,7 +1041,7 @@ _U = np.uint64  # (an unsigned index: numba checks a signed one for wrapping at 
 
 
 # Note [Max pooling row by row]: a window at a time (the kernel before this one) took ~5 ns
-# per tap on this machine's Zen 3 core. numba lowers ``a if t else b`` to a branch, and in
+# per tap. numba lowers ``a if t else b`` to a branch, and in
 # a loop that updates values in memory LLVM kept it one (a conditional store: seen in the
 # IR), which random data mispredicts. So the kernel works an output row at a time: for each tap ``(a, b)`` in window
 # order it runs over the row's outputs whose tap lies inside the input (a range of ``j``
@@ -1050,9 +1050,7 @@ _U = np.uint64  # (an unsigned index: numba checks a signed one for wrapping at 
 # the taps are still met in window order, so the winner is the same (Note [Max pooling
 # per output]); a tap in the padding is skipped, as before. The index is int32 (half the
 # bytes of int64 to write, and to read back in the backward): planes of 2**31 elements
-# and more keep the numpy kernel. The forward (``pooling._max_pool``, the ops benchmark's
-# images, median of 60 calls, load 2) went 1.77 -> 1.30 ms (2x2) and 2.75 -> 2.37 ms (3x3
-# stride 2 pad 1) on 16 x 16 x 32 x 32, 3.64 -> 2.64 and 5.53 -> 4.65 ms on 32 x 64 x 16 x 16.
+# and more keep the numpy kernel (figures: docs/benchmarks.md, "Figures behind the Notes").
 _INDEX32 = types.int32[::1]
 
 
