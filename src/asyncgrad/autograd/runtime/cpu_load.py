@@ -36,7 +36,6 @@ interrupt counts, are parsed. A forked child starts its own thread.
 
 from __future__ import annotations
 
-import _thread
 import math
 import os
 import sys
@@ -44,6 +43,8 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+
+from ... import _bare_thread
 
 INTERVAL = 0.1  # seconds between samples: /proc/stat counts in 10 ms ticks
 ENV_VAR = "ASYNCGRAD_ADAPT_TO_LOAD"
@@ -124,8 +125,10 @@ class Sampler:
         self._jobs = deque()
         self._wake = threading.Lock()
         self._wake.acquire()
-        # (``_thread``: ``Thread.start()`` waits until the new thread runs; the caller must not)
-        _thread.start_new_thread(self._run, (self._jobs, self._wake))
+        # (bare: ``Thread.start()`` waits until the new thread runs; the caller must not. Not
+        # started once the process is exiting: Note [A bare thread is never half-started at exit])
+        if not _bare_thread.start(self._run, self._jobs, self._wake):
+            self._started = False
 
     def _run(self, jobs: deque[Callable[[], None]], wake: threading.Lock) -> None:
         while True:

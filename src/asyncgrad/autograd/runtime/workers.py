@@ -44,7 +44,6 @@ that stops using the engine holds no threads.
 
 from __future__ import annotations
 
-import _thread
 import functools
 import itertools
 import os
@@ -54,6 +53,7 @@ from concurrent.futures import Executor, Future
 from heapq import heappop, heappush
 from typing import Any
 
+from ... import _bare_thread
 from .task_order import TURNS_PER_PRIORITY
 
 IDLE_TIMEOUT = 10.0
@@ -111,7 +111,9 @@ class WorkerPool(Executor):
             self._count += 1
             n = self._count
         thread = threading.Thread(target=self._run, args=(_Worker(job),), name=f"{self.name}-{n}", daemon=True)
-        _thread.start_new_thread(self._start, (thread, future))  # (Note [A new worker is started elsewhere])
+        # (Note [A new worker is started elsewhere]; Note [A bare thread is never half-started at exit])
+        if not _bare_thread.start(self._start, thread, future):
+            self._not_started(future, RuntimeError("asyncgrad: no new worker thread: the process is exiting"))
         return future
 
     def _start(self, thread: threading.Thread, future: Future[Any]) -> None:
@@ -121,10 +123,14 @@ class WorkerPool(Executor):
         try:
             thread.start()
         except BaseException as e:
-            with self._lock:
-                self._threads -= 1
-            if future.set_running_or_notify_cancel():
-                future.set_exception(e)
+            self._not_started(future, e)
+
+    def _not_started(self, future: Future[Any], error: BaseException) -> None:
+        """A new worker could not start: its first job fails with ``error``."""
+        with self._lock:
+            self._threads -= 1
+        if future.set_running_or_notify_cancel():
+            future.set_exception(error)
 
     @property
     def threads(self) -> int:

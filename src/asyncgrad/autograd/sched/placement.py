@@ -146,13 +146,13 @@ BLAS's threads per call and the slots BLAS kernels share are runtime/blas.py's (
 
 from __future__ import annotations
 
-import _thread
 import enum
 import math
 import threading
 from heapq import heappop, heappush
 from typing import TYPE_CHECKING, Any
 
+from ... import _bare_thread
 from ..runtime.blas import BLAS, keep_large_allocations
 from ..runtime.loop_idle import loop_is_idle
 from ..graph.record import MultiViewNode, OpNode
@@ -355,9 +355,12 @@ class Policy:
             if self.setup_started:
                 return
             self.setup_started = True
-        # ``_thread``: ``Thread.start()`` waits until the new thread runs (Note [Starting
-        # the loader does not wait] in ops/kernels/loader.py); the loop must not
-        _thread.start_new_thread(self._setup, (warm,))
+        # bare: ``Thread.start()`` waits until the new thread runs (Note [Starting the
+        # loader does not wait] in ops/kernels/loader.py); the loop must not. Not started
+        # once the process is exiting (Note [A bare thread is never half-started at exit]):
+        # then nothing waits for it
+        if not _bare_thread.start(self._setup, warm):
+            self.ready.set()
 
     def _setup(self, warm: Any) -> None:
         threading.current_thread().name = "asyncgrad-setup"

@@ -30,7 +30,6 @@ kernels are compiled without a cache, every time the process loads them.
 
 from __future__ import annotations
 
-import _thread
 import gc
 import importlib
 import os
@@ -40,6 +39,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
+
+from ... import _bare_thread
 
 MODES = ("auto", "numpy", "compiled")
 ENV_VAR = "ASYNCGRAD_KERNELS"
@@ -102,7 +103,9 @@ def start() -> None:
     on a busy machine a stall of tens to hundreds of ms at the first backward (issue 33;
     ``python -m bench.first_backward --profile``). ``_thread.start_new_thread`` returns
     once the thread exists; the loader names itself when it runs. Like a daemon thread,
-    it does not keep the process alive."""
+    it does not keep the process alive; once the process is exiting it is not started
+    and the numpy kernels stay (Note [A bare thread is never half-started at exit] in
+    _bare_thread.py)."""
     global _started
     if mode() == "numpy":
         return
@@ -110,7 +113,8 @@ def start() -> None:
         if _started:
             return
         _started = True
-    _thread.start_new_thread(_run_loader, ())
+    if not _bare_thread.start(_run_loader):
+        _done.set()
 
 
 def _run_loader() -> None:
