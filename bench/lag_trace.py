@@ -218,15 +218,26 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--sessions", type=int, default=3)
     p.add_argument("--show", type=int, default=6)
     p.add_argument("--backwards", type=int, default=10)
+    p.add_argument("--width", type=int, default=1024)
+    p.add_argument("--batch", type=int, default=256)
     p.add_argument("--stacks", type=float, default=0.0, metavar="MS",
                    help="print where the loop was inside callbacks running longer than MS ms")
     args = p.parse_args(argv)
     global STACKS_AFTER
     STACKS_AFTER = args.stacks * 1e-3
+    interval = sys.getswitchinterval()
     if STACKS_AFTER:  # the watcher must get the GIL soon after it asks, not 5 ms later
         sys.setswitchinterval(0.0002)
-    ps = nets.ag_params(nets.make_params(4, 1024))
-    x = nets.make_input(256, 1024)
+    try:
+        _main(args)
+    finally:
+        sys.setswitchinterval(interval)
+        STACKS_AFTER = 0.0
+
+
+def _main(args: argparse.Namespace) -> None:
+    ps = nets.ag_params(nets.make_params(4, args.width))
+    x = nets.make_input(args.batch, args.width)
 
     async def run() -> None:
         await session(ps, x, 2, None)
