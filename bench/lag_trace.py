@@ -56,6 +56,7 @@ class Trace:
         self.selects: list[tuple[float, float, float, float]] = []  # (called, timeout, returned, runq wait)
         self.calls: list[tuple[float, float, Any, float]] = []  # (start, end, callback, thread CPU seconds)
         self.ticks: list[tuple[float, float]] = []  # (due, ran)
+        self.blocked: list[float] = []  # per callback: wall less CPU less run-queue wait (the GIL, a lock)
         self.running = 0.0  # when the loop's current callback started (0: none)
         self.stacks: Counter[str] = Counter()  # --stacks: where long callbacks were seen
 
@@ -88,12 +89,15 @@ class Trace:
         run = asyncio.events.Handle._run
 
         def timed(handle: asyncio.events.Handle) -> None:
+            r0 = _schedstat()
             c0 = time.thread_time()
             t0 = time.perf_counter()
             trace.running = t0
             run(handle)
             trace.running = 0.0
-            trace.calls.append((t0, time.perf_counter(), handle._callback, time.thread_time() - c0))
+            t1, c1 = time.perf_counter(), time.thread_time()
+            trace.calls.append((t0, t1, handle._callback, c1 - c0))
+            trace.blocked.append((t1 - t0) - (c1 - c0) - (_schedstat() - r0))
 
         asyncio.events.Handle._run = timed  # type: ignore[method-assign]
 
@@ -207,6 +211,10 @@ def explain(trace: Trace, show: int) -> dict[str, float]:
         top = ", ".join(f"{k} x{n[k]} {v * 1e3:.2f}" for k, v in cb.most_common(3))
         print(f"  CPU {cpu * 1e3:.2f} (lag {lag * 1e3:.2f}) | {top}")
     print(f"  callbacks' CPU per tick window: p99 {np.percentile(cpus, 99):.2f} max {cpus.max():.2f} ms")
+    blocked = np.array(trace.blocked or [0.0]) * 1e3
+    print(f"  callbacks blocked (wall less CPU less run-queue wait: the GIL, a lock): "
+          f"{int((blocked > 0.5).sum())} of {len(blocked)} over 0.5 ms, max {blocked.max():.2f}, "
+          f"min {blocked.min():.2f} ms (negative: a wait for a core just before the callback)")
     return {"p99": float(np.percentile(lags, 99)), "max": float(lags.max()),
             "cpu_p99": float(np.percentile(cpus, 99)), "cpu_max": float(cpus.max()),
             "selects_per_tick": len(sels) / max(1, len(rows))}
