@@ -216,3 +216,16 @@ def test_concurrent_workload_runs_tiny_with_the_batched_rows():
     assert [row["impl"] for row in r.rows] == ["asyncgrad (awaited)", "asyncgrad (requests batched)",
                                                "numpy inline", "numpy to_thread"]
     assert all(row["passes_per_s"] > 0 for row in r.rows)
+
+
+def test_lag_trace_runs_tiny(capsys):
+    """``python -m bench.lag_trace``: a session's worst ticks, the loop's CPU per tick
+    window, and the stack watcher (which restores the switch interval it lowers)."""
+    from bench import lag_trace
+
+    interval = sys.getswitchinterval()
+    lag_trace.main(["--width", "16", "--batch", "4", "--backwards", "2", "--sessions", "1", "--show", "2",
+                    "--stacks", "1"])
+    out = capsys.readouterr().out
+    assert "callbacks' CPU per tick window: p99" in out and out.splitlines()[-1].startswith("median: p99")
+    assert sys.getswitchinterval() == interval and lag_trace.STACKS_AFTER == 0.0
