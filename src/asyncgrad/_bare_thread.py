@@ -10,9 +10,9 @@ thread's state in the starting thread and binds it only when the new thread firs
 If the process begins to exit in between, finalization deletes that state with the other
 threads' and the thread, once scheduled, dies on it, killing the process with SIGSEGV
 after its work was done (in ``_PyThreadState_SetCurrent``, under the finalizing main
-thread's garbage collection: seen in a 2-rank DDP test job, whose one backward requested
-a CPU-load sample as it ended, so the sampler thread was started just before the job
-returned; about one job in fifteen on a loaded machine). So every bare thread starts
+thread's garbage collection: seen in the cores of 2-rank DDP test jobs, which exit right
+after one backward, whose end starts the CPU-load sampler's thread; one run in fifteen of
+tests/test_distributed.py on a loaded machine). So every bare thread starts
 through :func:`start`, which records it until it has run its first line, and at exit
 (``atexit``, before finalization) the process waits for the recorded ones: they are only
 waiting to be scheduled, so this takes microseconds, a few ms on a loaded machine, and
