@@ -8,16 +8,14 @@ their callers, the event loop among them, must not wait for the OS to schedule i
 [Starting the loader does not wait] in ops/kernels/loader.py). But CPython makes the new
 thread's state in the starting thread and binds it only when the new thread first runs.
 If the process begins to exit in between, finalization deletes that state with the other
-threads' and the thread, once scheduled, dies on it, killing the process with SIGSEGV
-after its work was done (in ``_PyThreadState_SetCurrent``, under the finalizing main
-thread's garbage collection: seen in the cores of 2-rank DDP test jobs, which exit right
-after one backward, whose end starts the CPU-load sampler's thread; one run in fifteen of
-tests/test_distributed.py on a loaded machine). So every bare thread starts
-through :func:`start`, which records it until it has run its first line, and at exit
-(``atexit``, before finalization) the process waits for the recorded ones: they are only
-waiting to be scheduled, so this takes microseconds, a few ms on a loaded machine, and
-never waits for a thread's work. From then on :func:`start` starts nothing and returns
-False; each caller says what its thread would have done instead.
+threads' and the thread, once scheduled, dies on it (SIGSEGV in
+``_PyThreadState_SetCurrent`` under the finalizing main thread): a process that exits
+right after its first backward, whose end starts the CPU-load sampler's thread, crashed
+after its work was done. So every bare thread starts through :func:`start`, which
+records it until it has run its first line, and at exit (``atexit``, before
+finalization) the process waits for the recorded ones: that is a wait for the OS to
+schedule them, never for a thread's work. From then on :func:`start` starts nothing and
+returns False; each caller says what its thread would have done instead.
 """
 
 from __future__ import annotations
