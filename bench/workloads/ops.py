@@ -18,6 +18,14 @@ the table compares kernels, and on a shared 2-core machine two libraries' spinni
 pools (OpenBLAS's and PyTorch's OpenMP) otherwise slow each other by up to 10x; the
 ``transformer`` workload measures both with their default threads. The ratio column is
 asyncgrad / torch.
+
+The cyclic garbage collector runs once per round, before the round's cases, and is off
+while they run. Collected before each timed call instead (as the workload did until Dec
+4), every call ran just after a walk over every Python object of the process (~180,000
+with torch imported, ~0.1 s each): caches as no serving process has them, which cost the
+Python side of an engine more than a C++ one (the small rows' inline backward ratios of softmax,
+cross_entropy and layer_norm went from 1.05-1.2 to 0.6-0.8 when it stopped), and 0.1 s of
+collection per 1 ms call (most of the workload's 12 minutes in a full run).
 """
 
 from __future__ import annotations
@@ -281,9 +289,9 @@ async def _measure_op(op: OpCase, size: dict[str, int], impls: list[str], rounds
     times: dict[str, list[float]] = {f"{i} {k}": [] for i, k, _ in cases}
     for r in range(rounds + 1):  # round 0 warms up
         k = r % len(cases)
-        for impl, kind, (fwd, bwd, reset) in cases[k:] + cases[:k]:
-            reset()
-            with no_gc():
+        with no_gc():  # (once per round: see the module's docstring)
+            for impl, kind, (fwd, bwd, reset) in cases[k:] + cases[:k]:
+                reset()
                 if bwd is None:
                     t0 = time.perf_counter()
                     out = fwd()
@@ -295,9 +303,9 @@ async def _measure_op(op: OpCase, size: dict[str, int], impls: list[str], rounds
                     if asyncio.iscoroutine(res):
                         await res
                     dt = time.perf_counter() - t0
-            del out
-            if r:
-                times[f"{impl} {kind}"].append(dt)
+                del out
+                if r:
+                    times[f"{impl} {kind}"].append(dt)
     return times
 
 
