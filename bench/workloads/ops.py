@@ -20,12 +20,10 @@ pools (OpenBLAS's and PyTorch's OpenMP) otherwise slow each other by up to 10x; 
 asyncgrad / torch.
 
 The cyclic garbage collector runs once per round, before the round's cases, and is off
-while they run. Collected before each timed call instead (as the workload did until Dec
-4), every call ran just after a walk over every Python object of the process (~180,000
-with torch imported, ~0.1 s each): caches as no serving process has them, which cost the
-Python side of an engine more than a C++ one (the small rows' inline backward ratios of softmax,
-cross_entropy and layer_norm went from 1.05-1.2 to 0.6-0.8 when it stopped), and 0.1 s of
-collection per 1 ms call (most of the workload's 12 minutes in a full run).
+while they run. Collected before each timed call instead, every call ran just after a
+walk over every Python object of the process (torch's included): with caches no serving
+process has, which cost the Python side of an engine more than a C++ one, and most of
+the workload's time spent collecting.
 """
 
 from __future__ import annotations
