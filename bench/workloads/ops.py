@@ -44,7 +44,8 @@ ABOUT = About(
     measures="Forward and backward time of each operation a transformer, an MLP or a classifier uses, float32, "
              "at the size of a small GPT (batch 16, block 64, 128 dims, 4 heads) and a larger one (batch 32, "
              "block 128, 256 dims, 8 heads), both libraries on one thread. \"bwd inline\" runs the backward "
-             "with every node on the loop's thread: the kernels' own cost, without the hop to a worker thread.",
+             "with every node on the loop's thread: the kernels' own cost, without the hop to a worker thread. "
+             "Each round of a cell's cases runs after one garbage collection, with the collector off.",
     reading="Each \"x torch\" column is asyncgrad's time over PyTorch's: below 1 asyncgrad is faster. numpy has "
             "no fused kernels and no erf, so operations made of several passes (softmax, layer_norm, exact "
             "GELU) cost more than PyTorch's single fused pass; matrix products run at PyTorch's speed.",
