@@ -35,6 +35,10 @@ of times longer than a slice. So each wake-up moves the end of the runner's slic
 earlier by ``wake_cost``, a running estimate of the loop time spent per driver woken
 (measured at each turn the runner gives the loop: the time until it runs again, per
 driver it woke). Slice and wake-ups together then fit in about one ``yield_interval``.
+The moved end is the slice's own (``slice_end``), not a local of one pass over the
+queue: the runner goes on after a pass that stopped at it (a hand-over, a requeue), and
+a pass started again from the slice's first end would forget every wake-up charged
+before it, so no wake-up would ever shorten a slice.
 
 Note [Handing on]: the runner role must never be free while work waits for it. The
 role is taken synchronously (``run`` sets ``runner``), so one driver holds it; it is
@@ -375,20 +379,21 @@ class LoopScheduler:
     def _run_slice(self, owner: object, deadline: float) -> None:
         """Run queued GraphTasks' nodes until ``deadline``, which each driver woken
         moves earlier by its estimated cost (Note [Wake-ups cost the loop]), and a call
-        with a shorter ``yield_interval`` than the slice's moves to its own end."""
+        with a shorter ``yield_interval`` than the slice's moves to its own end. Called
+        with the slice's end (``slice_end``), which moves with it."""
         queue = self.queue
         clock = time.perf_counter
         admission = self.admission
         # newcomers first: one, then more while half of the slice is left (Note [Admission] in admission.py)
         while admission and self.admit_next():
             self.woken += 1
-            deadline -= self.wake_cost
+            deadline = self.slice_end = deadline - self.wake_cost
             if deadline - clock() - self.wake_cost <= self.half_interval:
                 break
         while (task := queue.first()) is not None:
             if task.stopping or task.active_children or task.context is None:
                 # its driver handles it (a nested task wakes it at its end)
-                deadline -= self._drop(task, owner)
+                deadline = self.slice_end = deadline - self._drop(task, owner)
                 continue
             end = self.slice_start + task.policy.yield_interval
             if end < deadline:  # (Note [Each call runs by its engine's policy] in sched/placement.py)
@@ -396,12 +401,12 @@ class LoopScheduler:
             try:
                 more = task.context.run(_run_as, owner, task, deadline)
             except Exception:  # recorded on the task by run_inline; its driver raises it
-                deadline -= self._drop(task, owner)
+                deadline = self.slice_end = deadline - self._drop(task, owner)
                 continue
             if task.to_start and task is not self.runner:
                 wake(task)
             if not more:
-                deadline -= self._drop(task, owner)
+                deadline = self.slice_end = deadline - self._drop(task, owner)
                 if clock() >= deadline:
                     return
             elif clock() >= deadline:
