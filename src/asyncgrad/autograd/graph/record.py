@@ -358,7 +358,8 @@ def record(spec: OpSpec, inputs: tuple[Any, ...], out: np.ndarray, aux: Any = No
         work += out.size * (first.shape[-1] if first.ndim else 1) // MULTIPLY_ADDS_PER_ELEMENT
     if spec.cost != 1.0:
         work = int(work * spec.cost)
-    node.work = work if work < 257 else _interned_work(work)  # (CPython shares the small ints)
+    # (CPython shares the small ints; the cache's hit without a call)
+    node.work = work if work < 257 else (_WORK_CACHE.get(work) or _interned_work(work))
     # the factor of the one input that needs a gradient, if the node can be in a fused run
     # (Note [Fused runs] in sched/runs.py): a numpy array of at most FACTOR_MAX_ELEMENTS,
     # that input of the output's shape and dtype (by construction for an ``own`` factor),
