@@ -67,7 +67,7 @@ def _unary(name: str, x: np.ndarray) -> np.ndarray | None:
     if x.size < ELEMENTWISE_MIN:
         return None
     k = compiled()
-    if k is None or x.dtype not in _FLOATS or not x.ndim:  # (``_fits``: ``x.size`` is not 0 here)
+    if k is None or x.dtype not in _FLOATS or not x.ndim or not x.size:  # (``_fits``)
         return None
     out = np.empty(x.shape, dtype=x.dtype)
     xf = x.flags
@@ -87,8 +87,8 @@ def _binary(name: str, g: np.ndarray, x: np.ndarray) -> np.ndarray | None:
     if x.size < ELEMENTWISE_MIN:
         return None
     k = compiled()
-    dt = x.dtype  # (``_fits(x, g)``, written out: ``x.size`` is not 0 here)
-    if k is None or dt not in _FLOATS or not x.ndim or g.dtype != dt or g.shape != x.shape:
+    dt = x.dtype  # (``_fits(x, g)``, written out)
+    if k is None or dt not in _FLOATS or not x.ndim or not x.size or g.dtype != dt or g.shape != x.shape:
         return None
     out = np.empty(x.shape, dtype=dt)
     gf = g.flags
