@@ -8,13 +8,32 @@ from typing import Any
 import numpy as np
 
 from .._aliases import numpy_aliases
-from ..autograd.graph.record import record
+from ..autograd.graph.record import interned_params, record
 from ..ops import reductions as R, shape as S
 from ..ops._spec import OpSpec
 from ..tensor import MinMax, Tensor
 from .. import return_types
 from ._dispatch import _dim, _dims, _reduction_dims, _tensor
 from .elementwise import maximum, minimum, to_dtype
+
+
+_WHOLE_PARAMS: dict[tuple[bool, tuple[int, ...]], dict[str, Any]] = {}
+_WHOLE_PARAMS_MAX = 4096
+
+
+def _params(dims: tuple[int, ...] | None, keepdim: Any, shape: tuple[int, ...]) -> dict[str, Any]:
+    """A reduction node's ``params``: for the whole array (a loss's ``mean()`` or
+    ``sum()``, once per forward) the shared dict kept here, which ``record`` knows
+    without building its key (Note [Interned node constants] in graph/record.py)."""
+    if dims is not None or type(keepdim) is not bool:
+        return {"dim": dims, "keepdim": keepdim, "shape": shape}
+    key = (keepdim, shape)
+    params = _WHOLE_PARAMS.get(key)
+    if params is None:
+        params = interned_params({"dim": None, "keepdim": keepdim, "shape": shape})
+        if len(_WHOLE_PARAMS) < _WHOLE_PARAMS_MAX:
+            _WHOLE_PARAMS[key] = params
+    return params
 
 
 @numpy_aliases
@@ -26,7 +45,7 @@ def sum(x: Tensor, dim: Any = None, keepdim: bool = False) -> Tensor:
     out = R._sum(x.data, dim=dims, keepdim=keepdim)
     if x.data.dtype.kind in "bi" and dims is None:
         out = out.astype(np.int64)
-    return record(spec, (x,), out, params={"dim": dims, "keepdim": keepdim, "shape": x.shape})
+    return record(spec, (x,), out, params=_params(dims, keepdim, x.shape))
 
 
 @numpy_aliases
@@ -41,7 +60,7 @@ def mean(x: Tensor, dim: Any = None, keepdim: bool = False) -> Tensor:
     dims = _reduction_dims(dim, x.ndim)
     spec = R.mean_all if dims is None else R.mean
     out = R._mean(x.data, dim=dims, keepdim=keepdim)
-    return record(spec, (x,), out, params={"dim": dims, "keepdim": keepdim, "shape": x.shape})
+    return record(spec, (x,), out, params=_params(dims, keepdim, x.shape))
 
 
 @numpy_aliases

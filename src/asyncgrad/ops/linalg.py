@@ -192,13 +192,28 @@ def _linear_rule_w(m, g, ans, x, w, b=None):  # type: ignore[no-untyped-def]
     return m.matmul(m.transpose(_flat(m, g), 0, 1), _flat(m, x))
 
 
+def _linear_rule_b(m, g, ans, x, w, b):  # type: ignore[no-untyped-def]
+    """The bias's gradient: ``g`` summed over its rows (Note [A bias sums its own rows])."""
+    if type(g) is np.ndarray and len(g.shape) == 2:
+        return np.add.reduce(g, axis=0)
+    return g
+
+
+# Note [A bias sums its own rows]: a linear layer's bias gradient is ``g`` summed over
+# every axis but the last. The rule used to return ``g`` whole and leave the sum to the
+# engine's check of each gradient against its input's shape (``fix_gradient`` in
+# graph/validate.py: its one-leading-axis case, ``np.add.reduce(g, axis=0)``), a
+# Python-level call per layer of every backward whose only work is that sum. So a 2-D
+# numpy ``g`` (one batch axis) is summed here, by that same reduction (the same bits),
+# and the check finds the shape right; any other ``g`` (a stack of rows, another
+# backend's array, a create_graph Tensor, whose sum must be differentiable) is returned
+# whole as before, for the engine to sum down.
 # name ------------ node name ------------ forward ------- derivative -------------------
 matmul = defop("MmBackward0", _matmul, _matmul_rule_x, _matmul_rule_y, save="x y", blas=True)  # ranks decide
 dot = defop("DotBackward0", np.matmul, _matmul_rule_x, _matmul_rule_y, save="x y", blas=True)
 mv = defop("MvBackward0", np.matmul, _matmul_rule_x, _matmul_rule_y, save="x y", blas=True)
 bmm = defop("BmmBackward0", _matmul, _matmul_rule_x, _matmul_rule_y, save="x y", blas=True)
-linear = defop("AddmmBackward0", _linear, _linear_rule_x, _linear_rule_w,
-               lambda m, g, ans, x, w, b: g,  # summed over the batch by the engine
+linear = defop("AddmmBackward0", _linear, _linear_rule_x, _linear_rule_w, _linear_rule_b,
                save="x@1 y@0", blas=True)
 linear_nobias = defop("MmBackward0", _linear, _linear_rule_x, _linear_rule_w,
                       save="x@1 y@0", blas=True)

@@ -71,12 +71,21 @@ def _sum(x, *, dim, keepdim):  # type: ignore[no-untyped-def]
     return np.asarray(np.sum(x, axis=dim, keepdims=keepdim))
 
 
+# Note [A whole-array mean in Python floats]: numpy's ``_mean`` of a whole float32 or
+# float64 array divides its scalar sum by the count as numpy scalars: float32 / intp
+# promotes to float64, then the quotient is cast back to the array's dtype. Python's
+# float division is that same float64 division (``float(total)`` is exact, and so is a
+# count below 2**53), and ``np.array(q, dtype)`` that same cast: the same bits, without
+# numpy's scalar arithmetic, which costs more than the sum of a small loss's elements.
 def _mean(x, *, dim, keepdim):  # type: ignore[no-untyped-def]
     """``np.mean``. For float32/float64 it is numpy's own ``_mean`` written out (the
     sum with ``np.add.reduce``, then the division by the count as an ``intp``, so the
     same bits), without its Python-level wrappers: about half of its ~7 us on a small
     array, once per loss of every forward. Over the last axis the sum is ``_row_sums``'s
-    (the same bits)."""
+    (the same bits); over the whole array the division is in Python floats (Note [A
+    whole-array mean in Python floats])."""
+    if dim is None and not keepdim and x.dtype in _FLOATS and x.size:
+        return np.array(float(np.add.reduce(x, axis=None)) / x.size, dtype=x.dtype)
     if x.dtype in _FLOATS and x.size:
         total = _row_sums(x, dim, keepdim)
         if total is None:

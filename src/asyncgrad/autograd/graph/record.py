@@ -51,7 +51,7 @@ from . import NO_EDGE, AccumulateGrad, HookedSavedTensor, SavedTensor, next_sequ
 from .op_node import MultiViewNode, OpNode
 from .registry import tensor_constructors
 
-__all__ = ["MULTIPLY_ADDS_PER_ELEMENT", "MultiViewNode", "OpNode", "record", "record_views"]
+__all__ = ["MULTIPLY_ADDS_PER_ELEMENT", "MultiViewNode", "OpNode", "interned_params", "record", "record_views"]
 
 # The Tensor class and its constructors, bound here once for the hot path: registered by
 # tensor.py (Note [The graph layer never imports Tensor] in graph/registry.py)
@@ -111,8 +111,13 @@ def _meta(key: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
 # exactly are interned: ``params`` whose values are ints, bools, strings, None or tuples
 # of ints, keyed with each value's type (``True == 1`` and ``1.0 == 1``, yet a rule may
 # tell them apart), anything else (arrays, slices, floats) stays the node's own. Both
-# caches are bounded, so ever-changing shapes cannot grow them without limit.
+# caches are bounded, so ever-changing shapes cannot grow them without limit. A dict
+# that is already the shared one is known by its id (``_PARAMS_IDS``: the cache's dicts
+# are never dropped, so no other dict can take one of their ids), and a caller that keeps
+# the shared dict of its common case (a whole-array sum's or mean's, functional/
+# reductions.py) hands it over without a key to build: ``interned_params`` gives it one.
 _PARAMS_CACHE: dict[tuple[Any, ...], dict[str, Any]] = {}
+_PARAMS_IDS: set[int] = set()  # the ids of the dicts in _PARAMS_CACHE
 _WORK_CACHE: dict[int, int] = {}
 _CONSTANTS_MAX = 4096
 _EXACT = frozenset({int, bool, str, type(None)})
@@ -121,6 +126,8 @@ _EXACT = frozenset({int, bool, str, type(None)})
 def _interned_params(params: dict[str, Any]) -> dict[str, Any]:
     """The shared dict equal to ``params``, or ``params`` itself (Note [Interned node
     constants])."""
+    if id(params) in _PARAMS_IDS:  # (the shared one itself)
+        return params
     key: list[Any] = []
     for k, v in params.items():
         t = type(v)
@@ -139,7 +146,11 @@ def _interned_params(params: dict[str, Any]) -> dict[str, Any]:
         return hit
     if len(_PARAMS_CACHE) < _CONSTANTS_MAX:
         _PARAMS_CACHE[k2] = params
+        _PARAMS_IDS.add(id(params))
     return params
+
+
+interned_params = _interned_params  # (for callers that keep a shared dict: the Note)
 
 
 def _interned_work(work: int) -> int:
@@ -358,7 +369,8 @@ def record(spec: OpSpec, inputs: tuple[Any, ...], out: np.ndarray, aux: Any = No
         work += out.size * (first.shape[-1] if first.ndim else 1) // MULTIPLY_ADDS_PER_ELEMENT
     if spec.cost != 1.0:
         work = int(work * spec.cost)
-    node.work = work if work < 257 else _interned_work(work)  # (CPython shares the small ints)
+    # (CPython shares the small ints; the cache's hit without a call)
+    node.work = work if work < 257 else (_WORK_CACHE.get(work) or _interned_work(work))
     # the factor of the one input that needs a gradient, if the node can be in a fused run
     # (Note [Fused runs] in sched/runs.py): a numpy array of at most FACTOR_MAX_ELEMENTS,
     # that input of the output's shape and dtype (by construction for an ``own`` factor),

@@ -62,13 +62,16 @@ ELEMENTWISE_MIN = 4096
 
 
 def _unary(name: str, x: np.ndarray) -> np.ndarray | None:
+    """``name``'s kernel on ``x``; a C-contiguous, writeable ``x`` (the usual case) is
+    passed as a flat view directly, with ``_fits`` written out (as ``_binary``)."""
     if x.size < ELEMENTWISE_MIN:
         return None
     k = compiled()
-    if k is None or not _fits(x):
+    if k is None or x.dtype not in _FLOATS or not x.ndim or not x.size:  # (``_fits``)
         return None
     out = np.empty(x.shape, dtype=x.dtype)
-    getattr(k, name)(_flat(x), out.reshape(-1))
+    xf = x.flags
+    getattr(k, name)(x.reshape(-1) if xf.c_contiguous and xf.writeable else _flat(x), out.reshape(-1))
     return out
 
 
@@ -84,9 +87,10 @@ def _binary(name: str, g: np.ndarray, x: np.ndarray) -> np.ndarray | None:
     if x.size < ELEMENTWISE_MIN:
         return None
     k = compiled()
-    if k is None or not _fits(x, g):
+    dt = x.dtype  # (``_fits(x, g)``, written out)
+    if k is None or dt not in _FLOATS or not x.ndim or not x.size or g.dtype != dt or g.shape != x.shape:
         return None
-    out = np.empty(x.shape, dtype=x.dtype)
+    out = np.empty(x.shape, dtype=dt)
     gf = g.flags
     xf = x.flags
     if gf.c_contiguous and gf.writeable and xf.c_contiguous and xf.writeable:
