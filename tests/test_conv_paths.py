@@ -145,6 +145,10 @@ ROWS_ODD = [
     ((3, 5, 9, 7), (4, 5, 3, 3), {"stride": 2, "padding": 1}),  # stride 2, odd input sizes
     ((2, 3, 7, 3), (2, 3, 2, 2), {"padding": "same"}),  # "same" pads one more at the end; a narrow image
     ((2, 33, 5, 7), (3, 33, 3, 2), {"padding": (2, 1), "dilation": 2}),  # wide rows, 33 channels
+    # blocks of 8 channels of 8 pixels and what is left over (Note [Channels last by a
+    # compiled copy]): stride 2, and 40 channels on wide rows
+    ((2, 19, 11, 13), (4, 19, 3, 3), {"stride": 2, "padding": 1}),
+    ((2, 40, 9, 17), (3, 40, 3, 3), {"padding": 1}),
 ]
 
 
@@ -172,8 +176,24 @@ def test_compiled_fold_gives_the_numpy_bits(on_path: Any, dtype: Any, case: tupl
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", ROWS_ODD, ids=str)
+def test_compiled_pixel_rows_match_torch(on_path: Any, dtype: Any, case: tuple[Any, ...]) -> None:
+    """The same convolutions on the compiled kernels (windows straight from the input,
+    folded straight back to channels first: Note [Pixel rows straight from the input] in
+    ops/kernels/numba_kernels.py) against PyTorch."""
+    x_shape, w_shape, kw = case
+    x, w, b = _arrays(x_shape, w_shape, dtype)
+    on_path("compiled")
+    tol = 1e-10 if dtype == np.float64 else 1e-4
+    for a, t in zip(_ours(x, w, b, kw, False), _theirs(x, w, b, kw, False)):
+        assert a.dtype == dtype
+        np.testing.assert_allclose(a, t, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize(("shape", "pad"), [((3, 5, 7, 9), ((1, 1), (1, 1))), ((2, 1, 4, 3), ((0, 1), (2, 0))),
-                                            ((1, 3, 2, 5), ((0, 0), (0, 0)))], ids=str)
+                                            ((1, 3, 2, 5), ((0, 0), (0, 0))), ((2, 17, 3, 19), ((1, 2), (0, 1))),
+                                            ((1, 16, 2, 16), ((0, 0), (0, 0)))], ids=str)
 def test_compiled_layout_copies_give_the_numpy_bits(on_path: Any, dtype: Any, shape: tuple[int, ...],
                                                     pad: tuple[tuple[int, int], ...]) -> None:
     """The padded channels-last copy of an input (here a strided view, not contiguous) and

@@ -146,10 +146,10 @@ def _rows_input_grad(gy: np.ndarray, w: np.ndarray, win: W.Window) -> np.ndarray
     n, c = gy.shape[0], w.shape[1]
     dtype = np.result_type(gy.dtype, w.dtype)
     wkt = _rows_weight(w, dtype).T
-    dxp = np.zeros((n, *win.padded, c), dtype=dtype)
+    dx = np.empty((n, c, *win.in_size), dtype=dtype)
     for part in R.image_parts(n, win.positions):
-        R.fold_rows(R.rows_of(gy, part) @ wkt, dxp[part], win)
-    return R.cropped_channels_first(dxp, win)
+        R.fold_channels_first(R.rows_of(gy, part) @ wkt, dx, part, win)
+    return dx
 
 
 # --- the kernels ----------------------------------------------------------------------------
