@@ -268,15 +268,27 @@ OFF_SHIFTED = [
 
 
 @pytest.mark.parametrize("case", ON_SHIFTED + OFF_SHIFTED, ids=str)
-def test_the_shifted_taps_decision_is_the_notes(case: tuple[Any, ...]) -> None:
-    """The weight gradient of each ON_SHIFTED case by shifted taps, its forward only with stride 1."""
+def test_the_shifted_taps_decision_is_the_notes(monkeypatch: pytest.MonkeyPatch, case: tuple[Any, ...]) -> None:
+    """Each ON_SHIFTED case by shifted taps with stride 1; a strided one's weight gradient
+    by phases only when ``STRIDED_BY_PHASES``, its forward never."""
     x_shape, w_shape, kw = case
+    stride_1 = case in ON_SHIFTED and "stride" not in kw
+    assert _runs_shifted(x_shape, w_shape, kw) == stride_1
+    assert _runs_shifted(x_shape, w_shape, kw, weight_grad=False) == stride_1
+    monkeypatch.setattr(ops_conv, "STRIDED_BY_PHASES", True)
     assert _runs_shifted(x_shape, w_shape, kw) == (case in ON_SHIFTED)
-    assert _runs_shifted(x_shape, w_shape, kw, weight_grad=False) == (case in ON_SHIFTED and "stride" not in kw)
+    assert _runs_shifted(x_shape, w_shape, kw, weight_grad=False) == stride_1
+
+
+@pytest.fixture(params=[False, True], ids=["strided on pixel rows", "strided by phases"])
+def by_phases(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Both ways of a strided weight gradient (Note [Convolution on pixel rows] in ops/conv.py)."""
+    monkeypatch.setattr(ops_conv, "STRIDED_BY_PHASES", request.param)
+    return bool(request.param)
 
 
 @pytest.mark.parametrize(("case", "transposed"), _with_transposed(ON_SHIFTED), ids=str)
-def test_shifted_taps_match_torch(case: tuple[Any, ...], transposed: bool) -> None:
+def test_shifted_taps_match_torch(by_phases: bool, case: tuple[Any, ...], transposed: bool) -> None:
     x_shape, w_shape, kw = case
     x, w, b = _arrays(x_shape, w_shape, np.float64, transposed)
     for a, t in zip(_ours(x, w, b, kw, transposed), _theirs(x, w, b, kw, transposed)):
@@ -297,7 +309,7 @@ def test_shifted_taps_and_the_other_layouts_agree_in_float32(monkeypatch: pytest
 
 
 @pytest.mark.parametrize("chunk_bytes", [1, 1 << 40], ids=["an image a chunk", "one chunk"])
-def test_shifted_taps_in_chunks_match_torch(monkeypatch: pytest.MonkeyPatch, chunk_bytes: int) -> None:
+def test_shifted_taps_in_chunks_match_torch(by_phases: bool, monkeypatch: pytest.MonkeyPatch, chunk_bytes: int) -> None:
     monkeypatch.setattr(ops_shifted, "CHUNK_BYTES", chunk_bytes)
     for x_shape, w_shape, kw in ON_SHIFTED[:2]:
         x, w, b = _arrays(x_shape, w_shape, np.float64)
@@ -307,8 +319,8 @@ def test_shifted_taps_in_chunks_match_torch(monkeypatch: pytest.MonkeyPatch, chu
 
 @pytest.mark.parametrize(("kw", "transposed"), [(kw, False) for kw in CONV2D] + [(kw, True) for kw in CONV_T],
                          ids=str)
-def test_every_geometry_by_shifted_taps_matches_torch(monkeypatch: pytest.MonkeyPatch, kw: dict[str, Any],
-                                                      transposed: bool) -> None:
+def test_every_geometry_by_shifted_taps_matches_torch(by_phases: bool, monkeypatch: pytest.MonkeyPatch,
+                                                      kw: dict[str, Any], transposed: bool) -> None:
     """test_conv.py's grids, with shifted taps taken from one channel on: the geometries
     that fit (one group, a quarter of junk at most) run by them, and all match PyTorch."""
     monkeypatch.setattr(ops_conv, "SHIFT_CHANNELS", 1)
@@ -326,7 +338,7 @@ def test_every_geometry_by_shifted_taps_matches_torch(monkeypatch: pytest.Monkey
     (lambda x, w, b: F.conv_transpose2d(x, w, b, stride=2, padding=1, output_padding=1),
      ((1, 3, 4, 5), (3, 2, 3, 3), (2,))),
 ], ids=["stride 1", "strided dilated", "transposed strided"])
-def test_gradcheck_and_gradgradcheck_by_shifted_taps(monkeypatch: pytest.MonkeyPatch, fn: Any,
+def test_gradcheck_and_gradgradcheck_by_shifted_taps(by_phases: bool, monkeypatch: pytest.MonkeyPatch, fn: Any,
                                                      shapes: tuple[tuple[int, ...], ...]) -> None:
     monkeypatch.setattr(ops_conv, "SHIFT_CHANNELS", 1)
     inputs = tuple(ag.tensor(_rand(s, i), requires_grad=True) for i, s in enumerate(shapes))
