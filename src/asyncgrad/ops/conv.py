@@ -155,8 +155,14 @@ def _rows_input_grad(gy: np.ndarray, w: np.ndarray, win: W.Window) -> np.ndarray
     dtype = np.result_type(gy.dtype, w.dtype)
     wkt = _rows_weight(w, dtype).T
     dx = np.empty((n, c, *win.in_size), dtype=dtype)
-    for part in R.image_parts(n, win.positions):
-        R.fold_channels_first(R.rows_of(gy, part) @ wkt, dx, part, win)
+    parts = R.image_parts(n, win.positions)
+    most = max((p.stop - p.start for p in parts), default=0)
+    products = np.empty((most * win.positions, wkt.shape[1]), dtype=dtype)  # (one buffer for every part)
+    for part in parts:
+        rows = R.rows_of(gy, part)
+        dcols = products[:rows.shape[0]]
+        np.matmul(rows, wkt, out=dcols)
+        R.fold_channels_first(dcols, dx, part, win)
     return dx
 
 
