@@ -139,6 +139,19 @@ def test_gradcheck_on_pixel_rows(fn: Any, shapes: tuple[tuple[int, ...], ...]) -
     assert gradcheck(fn, inputs)
 
 
+@pytest.mark.parametrize("fn, shapes", [
+    (lambda x, w, b: F.conv2d(x, w, b, stride=2, padding=1), ((1, 9, 8, 9), (3, 9, 3, 3), (3,))),
+    (lambda x, w, b: F.conv_transpose2d(x, w, b, stride=2, padding=1), ((1, 8, 4, 5), (8, 9, 3, 3), (9,))),
+], ids=["strided", "transposed strided"])
+def test_gradcheck_on_compiled_pixel_rows(on_path: Any, fn: Any, shapes: tuple[tuple[int, ...], ...]) -> None:
+    """gradcheck through the compiled windows and fold on pixel rows, with a block of 8
+    channels of 8 pixels and channels and pixels left over (Note [Channels last by a
+    compiled copy] in ops/kernels/numba_kernels.py)."""
+    on_path("compiled")
+    inputs = tuple(ag.tensor(_rand(s, i), requires_grad=True) for i, s in enumerate(shapes))
+    assert gradcheck(fn, inputs)
+
+
 # geometries on pixel rows with odd sizes, uneven padding, dilation, stride 2 on odd inputs
 ROWS_ODD = [
     ON_ROWS[1],
