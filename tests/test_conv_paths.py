@@ -139,12 +139,29 @@ def test_gradcheck_on_pixel_rows(fn: Any, shapes: tuple[tuple[int, ...], ...]) -
     assert gradcheck(fn, inputs)
 
 
+@pytest.mark.parametrize("fn, shapes", [
+    (lambda x, w, b: F.conv2d(x, w, b, stride=2, padding=1), ((1, 9, 8, 9), (3, 9, 3, 3), (3,))),
+    (lambda x, w, b: F.conv_transpose2d(x, w, b, stride=2, padding=1), ((1, 8, 4, 5), (8, 9, 3, 3), (9,))),
+], ids=["strided", "transposed strided"])
+def test_gradcheck_on_compiled_pixel_rows(on_path: Any, fn: Any, shapes: tuple[tuple[int, ...], ...]) -> None:
+    """gradcheck through the compiled windows and fold on pixel rows, with a block of 8
+    channels of 8 pixels and channels and pixels left over (Note [Channels last by a
+    compiled copy] in ops/kernels/numba_kernels.py)."""
+    on_path("compiled")
+    inputs = tuple(ag.tensor(_rand(s, i), requires_grad=True) for i, s in enumerate(shapes))
+    assert gradcheck(fn, inputs)
+
+
 # geometries on pixel rows with odd sizes, uneven padding, dilation, stride 2 on odd inputs
 ROWS_ODD = [
     ON_ROWS[1],
     ((3, 5, 9, 7), (4, 5, 3, 3), {"stride": 2, "padding": 1}),  # stride 2, odd input sizes
     ((2, 3, 7, 3), (2, 3, 2, 2), {"padding": "same"}),  # "same" pads one more at the end; a narrow image
     ((2, 33, 5, 7), (3, 33, 3, 2), {"padding": (2, 1), "dilation": 2}),  # wide rows, 33 channels
+    # blocks of 8 channels of 8 pixels and what is left over (Note [Channels last by a
+    # compiled copy]): stride 2, and 40 channels on wide rows
+    ((2, 19, 11, 13), (4, 19, 3, 3), {"stride": 2, "padding": 1}),
+    ((2, 40, 9, 17), (3, 40, 3, 3), {"padding": 1}),
 ]
 
 
@@ -172,8 +189,24 @@ def test_compiled_fold_gives_the_numpy_bits(on_path: Any, dtype: Any, case: tupl
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", ROWS_ODD, ids=str)
+def test_compiled_pixel_rows_match_torch(on_path: Any, dtype: Any, case: tuple[Any, ...]) -> None:
+    """The same convolutions on the compiled kernels (windows straight from the input,
+    folded straight back to channels first: Note [Pixel rows straight from the input] in
+    ops/kernels/numba_kernels.py) against PyTorch."""
+    x_shape, w_shape, kw = case
+    x, w, b = _arrays(x_shape, w_shape, dtype)
+    on_path("compiled")
+    tol = 1e-10 if dtype == np.float64 else 1e-4
+    for a, t in zip(_ours(x, w, b, kw, False), _theirs(x, w, b, kw, False)):
+        assert a.dtype == dtype
+        np.testing.assert_allclose(a, t, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize(("shape", "pad"), [((3, 5, 7, 9), ((1, 1), (1, 1))), ((2, 1, 4, 3), ((0, 1), (2, 0))),
-                                            ((1, 3, 2, 5), ((0, 0), (0, 0)))], ids=str)
+                                            ((1, 3, 2, 5), ((0, 0), (0, 0))), ((2, 17, 3, 19), ((1, 2), (0, 1))),
+                                            ((1, 16, 2, 16), ((0, 0), (0, 0)))], ids=str)
 def test_compiled_layout_copies_give_the_numpy_bits(on_path: Any, dtype: Any, shape: tuple[int, ...],
                                                     pad: tuple[tuple[int, int], ...]) -> None:
     """The padded channels-last copy of an input (here a strided view, not contiguous) and
@@ -248,15 +281,27 @@ OFF_SHIFTED = [
 
 
 @pytest.mark.parametrize("case", ON_SHIFTED + OFF_SHIFTED, ids=str)
-def test_the_shifted_taps_decision_is_the_notes(case: tuple[Any, ...]) -> None:
-    """The weight gradient of each ON_SHIFTED case by shifted taps, its forward only with stride 1."""
+def test_the_shifted_taps_decision_is_the_notes(monkeypatch: pytest.MonkeyPatch, case: tuple[Any, ...]) -> None:
+    """Each ON_SHIFTED case by shifted taps with stride 1; a strided one's weight gradient
+    by phases only when ``STRIDED_BY_PHASES``, its forward never."""
     x_shape, w_shape, kw = case
+    stride_1 = case in ON_SHIFTED and "stride" not in kw
+    assert _runs_shifted(x_shape, w_shape, kw) == stride_1
+    assert _runs_shifted(x_shape, w_shape, kw, weight_grad=False) == stride_1
+    monkeypatch.setattr(ops_conv, "STRIDED_BY_PHASES", True)
     assert _runs_shifted(x_shape, w_shape, kw) == (case in ON_SHIFTED)
-    assert _runs_shifted(x_shape, w_shape, kw, weight_grad=False) == (case in ON_SHIFTED and "stride" not in kw)
+    assert _runs_shifted(x_shape, w_shape, kw, weight_grad=False) == stride_1
+
+
+@pytest.fixture(params=[False, True], ids=["strided on pixel rows", "strided by phases"])
+def by_phases(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Both ways of a strided weight gradient (Note [Convolution on pixel rows] in ops/conv.py)."""
+    monkeypatch.setattr(ops_conv, "STRIDED_BY_PHASES", request.param)
+    return bool(request.param)
 
 
 @pytest.mark.parametrize(("case", "transposed"), _with_transposed(ON_SHIFTED), ids=str)
-def test_shifted_taps_match_torch(case: tuple[Any, ...], transposed: bool) -> None:
+def test_shifted_taps_match_torch(by_phases: bool, case: tuple[Any, ...], transposed: bool) -> None:
     x_shape, w_shape, kw = case
     x, w, b = _arrays(x_shape, w_shape, np.float64, transposed)
     for a, t in zip(_ours(x, w, b, kw, transposed), _theirs(x, w, b, kw, transposed)):
@@ -277,7 +322,7 @@ def test_shifted_taps_and_the_other_layouts_agree_in_float32(monkeypatch: pytest
 
 
 @pytest.mark.parametrize("chunk_bytes", [1, 1 << 40], ids=["an image a chunk", "one chunk"])
-def test_shifted_taps_in_chunks_match_torch(monkeypatch: pytest.MonkeyPatch, chunk_bytes: int) -> None:
+def test_shifted_taps_in_chunks_match_torch(by_phases: bool, monkeypatch: pytest.MonkeyPatch, chunk_bytes: int) -> None:
     monkeypatch.setattr(ops_shifted, "CHUNK_BYTES", chunk_bytes)
     for x_shape, w_shape, kw in ON_SHIFTED[:2]:
         x, w, b = _arrays(x_shape, w_shape, np.float64)
@@ -287,8 +332,8 @@ def test_shifted_taps_in_chunks_match_torch(monkeypatch: pytest.MonkeyPatch, chu
 
 @pytest.mark.parametrize(("kw", "transposed"), [(kw, False) for kw in CONV2D] + [(kw, True) for kw in CONV_T],
                          ids=str)
-def test_every_geometry_by_shifted_taps_matches_torch(monkeypatch: pytest.MonkeyPatch, kw: dict[str, Any],
-                                                      transposed: bool) -> None:
+def test_every_geometry_by_shifted_taps_matches_torch(by_phases: bool, monkeypatch: pytest.MonkeyPatch,
+                                                      kw: dict[str, Any], transposed: bool) -> None:
     """test_conv.py's grids, with shifted taps taken from one channel on: the geometries
     that fit (one group, a quarter of junk at most) run by them, and all match PyTorch."""
     monkeypatch.setattr(ops_conv, "SHIFT_CHANNELS", 1)
@@ -306,7 +351,7 @@ def test_every_geometry_by_shifted_taps_matches_torch(monkeypatch: pytest.Monkey
     (lambda x, w, b: F.conv_transpose2d(x, w, b, stride=2, padding=1, output_padding=1),
      ((1, 3, 4, 5), (3, 2, 3, 3), (2,))),
 ], ids=["stride 1", "strided dilated", "transposed strided"])
-def test_gradcheck_and_gradgradcheck_by_shifted_taps(monkeypatch: pytest.MonkeyPatch, fn: Any,
+def test_gradcheck_and_gradgradcheck_by_shifted_taps(by_phases: bool, monkeypatch: pytest.MonkeyPatch, fn: Any,
                                                      shapes: tuple[tuple[int, ...], ...]) -> None:
     monkeypatch.setattr(ops_conv, "SHIFT_CHANNELS", 1)
     inputs = tuple(ag.tensor(_rand(s, i), requires_grad=True) for i, s in enumerate(shapes))

@@ -3,12 +3,14 @@ over ``(N, C, H, W)`` images is a product of a ``(pixels, kh * kw * C)`` matrix 
 one row per output pixel, with the ``(kh * kw * C, O)`` weight (Note [Convolution on pixel
 rows] in ops/conv.py says when a convolution runs this way).
 
-The input is copied once into a padded channels-last ``(N, Hp, Wp, C)`` buffer; there the
-window of output pixel ``(n, i, j)`` at kernel row ``a`` is ``kw`` runs of ``C``
-consecutive elements (one run of ``kw * C`` without dilation), so each part's windows are
-one strided view copied into a contiguous matrix. :func:`fold_rows` is the adjoint, adding
-a matrix of window gradients back onto the padded buffer one strided slice per tap (or
-its compiled form, ops/kernels/numba_kernels.py, adding the same runs in the same order).
+In a padded channels-last ``(N, Hp, Wp, C)`` copy of the input the window of output pixel
+``(n, i, j)`` at kernel row ``a`` is ``kw`` runs of ``C`` consecutive elements (one run of
+``kw * C`` without dilation), so each part's windows are one strided view copied into a
+contiguous matrix. :func:`fold_rows` is the adjoint, adding a matrix of window gradients
+back onto the padded buffer one strided slice per tap. The compiled kernels make both
+image by image through one padded channels-last image, never the batch's copy (Note
+[Pixel rows straight from the input] in ops/kernels/numba_kernels.py), with the same
+bits: the same copies, the same additions in the same order.
 """
 
 from __future__ import annotations
@@ -61,25 +63,41 @@ class RowWindows:
     """The windows of ``x`` (N, C, H, W), part by part of images (:func:`image_parts`):
     ``cols(part)`` is a contiguous ``(images * oh * ow, kh * kw * C)``, columns in
     ``(tap row, tap column, channel)`` order, copied into one buffer that the next call
-    overwrites."""
+    overwrites: straight from ``x`` by the compiled kernel (Note [Pixel rows straight from
+    the input] in ops/kernels/numba_kernels.py), else out of a padded channels-last copy
+    of the batch."""
 
     def __init__(self, x: np.ndarray, win: W.Window, dtype: np.dtype) -> None:
         n, c = x.shape[:2]
-        self.win, self.parts = win, image_parts(n, win.positions)
-        xp = padded_channels_last(x, win, dtype)
-        hp, wp = win.padded
-        e = xp.itemsize
-        (sh, sw), (dh, dw) = win.stride, win.dilation
-        self.view = np.lib.stride_tricks.as_strided(
-            xp, (n, *win.out_size, *win.kernel, c),
-            (hp * wp * c * e, sh * wp * c * e, sw * c * e, dh * wp * c * e, dw * c * e, e), writeable=False)
+        self.x, self.win, self.dtype, self.parts = x, win, dtype, image_parts(n, win.positions)
         most = max((p.stop - p.start for p in self.parts), default=0)
         self.buf = np.empty((most, *win.out_size, *win.kernel, c), dtype=dtype)
         self.width = win.taps * c
+        self.view: np.ndarray | None = None
+        self.tmp: np.ndarray | None = None
+        if x.dtype == dtype and fast.compiled() is not None:
+            self.x = fast.writeable_c(x)
+            self.tmp = np.zeros((*win.padded, c), dtype=dtype)
+
+    def _view(self) -> np.ndarray:
+        """The windows of the whole batch, a strided view of its padded channels-last copy."""
+        if self.view is None:
+            win, c = self.win, self.x.shape[1]
+            xp = padded_channels_last(self.x, win, self.dtype)
+            hp, wp = win.padded
+            e = xp.itemsize
+            (sh, sw), (dh, dw) = win.stride, win.dilation
+            self.view = np.lib.stride_tricks.as_strided(
+                xp, (self.x.shape[0], *win.out_size, *win.kernel, c),
+                (hp * wp * c * e, sh * wp * c * e, sw * c * e, dh * wp * c * e, dw * c * e, e), writeable=False)
+        return self.view
 
     def cols(self, part: slice) -> np.ndarray:
         out = self.buf[:part.stop - part.start]
-        np.copyto(out, self.view[part])
+        win = self.win
+        if self.tmp is None or not fast.rows_unfold(self.x, out, self.tmp, part, win.padded, win.out_size,
+                                                    W.window_ints(win)):
+            np.copyto(out, self._view()[part])
         return out.reshape(-1, self.width)
 
 
@@ -104,3 +122,16 @@ def cropped_channels_first(dxp: np.ndarray, win: W.Window) -> np.ndarray:
     if compiled is not None:
         return compiled
     return np.ascontiguousarray(dxp[:, win.crop[0], win.crop[1]].transpose(0, 3, 1, 2))
+
+
+def fold_channels_first(dcols: np.ndarray, dx: np.ndarray, part: slice, win: W.Window) -> None:
+    """Write onto images ``part`` of ``dx`` (N, C, H, W), C-contiguous, the window
+    gradients ``dcols`` (images * oh * ow, kh * kw * C) of those images folded back (the
+    adjoint of :class:`RowWindows`' copy): by the compiled kernel, else onto a padded
+    channels-last gradient of the part, tap by tap, then cropped to channels first (the
+    same additions in the same order)."""
+    if fast.rows_fold_first(dcols, dx, part, win.padded, win.out_size, W.window_ints(win)):
+        return
+    dxp = np.zeros((part.stop - part.start, *win.padded, dx.shape[1]), dtype=dx.dtype)
+    fold_rows(dcols, dxp, win)
+    dx[part] = cropped_channels_first(dxp, win)

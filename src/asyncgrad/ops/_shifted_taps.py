@@ -27,7 +27,9 @@ phases, ``phase[p, q] = padded[p::sh, q::sw]`` (each ``hq x wq``, zeros where th
 ends); output ``(i, j)`` reads at tap ``(a, b)`` the element ``(i + a*dh // sh, j + b*dw //
 sw)`` of phase ``(a*dh % sh, b*dw % sw)``, so each tap is a stride-1 tap of one phase
 plane, with runs of ``oh * wq`` (``wq - ow`` junk columns a row). The phases are one copy
-of the input, the size of the padded one; stride 1 is one phase.
+of the input, the size of the padded one; stride 1 is one phase. (A strided weight
+gradient runs by phases only under ``ops.conv.STRIDED_BY_PHASES``: Note [Convolution on
+pixel rows] in ops/conv.py.)
 """
 
 from __future__ import annotations

@@ -63,20 +63,23 @@ class ConvGeometry:
 # 1, or narrow images) or it has at least ``ROWS_CHANNELS`` input channels; below that
 # the transposes cost more than the product gains (a 3-channel stem, 16 channels on 32 x
 # 32 images), and a 1 x 1 kernel's channels-first windows are a plain copy. The weight's
-# gradient (``windows^T @ g`` summed over the parts) and the input's (``g @ W`` folded back
-# tap by tap onto a channels-last gradient, or with stride 1 a convolution: Note [A
-# stride-1 adjoint is a convolution]) take the same layout as the forward, decided on the
-# same geometry and input channels. Grouped convolutions keep channels first (their
-# products are per group), as do the kernels under ``create_graph`` (through the math
-# namespace). Between ``SHIFT_CHANNELS`` and ``ROWS_CHANNELS`` input channels (one group,
-# several taps, little junk) the weight's gradient takes neither: it runs by shifted
-# taps, with no window copy at all (Note [Convolution by shifted taps] in
-# ops/_shifted_taps.py; a strided one by phases), and so do a stride-1 forward and a
-# stride-1 input gradient (a convolution of as many channels as the output has); a
-# strided forward and a strided input gradient keep pixel rows. These two functions are
-# the one place that decides.
+# gradient (``g @ windows`` summed over the images, or over parts of small images) and
+# the input's (``g @ W`` folded back tap by tap onto a channels-last gradient, or with
+# stride 1 a convolution: Note [A stride-1 adjoint is a convolution]) take the same
+# layout as the forward, decided on the same geometry and input channels. Grouped
+# convolutions keep channels first (their products are per group), as do the kernels
+# under ``create_graph`` (through the math namespace). Between ``SHIFT_CHANNELS`` and
+# ``ROWS_CHANNELS`` input channels (one group, several taps, little junk) a stride-1
+# convolution takes neither: its forward, its input gradient (a convolution of as many
+# channels as the output has) and its weight gradient run by shifted taps, with no window
+# copy at all (Note [Convolution by shifted taps] in ops/_shifted_taps.py). A strided one
+# keeps pixel rows: since the compiled kernels copy the windows straight from the input
+# (Note [Pixel rows straight from the input] in ops/kernels/numba_kernels.py), its weight
+# gradient there is faster than by phases (Note [Strided taps by phases], which
+# ``STRIDED_BY_PHASES`` turns back on). These two functions are the one place that decides.
 PIXEL_ROWS = True  # (tests set it False to check the channels-first kernels on every geometry)
 ROWS_CHANNELS = 32
+STRIDED_BY_PHASES = False  # (tests set it True to check the weight gradient by phases)
 
 
 def on_pixel_rows(geo: ConvGeometry, channels: int) -> bool:
@@ -95,11 +98,11 @@ def on_shifted_taps(geo: ConvGeometry, channels: int, *, weight_grad: bool = Fal
     """Whether ``conv`` (or, ``weight_grad``, ``conv_weight_grad``) of ``geo`` over an
     input of ``channels`` channels runs by shifted taps (Note [Convolution by shifted
     taps] in ops/_shifted_taps.py); this comes before :func:`on_pixel_rows`. A strided
-    forward keeps pixel rows: by phases it was faster in a loop but not reliably in the
-    ops benchmark, where the weight gradient by phases was (docs/guides/image_layers.md)."""
+    convolution keeps pixel rows (Note [Convolution on pixel rows]), unless
+    ``STRIDED_BY_PHASES`` sends its weight gradient by phases."""
     win = geo.window
     return (SHIFTED_TAPS and geo.groups == 1 and win.taps > 1 and SHIFT_CHANNELS <= channels < ROWS_CHANNELS
-            and S.fits(win) and (weight_grad or win.stride == (1, 1)))
+            and S.fits(win) and (win.stride == (1, 1) or (weight_grad and STRIDED_BY_PHASES)))
 
 
 def _rows_weight(w: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -123,19 +126,24 @@ def _rows_conv(x: np.ndarray, w: np.ndarray, win: W.Window) -> np.ndarray:
     return y
 
 
+# Below this many output pixels an image, the weight's gradient on pixel rows is one
+# product per part over its images' pixel rows; from it on, one per image (batched),
+# each image's ``g`` plane as it is (Note [Convolution on pixel rows]).
+PLANE_PRODUCT_POSITIONS = 256
+
+
 def _rows_weight_grad(x: np.ndarray, gy: np.ndarray, win: W.Window) -> np.ndarray:
-    """``conv_weight_grad`` on pixel rows: ``windows^T @ g`` summed over the parts (a
-    part of one image multiplies its ``g`` plane (O, oh * ow) as it is, without a copy
-    into pixel rows)."""
+    """``conv_weight_grad`` on pixel rows: ``g @ windows`` summed over the images."""
     n, c = x.shape[:2]
     o = gy.shape[1]
     dtype = np.result_type(x.dtype, gy.dtype)
     windows = R.RowWindows(x, win, dtype)
     dwt = np.zeros((o, win.taps * c), dtype=dtype)
+    planes = gy.reshape(n, o, win.positions)
     for part in windows.parts:
         cols = windows.cols(part)
-        if part.stop - part.start == 1:
-            dwt += gy[part.start].reshape(o, -1) @ cols
+        if win.positions >= PLANE_PRODUCT_POSITIONS or part.stop - part.start == 1:
+            dwt += np.matmul(planes[part], cols.reshape(part.stop - part.start, win.positions, -1)).sum(axis=0)
         else:
             dwt += (cols.T @ R.rows_of(gy, part)).T
     return np.ascontiguousarray(dwt.reshape(o, *win.kernel, c).transpose(0, 3, 1, 2))
@@ -146,10 +154,16 @@ def _rows_input_grad(gy: np.ndarray, w: np.ndarray, win: W.Window) -> np.ndarray
     n, c = gy.shape[0], w.shape[1]
     dtype = np.result_type(gy.dtype, w.dtype)
     wkt = _rows_weight(w, dtype).T
-    dxp = np.zeros((n, *win.padded, c), dtype=dtype)
-    for part in R.image_parts(n, win.positions):
-        R.fold_rows(R.rows_of(gy, part) @ wkt, dxp[part], win)
-    return R.cropped_channels_first(dxp, win)
+    dx = np.empty((n, c, *win.in_size), dtype=dtype)
+    parts = R.image_parts(n, win.positions)
+    most = max((p.stop - p.start for p in parts), default=0)
+    products = np.empty((most * win.positions, wkt.shape[1]), dtype=dtype)  # (one buffer for every part)
+    for part in parts:
+        rows = R.rows_of(gy, part)
+        dcols = products[:rows.shape[0]]
+        np.matmul(rows, wkt, out=dcols)
+        R.fold_channels_first(dcols, dx, part, win)
+    return dx
 
 
 # --- the kernels ----------------------------------------------------------------------------

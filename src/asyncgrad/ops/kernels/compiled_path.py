@@ -40,6 +40,11 @@ def _c(a: np.ndarray) -> np.ndarray:
     return a if a.flags.writeable else a.copy()
 
 
+def writeable_c(a: np.ndarray) -> np.ndarray:
+    """``a`` as the kernels take it: C-contiguous and writeable-typed (a copy if not)."""
+    return _c(a)
+
+
 def _flat(a: np.ndarray) -> np.ndarray:
     return _c(a).reshape(-1)
 
@@ -484,3 +489,34 @@ def channels_first(xp: np.ndarray, size: tuple[int, int], pad: tuple[int, int]) 
     out = np.empty((n, c, h, w), dtype=xp.dtype)
     k.channels_first(_flat(xp), out.reshape(-1), n, c, h, w, hp, wp, *pad)
     return out
+
+
+def rows_unfold(x: np.ndarray, out: np.ndarray, tmp: np.ndarray, part: slice, padded: tuple[int, int],
+                out_size: tuple[int, int], window: tuple[int, ...]) -> bool:
+    """The windows on pixel rows (images, oh, ow, kh, kw, C) of images ``part`` of ``x``
+    (N, C, H, W), C-contiguous and writeable, into the C-contiguous ``out``, through the
+    padded channels-last image ``tmp`` (Hp, Wp, C), zeros on the first call (Note [Pixel
+    rows straight from the input] in numba_kernels.py); False (nothing written) when the
+    compiled kernels are not in use or do not apply."""
+    k = compiled()
+    if (k is None or x.ndim != 4 or not _fits(x) or not x.flags.c_contiguous or not x.flags.writeable
+            or out.dtype != x.dtype or tmp.dtype != x.dtype or not out.flags.c_contiguous):
+        return False
+    k.rows_unfold(x.reshape(-1), out.reshape(-1), tmp.reshape(-1), part.start, part.stop - part.start,
+                  *x.shape[1:], *padded, *out_size, *window)
+    return True
+
+
+def rows_fold_first(cols: np.ndarray, out: np.ndarray, part: slice, padded: tuple[int, int],
+                    out_size: tuple[int, int], window: tuple[int, ...]) -> bool:
+    """The adjoint of :func:`rows_unfold`: the window gradients ``cols`` (images * oh * ow,
+    kh * kw * C) of images ``part`` folded back onto those images of the C-contiguous
+    ``out`` (N, C, H, W), which they overwrite; False (nothing written) when the compiled
+    kernels are not in use or do not apply."""
+    k = compiled()
+    if (k is None or out.ndim != 4 or not _fits(out) or not out.flags.c_contiguous or cols.dtype != out.dtype):
+        return False
+    tmp = np.empty(padded[0] * padded[1] * out.shape[1], dtype=out.dtype)
+    k.rows_fold_first(_flat(cols), out.reshape(-1), tmp, part.start, part.stop - part.start,
+                      *out.shape[1:], *padded, *out_size, *window)
+    return True

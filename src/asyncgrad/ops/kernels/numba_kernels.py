@@ -1270,20 +1270,99 @@ def rows_fold(cols, xp, n, c, hp, wp, oh, ow, kh, kw, sh, sw, dh, dw, pt, pl):  
 # padded (N, Hp, Wp, C) and, for the input's gradient, the padded gradient back. numpy
 # makes that transposing copy with ``C`` elements per inner loop, the reads one plane
 # apart: 2 ns an element, a third of a 16-channel strided layer's forward. These loops
-# read each input row in order and write it one pixel apart (the ``C`` planes of a row
-# fill the same few cache lines of the output); the reverse copy reads one pixel apart
-# and writes rows in order. A copy: the same bits as numpy's.
+# take one image row at a time: the row's ``C`` runs fill the same few cache lines of the
+# output (``Wp * C`` elements), which stay in L1 until the row is done. (Channel by
+# channel over a whole image instead, each pass wrote one element into every line of the
+# image's output, more lines than L1 holds, so every line came back from L2 once per
+# channel: twice the time.) In the row, each block of 8 channels of 8 pixels is read as
+# eight vectors, transposed in registers by shuffles and written as eight vectors of one
+# pixel's 8 channels (``_transpose8``: LLVM does not vectorise the element-by-element
+# loop, whose stores are ``C`` apart); the channels and pixels past the last full block
+# are copied one by one. The reverse copy reads one pixel apart and writes rows in order,
+# by the same blocks. A copy: the same bits as numpy's.
+@intrinsic
+def _transpose8(typingctx, src, s, sstride, dst, d, dstride):  # type: ignore[no-untyped-def]
+    """``dst[d + k * dstride + i] = src[s + i * sstride + k]`` for ``i, k < 8``: an 8 x 8 block
+    transposed in registers, eight vector loads, three rounds of two-vector shuffles
+    (round ``b`` swaps the off-diagonal ``b x b`` blocks of each pair of rows ``b`` apart),
+    eight vector stores (Note [Channels last by a compiled copy])."""
+    sig = types.none(src, types.intp, types.intp, dst, types.intp, types.intp)
+
+    def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
+        source = context.make_array(sig.args[0])(context, builder, args[0])
+        target = context.make_array(sig.args[3])(context, builder, args[3])
+        s, ss, d, ds = args[1], args[2], args[4], args[5]
+        dt = sig.args[0].dtype
+        vptr = ir.VectorType(context.get_value_type(dt), 8).as_pointer()
+        align = dt.bitwidth // 8
+        rows = []
+        for k in range(8):
+            at = builder.add(s, builder.mul(ss, ir.Constant(ss.type, k)))
+            rows.append(builder.load(builder.bitcast(builder.gep(source.data, [at]), vptr), align=align))
+        lanes = ir.VectorType(ir.IntType(32), 8)
+        for b in (1, 2, 4):
+            low = ir.Constant(lanes, [c if not c & b else 8 + c - b for c in range(8)])
+            high = ir.Constant(lanes, [c + b if not c & b else 8 + c for c in range(8)])
+            new = list(rows)
+            for r in range(8):
+                if not r & b:
+                    new[r] = builder.shuffle_vector(rows[r], rows[r + b], low)
+                    new[r + b] = builder.shuffle_vector(rows[r], rows[r + b], high)
+            rows = new
+        for k in range(8):
+            at = builder.add(d, builder.mul(ds, ir.Constant(ds.type, k)))
+            builder.store(rows[k], builder.bitcast(builder.gep(target.data, [at]), vptr), align=align)
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+@njit(inline="always")
+def _row_channels_last(x, out, img, c, h, w, dst0, wp):  # type: ignore[no-untyped-def]
+    """Image ``img`` of ``x`` (N, C, H, W), flat, into ``out``, flat, channels last: its
+    element ``(ch, r, col)`` at ``dst0 + (r * wp + col) * c + ch``; by blocks of 8 channels
+    of 8 pixels, the rest one by one."""
+    c8, w8, hw = c - c % 8, w - w % 8, h * w
+    for r in range(h):
+        for ch in range(c):
+            src = ((img * c + ch) * h + r) * w
+            dst = dst0 + r * wp * c + ch
+            if ch < c8:
+                if ch % 8 == 0:
+                    for col in range(0, w8, 8):
+                        _transpose8(x, src + col, hw, out, dst + col * c, c)
+                lo = w8
+            else:
+                lo = 0
+            for col in range(lo, w):
+                out[_U(dst + col * c)] = x[_U(src + col)]
+
+
+@njit(inline="always")
+def _row_channels_first(xp, out, img, c, h, w, src0, wp):  # type: ignore[no-untyped-def]
+    """The inverse of ``_row_channels_last``: image ``img`` of ``out`` (N, C, H, W), flat,
+    from ``xp``, flat, its element ``(ch, r, col)`` at ``src0 + (r * wp + col) * c + ch``."""
+    c8, w8, hw = c - c % 8, w - w % 8, h * w
+    for r in range(h):
+        for ch in range(c):
+            src = src0 + r * wp * c + ch
+            dst = ((img * c + ch) * h + r) * w
+            if ch < c8:
+                if ch % 8 == 0:
+                    for col in range(0, w8, 8):
+                        _transpose8(xp, src + col * c, c, out, dst + col, hw)
+                lo = w8
+            else:
+                lo = 0
+            for col in range(lo, w):
+                out[_U(dst + col)] = xp[_U(src + col * c)]
+
+
 @_jit((A32, A32, _N, _N, _N, _N, _N, _N, _N, _N), (A64, A64, _N, _N, _N, _N, _N, _N, _N, _N))
 def channels_last(x, out, n, c, h, w, hp, wp, pt, pl):  # type: ignore[no-untyped-def]
     """``out`` (N, Hp, Wp, C), flat, zeros in the padding on entry: ``x`` (N, C, H, W),
     flat, written at rows ``pt`` and columns ``pl`` on."""
     for img in range(n):
-        for ch in range(c):
-            for r in range(h):
-                src = ((img * c + ch) * h + r) * w
-                dst = ((img * hp + r + pt) * wp + pl) * c + ch
-                for col in range(w):
-                    out[_U(dst + col * c)] = x[_U(src + col)]
+        _row_channels_last(x, out, img, c, h, w, ((img * hp + pt) * wp + pl) * c, wp)
 
 
 @_jit((A32, A32, _N, _N, _N, _N, _N, _N, _N, _N), (A64, A64, _N, _N, _N, _N, _N, _N, _N, _N))
@@ -1291,12 +1370,55 @@ def channels_first(xp, out, n, c, h, w, hp, wp, pt, pl):  # type: ignore[no-unty
     """``out`` (N, C, H, W), flat: the rows ``pt`` to ``pt + H`` and columns ``pl`` to ``pl + W``
     of ``xp`` (N, Hp, Wp, C), flat (the inverse of ``channels_last``)."""
     for img in range(n):
-        for ch in range(c):
-            for r in range(h):
-                src = ((img * hp + r + pt) * wp + pl) * c + ch
-                dst = ((img * c + ch) * h + r) * w
-                for col in range(w):
-                    out[_U(dst + col)] = xp[_U(src + col * c)]
+        _row_channels_first(xp, out, img, c, h, w, ((img * hp + pt) * wp + pl) * c, wp)
+
+
+# Note [Pixel rows straight from the input]: the windows on pixel rows were two copies, the
+# input into a padded channels-last buffer the size of the batch (fresh memory, written
+# out to L3 and read back), then each part's windows out of it. This kernel makes both
+# copies image by image through one padded channels-last image ``tmp`` (zeros in its
+# padding, which no image writes): each image is copied into it as above, while it is in
+# L1 and L2 its windows are copied out in runs of ``kw * C`` (``C`` when dilated), and
+# the batch-sized buffer is never made. The fold on pixel rows (the input's gradient)
+# runs the same way backwards: each image's window gradients are added onto ``tmp``
+# (zeroed first) tap by tap in the order of ``rows_fold``, then copied out cropped to
+# channels first. Copies and the same additions in the same order: numpy's bits.
+@_jit((A32, A32, A32, *(_N,) * 17), (A64, A64, A64, *(_N,) * 17))
+def rows_unfold(x, out, tmp, n0, m, c, h, w, hp, wp, oh, ow, kh, kw, sh, sw, dh, dw, pt, pl):  # type: ignore[no-untyped-def]
+    """``out`` (m, oh, ow, kh, kw, C), flat: the windows on pixel rows of images ``n0`` to
+    ``n0 + m`` of ``x`` (N, C, H, W), flat, through ``tmp`` (Hp, Wp, C), flat, zeros on entry."""
+    run = kw * c if dw == 1 else c
+    runs = kh if dw == 1 else kh * kw
+    o = 0
+    for img in range(n0, n0 + m):
+        _row_channels_last(x, tmp, img, c, h, w, (pt * wp + pl) * c, wp)
+        for i in range(oh):
+            for j in range(ow):
+                for t in range(runs):
+                    a, b = (t, 0) if dw == 1 else (t // kw, t % kw)
+                    s = ((i * sh + a * dh) * wp + j * sw + b * dw) * c
+                    for k in range(run):
+                        out[_U(o + k)] = tmp[_U(s + k)]
+                    o += run
+
+
+@_jit((A32, A32, A32, *(_N,) * 17), (A64, A64, A64, *(_N,) * 17))
+def rows_fold_first(cols, out, tmp, n0, m, c, h, w, hp, wp, oh, ow, kh, kw, sh, sw, dh, dw, pt, pl):  # type: ignore[no-untyped-def]
+    """Images ``n0`` to ``n0 + m`` of ``out`` (N, C, H, W), flat: the window gradients
+    ``cols`` (m, oh, ow, kh, kw, C), flat, of those images folded back through ``tmp``
+    (Hp, Wp, C), flat: the adjoint of ``rows_unfold``."""
+    for img in range(m):
+        for e in range(hp * wp * c):
+            tmp[_U(e)] = 0
+        for a in range(kh):
+            for b in range(kw):
+                for i in range(oh):
+                    for j in range(ow):
+                        src = ((((img * oh + i) * ow + j) * kh + a) * kw + b) * c
+                        dst = ((i * sh + a * dh) * wp + j * sw + b * dw) * c
+                        for ch in range(c):
+                            tmp[_U(dst + ch)] += cols[_U(src + ch)]
+        _row_channels_first(tmp, out, n0 + img, c, h, w, (pt * wp + pl) * c, wp)
 
 
 # Note [Parallel kernels give the serial bits]: each parallel form cuts its arrays into one
