@@ -82,14 +82,6 @@ def _stages(task: GraphTask) -> tuple[dict[Tensor, Any], dict[Tensor, Any]]:
     return task.staged, task.retained
 
 
-# Note [The in-place commit written out]: a small commit adds each staged gradient into
-# its ``.grad`` in place, one ``_accumulate`` call per leaf of every backward. The case
-# almost every such leaf is in after its first backward (an array of the engine's
-# backend staged for an existing ``.grad`` that no graph produced and that may be
-# written) is that function's in-place branch, written out in ``commit_inline``'s loop:
-# the same addition, the same version bump, under the same lock. Every other case (a
-# first ``.grad``, a Tensor staged under create_graph, a read-only or recorded ``.grad``)
-# still calls ``_accumulate``, which stays the one definition of what a commit does.
 def commit_inline(task: GraphTask) -> None:
     """Accumulate every staged gradient into ``.grad`` in place, on this thread."""
     staged = task.staged
@@ -98,25 +90,11 @@ def commit_inline(task: GraphTask) -> None:
             staged[var] = g.total()  # (a value replaced: the dict's size is unchanged)
     owned = task.owned
     create_graph = task.create_graph
-    array = xp.array_type
-    add_into = xp.add_into
-    writeable = xp.writeable
     with COMMIT_LOCK:
-        for var, g in staged.items():
-            if g is None:
-                continue
-            current = var._grad
-            if create_graph or type(g) is not array or current is None or current.grad_fn is not None \
-                    or not writeable(current._data):
-                _accumulate(var, g, create_graph, var in owned)
-                continue
-            # (``_accumulate``'s in-place branch: Note [The in-place commit written out])
-            add_into(current._data, g)
-            current._version_counter.value += 1
-        retained = task.retained
-        for var, g in retained.items():
-            if g is not None:
-                _accumulate(var, g, create_graph, var in owned)
+        for stage in _stages(task):
+            for var, g in stage.items():
+                if g is not None:
+                    _accumulate(var, g, create_graph, var in owned)
 
 
 Prepared = list[tuple[Tensor, Any, int, Any, Any, Any]]
