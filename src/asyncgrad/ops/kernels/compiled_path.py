@@ -68,11 +68,11 @@ ELEMENTWISE_MIN = 4096
 
 def _unary(name: str, x: np.ndarray) -> np.ndarray | None:
     """``name``'s kernel on ``x``; a C-contiguous, writeable ``x`` (the usual case) is
-    passed as a flat view directly, with ``_fits`` written out (as ``_binary``)."""
+    passed as a flat view directly (as in ``_binary``)."""
     if x.size < ELEMENTWISE_MIN:
         return None
     k = compiled()
-    if k is None or x.dtype not in _FLOATS or not x.ndim or not x.size:  # (``_fits``)
+    if k is None or not _fits(x):
         return None
     out = np.empty(x.shape, dtype=x.dtype)
     xf = x.flags
@@ -92,10 +92,9 @@ def _binary(name: str, g: np.ndarray, x: np.ndarray) -> np.ndarray | None:
     if x.size < ELEMENTWISE_MIN:
         return None
     k = compiled()
-    dt = x.dtype  # (``_fits(x, g)``, written out)
-    if k is None or dt not in _FLOATS or not x.ndim or not x.size or g.dtype != dt or g.shape != x.shape:
+    if k is None or not _fits(x, g):
         return None
-    out = np.empty(x.shape, dtype=dt)
+    out = np.empty(x.shape, dtype=x.dtype)
     gf = g.flags
     xf = x.flags
     if gf.c_contiguous and gf.writeable and xf.c_contiguous and xf.writeable:
